@@ -1,0 +1,106 @@
+// plan.h: the planner's output, schema "stash.plan/1", and the canonical cost model that
+// decides whether a plan is valid (documented in README.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "profile.h"
+
+namespace stash::planner {
+
+inline constexpr const char* kPlanSchema = "stash.plan/1";
+
+enum class Action { keep, recompute, offload };
+const char* to_string(Action a);
+Action action_from_string(const std::string& s);  // throws input_error
+
+// decisions[i][j]: the action for tensor j of layer i.
+using Decisions = std::vector<std::vector<Action>>;
+
+struct Fractions {  // byte fractions of a layer's saved bytes; k + r + o = 1
+  double keep = 1, recompute = 0, offload = 0;
+};
+
+// The canonical model's verdict on a set of decisions.
+struct Evaluation {
+  double step_ms = 0;
+  double compute_ms = 0;       // sum of fwd + bwd
+  double recompute_ms = 0;     // sum of R_i
+  double exposed_copy_ms = 0;  // sum of the max(0, ...) copy terms
+  std::uint64_t peak_bytes = 0;
+  std::string peak_at;         // "forward[3]" | "backward[3]"
+  std::uint64_t offloaded_bytes = 0;
+  std::uint64_t recomputed_bytes = 0;
+  bool valid = false;          // peak <= budget, host fits, and every rule respected
+  // Each violated constraint, by name: "peak:forward[3]", "peak:backward[3]", "host",
+  // "rule:layers[2].tensors[5]:must_keep", "rule:...:min_offload_bytes", "rule:...:last_layer",
+  // "rule:...:not_offloadable", "rule:...:not_recomputable".
+  std::vector<std::string> violations;
+};
+
+// Canonical cost model (issue "Planner"):
+//   step = sum_i (fwd_i + bwd_i + R_i)
+//        + sum_{i<L-1} [max(0, O_i/d2h - fwd_{i+1}) + max(0, O_i/h2d - bwd_{i+1})]
+//   forward_i  = fixed + sum_{l<i} K_l + O_{i-1} + A_i
+//   backward_i = fixed + sum_{l<i} K_l + A_i + O_{i-1} + bwd_temp_i
+//   peak = max_i max(forward_i, backward_i);  host: sum O_i <= pinnable_bytes.
+// Decisions must have one entry per tensor (input_error otherwise).
+Evaluation evaluate(const Profile& p, const Decisions& d, std::uint64_t budget_bytes);
+
+// The actions a tensor may take under the rules (must_keep, offloadable, recomputable,
+// 1 MiB floor, last layer).
+bool allowed(const Profile& p, std::size_t layer, std::size_t tensor, Action a);
+
+Decisions keep_all(const Profile& p);
+// Recomputes every recomputable tensor that is not must_keep; keeps the rest.
+Decisions recompute_all(const Profile& p);
+
+struct Baseline {
+  double step_ms = 0;
+  std::uint64_t peak_bytes = 0;
+};
+
+struct Predicted {
+  double step_ms = 0;
+  std::uint64_t peak_bytes = 0;
+  std::string peak_at;
+  double exposed_copy_ms = 0;
+  double recompute_ms = 0;
+  std::uint64_t offloaded_bytes = 0;
+  double lower_bound_ms = 0;  // step time of the whole model's LP relaxation
+  double gap = 0;             // step_ms / lower_bound_ms - 1
+};
+
+struct LayerPlan {
+  std::size_t index = 0;
+  std::string name;
+  Fractions fractions;
+  std::vector<std::string> tensor_names;
+  std::vector<Action> actions;
+};
+
+struct Plan {
+  std::uint64_t budget_bytes = 0;
+  std::string solver;  // greedy | ilp | exact
+  double solve_ms = 0;
+  std::string profile_sha256;
+  std::vector<LayerPlan> layers;
+  Predicted predicted;
+  Baseline keep_all, recompute_all;
+  std::vector<std::string> binding_constraints;  // names of LP rows at their bound
+  bool proved_optimal = false;                   // exact only
+  double mip_gap = 0;                            // exact only: remaining relative gap
+
+  Decisions decisions() const;
+};
+
+nlohmann::json plan_to_json(const Plan& plan);
+// Validates structure and that tensor names match the profile's, in order.
+Plan plan_from_json(const nlohmann::json& j, const Profile& p);
+Plan load_plan(const std::string& path, const Profile& p);
+
+}  // namespace stash::planner

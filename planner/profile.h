@@ -1,0 +1,84 @@
+// profile.h: the planner's input, schema "stash.profile/1" (documented in README.md).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace stash::planner {
+
+// Thrown for malformed input anywhere in the planner (profiles, plans, budgets). what()
+// names the offending field with a JSON path such as "layers[3].tensors[0].bytes".
+class input_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+inline constexpr const char* kProfileSchema = "stash.profile/1";
+// Tensors under this size never offload (TransformerEngine/Megatron use the same floor).
+inline constexpr std::uint64_t kMinOffloadBytes = 1048576;
+
+enum class ProfileSource { analytic, measured };
+
+struct TensorProfile {
+  std::string name;
+  std::uint64_t bytes = 0;
+  double recompute_ms = 0;
+  bool offloadable = true;
+  bool recomputable = true;
+  bool must_keep = false;
+};
+
+struct LayerProfile {
+  std::string name;
+  std::string signature;
+  double fwd_ms = 0;
+  double bwd_ms = 0;
+  std::uint64_t bwd_temp_bytes = 0;
+  std::vector<TensorProfile> tensors;
+
+  std::uint64_t saved_bytes() const;  // A_i
+};
+
+struct LinkProfile {
+  double h2d_gbps = 0;    // per rank, 1e9 B/s
+  double d2h_gbps = 0;    // per rank
+  double bidir_gbps = 0;  // both directions at once, aggregate
+  int local_ranks = 1;    // informational
+};
+
+struct Profile {
+  ProfileSource source = ProfileSource::analytic;
+  std::string device_name;
+  std::uint64_t device_memory_bytes = 0;
+  LinkProfile link;
+  std::uint64_t pinnable_bytes = 0;  // per rank
+  std::uint64_t fixed_bytes = 0;
+  std::vector<LayerProfile> layers;
+
+  // Bandwidths in bytes per millisecond, as the cost model uses them.
+  double d2h_bytes_per_ms() const { return link.d2h_gbps * 1e6; }
+  double h2d_bytes_per_ms() const { return link.h2d_gbps * 1e6; }
+};
+
+// Parse and validate. Rejects any schema other than stash.profile/1, missing fields,
+// negative / fractional / non-numeric sizes, negative or non-finite times, empty layer
+// lists and duplicate tensor names within a layer; every message names the field.
+Profile profile_from_json(const nlohmann::json& j);
+nlohmann::json profile_to_json(const Profile& p);
+// Reads a file; errors name the path. Bad JSON is an input_error with line/column.
+Profile load_profile(const std::string& path);
+// Lowercase hex SHA-256 of the canonical serialization (profile_to_json(p).dump()).
+std::string profile_sha256(const Profile& p);
+
+// Parses a byte count: a bare integer ("123456"), or a number with a unit, binary
+// (KiB MiB GiB TiB) or decimal (B KB MB GB TB), case-insensitive, optional space:
+// "80GiB", "85.9GB", "1.5 TiB". Throws input_error quoting the text.
+std::uint64_t parse_bytes(const std::string& text);
+// "80.00 GiB"-style rendering for messages.
+std::string format_bytes(std::uint64_t bytes);
+
+}  // namespace stash::planner
