@@ -43,3 +43,18 @@ function(stash_add_runtime_test target)
     add_dependencies(${target} cudart_double)
   endif()
 endfunction()
+
+# stash_add_gpu_test(<target> [LABELS extra...] [TIMEOUT s]): suites that launch kernels,
+# which no CPU test double can run; registered under label gpu only, skipping cleanly
+# without a device.
+function(stash_add_gpu_test target)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "LABELS" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  add_test(NAME ${target}.gpu COMMAND ${target})
+  set_tests_properties(${target}.gpu PROPERTIES
+    LABELS "gpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    ENVIRONMENT "STASH_TEST_RUNTIME=real"
+    SKIP_REGULAR_EXPRESSION "${STASH_SKIP_REGEX}")
+endfunction()
