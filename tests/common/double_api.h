@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "stashdbl.h"
+// Relative, so that every target that includes this header finds the contract without
+// an extra include directory.
+#include "../cudart_double/include/stashdbl.h"
 
 namespace stash::test {
 
