@@ -1,0 +1,38 @@
+// exact_mip.h: one MIP over every tensor of the model under the canonical cost model.
+#pragma once
+
+#include <cstdint>
+
+#include "planner/plan.h"
+
+namespace stash::planner {
+
+enum class exact_objective {
+  step_time,  // minimise the canonical step time subject to the budget
+  peak,       // minimise the peak (host cap still enforced); finds the smallest budget
+};
+
+struct exact_options {
+  double time_limit_s = 60;
+  double mip_gap = 0;  // relative; 0 asks for proved optimality
+  exact_objective objective = exact_objective::step_time;
+  bool relax = false;  // solve only the LP relaxation (no integrality)
+};
+
+struct exact_result {
+  bool found = false;           // an integer-feasible answer exists in `decisions`
+  bool infeasible = false;      // proved: no valid plan at this budget
+  bool proved_optimal = false;  // within options.mip_gap
+  double objective = 0;         // step ms (compute included) or peak bytes
+  double best_bound = 0;        // same unit
+  double gap = 0;               // (objective - best_bound) / objective
+  double lp_relaxation = 0;     // root LP, same unit
+  Decisions decisions;
+};
+
+// `start` (optional) must be a valid plan at the budget; it is offered as the first
+// incumbent, so on a time limit the answer is never worse than it.
+exact_result solve_exact(const Profile& p, std::uint64_t budget_bytes, const exact_options& opt,
+                         const Decisions* start = nullptr);
+
+}  // namespace stash::planner

@@ -1,0 +1,37 @@
+// inner_solver.h: turns the outer LP's per-layer amounts into per-tensor actions.
+#pragma once
+
+#include <vector>
+
+#include "planner/outer_lp.h"
+#include "planner/plan.h"
+
+namespace stash::planner {
+
+enum class inner_method { greedy, ilp };
+
+struct inner_options {
+  inner_method method = inner_method::greedy;
+  double time_limit_s = 2.0;  // per distinct (signature, target) problem, ilp only
+  double mip_gap = 1e-6;
+};
+
+struct inner_stats {
+  std::size_t problems = 0;  // distinct (signature, target) problems solved
+  std::size_t stamped = 0;   // layers that reused another layer's answer
+  std::size_t fallbacks = 0; // problems where the targets could not be met integrally
+};
+
+// One action per tensor of every layer. Per layer the inner problem is (greedy: fill by
+// cost per byte, then single and pairwise exchanges; ilp: GLPK MIP, Note [Inner ILP])
+//   min R_i + copy_cost_i(O_i)  s.t.  K_i <= keep_target,  R_bytes_i >= recompute_target,
+//                                      O_i <= offload_cap,  every action allowed().
+// The first two keep each peak row at or below the LP's value: forward/backward positions
+// after layer i see K_i, and position i+1 sees K_i + O_i = A_i - R_bytes_i. If the targets
+// cannot be met with whole tensors, the layer's best effort is returned and repair (repair.h)
+// restores validity. Solved once per distinct (signature, tensors, window, target) and
+// stamped onto every layer that shares it.
+Decisions solve_inner(const Profile& p, const outer_lp_result& lp, const inner_options& opt,
+                      inner_stats* stats = nullptr);
+
+}  // namespace stash::planner

@@ -1,0 +1,334 @@
+// plan.cpp: the canonical cost model, the action rules, the baselines and plan JSON.
+//
+// evaluate() is the single arbiter of validity: the solvers, `stash check`, the property
+// tests and the simulator's agreement test all go through it, so it follows the issue's
+// formula literally and does no clever incremental bookkeeping.
+#include "planner/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+namespace stash::planner {
+
+using nlohmann::json;
+
+const char* to_string(Action a) {
+  switch (a) {
+    case Action::keep: return "keep";
+    case Action::recompute: return "recompute";
+    case Action::offload: return "offload";
+  }
+  return "keep";
+}
+
+Action action_from_string(const std::string& s) {
+  if (s == "keep") return Action::keep;
+  if (s == "recompute") return Action::recompute;
+  if (s == "offload") return Action::offload;
+  throw input_error("unknown action \"" + s + "\" (expected keep, recompute or offload)");
+}
+
+namespace {
+
+// The rule a decision breaks, or nullptr. Order matters only for which name is reported
+// when several apply; must_keep is the strongest statement, so it comes first.
+const char* broken_rule(const Profile& p, std::size_t i, std::size_t j, Action a) {
+  const TensorProfile& t = p.layers[i].tensors[j];
+  if (a == Action::keep) return nullptr;
+  if (t.must_keep) return "must_keep";
+  if (a == Action::recompute) return t.recomputable ? nullptr : "not_recomputable";
+  if (!t.offloadable) return "not_offloadable";
+  if (t.bytes < kMinOffloadBytes) return "min_offload_bytes";
+  if (i + 1 == p.layers.size()) return "last_layer";
+  return nullptr;
+}
+
+}  // namespace
+
+bool allowed(const Profile& p, std::size_t layer, std::size_t tensor, Action a) {
+  return broken_rule(p, layer, tensor, a) == nullptr;
+}
+
+Evaluation evaluate(const Profile& p, const Decisions& d, std::uint64_t budget_bytes) {
+  const std::size_t L = p.layers.size();
+  if (d.size() != L) {
+    throw input_error("plan has " + std::to_string(d.size()) + " layers, profile has " +
+                      std::to_string(L));
+  }
+  Evaluation ev;
+  std::vector<std::uint64_t> K(L, 0), O(L, 0), A(L, 0);
+  for (std::size_t i = 0; i < L; ++i) {
+    const LayerProfile& lp = p.layers[i];
+    if (d[i].size() != lp.tensors.size()) {
+      throw input_error("layers[" + std::to_string(i) + "]: plan has " +
+                        std::to_string(d[i].size()) + " tensors, profile has " +
+                        std::to_string(lp.tensors.size()));
+    }
+    double R = 0;
+    for (std::size_t j = 0; j < lp.tensors.size(); ++j) {
+      const TensorProfile& t = lp.tensors[j];
+      A[i] += t.bytes;
+      if (const char* rule = broken_rule(p, i, j, d[i][j])) {
+        ev.violations.push_back("rule:layers[" + std::to_string(i) + "].tensors[" +
+                                std::to_string(j) + "]:" + rule);
+      }
+      switch (d[i][j]) {
+        case Action::keep: K[i] += t.bytes; break;
+        case Action::recompute:
+          R += t.recompute_ms;
+          ev.recomputed_bytes += t.bytes;
+          break;
+        case Action::offload: O[i] += t.bytes; break;
+      }
+    }
+    ev.compute_ms += lp.fwd_ms + lp.bwd_ms;
+    ev.recompute_ms += R;
+    ev.offloaded_bytes += O[i];
+  }
+  const double d2h = p.d2h_bytes_per_ms(), h2d = p.h2d_bytes_per_ms();
+  for (std::size_t i = 0; i + 1 < L; ++i) {
+    const double o = static_cast<double>(O[i]);
+    ev.exposed_copy_ms += std::max(0.0, o / d2h - p.layers[i + 1].fwd_ms) +
+                          std::max(0.0, o / h2d - p.layers[i + 1].bwd_ms);
+  }
+  ev.step_ms = ev.compute_ms + ev.recompute_ms + ev.exposed_copy_ms;
+
+  // Positions in time order: forward 0..L-1, then backward L-1..0. The first position
+  // that reaches the maximum is reported as peak_at.
+  std::vector<std::uint64_t> fwd(L), bwd(L);
+  std::uint64_t kept_before = 0;
+  for (std::size_t i = 0; i < L; ++i) {
+    const std::uint64_t prev_off = i > 0 ? O[i - 1] : 0;
+    fwd[i] = p.fixed_bytes + kept_before + prev_off + A[i];
+    bwd[i] = fwd[i] + p.layers[i].bwd_temp_bytes;
+    kept_before += K[i];
+  }
+  const auto visit = [&](std::uint64_t v, const char* kind, std::size_t i) {
+    if (v > ev.peak_bytes || ev.peak_at.empty()) {
+      ev.peak_bytes = v;
+      ev.peak_at = std::string(kind) + "[" + std::to_string(i) + "]";
+    }
+    if (v > budget_bytes) {
+      ev.violations.push_back(std::string("peak:") + kind + "[" + std::to_string(i) + "]");
+    }
+  };
+  for (std::size_t i = 0; i < L; ++i) visit(fwd[i], "forward", i);
+  for (std::size_t i = L; i-- > 0;) visit(bwd[i], "backward", i);
+  if (ev.offloaded_bytes > p.pinnable_bytes) ev.violations.push_back("host");
+  ev.valid = ev.violations.empty();
+  return ev;
+}
+
+Decisions keep_all(const Profile& p) {
+  Decisions d(p.layers.size());
+  for (std::size_t i = 0; i < p.layers.size(); ++i) {
+    d[i].assign(p.layers[i].tensors.size(), Action::keep);
+  }
+  return d;
+}
+
+Decisions recompute_all(const Profile& p) {
+  Decisions d = keep_all(p);
+  for (std::size_t i = 0; i < p.layers.size(); ++i) {
+    for (std::size_t j = 0; j < d[i].size(); ++j) {
+      if (allowed(p, i, j, Action::recompute)) d[i][j] = Action::recompute;
+    }
+  }
+  return d;
+}
+
+Decisions Plan::decisions() const {
+  Decisions d;
+  d.reserve(layers.size());
+  for (const auto& l : layers) d.push_back(l.actions);
+  return d;
+}
+
+json plan_to_json(const Plan& plan) {
+  json layers = json::array();
+  for (const auto& l : plan.layers) {
+    json ts = json::array();
+    for (std::size_t j = 0; j < l.actions.size(); ++j) {
+      ts.push_back({{"name", l.tensor_names.at(j)}, {"action", to_string(l.actions[j])}});
+    }
+    layers.push_back({{"index", l.index},
+                      {"name", l.name},
+                      {"fractions",
+                       {{"keep", l.fractions.keep},
+                        {"recompute", l.fractions.recompute},
+                        {"offload", l.fractions.offload}}},
+                      {"tensors", std::move(ts)}});
+  }
+  const Predicted& pr = plan.predicted;
+  json j = {{"schema", kPlanSchema},
+            {"budget_bytes", plan.budget_bytes},
+            {"solver", plan.solver},
+            {"solve_ms", plan.solve_ms},
+            {"profile_sha256", plan.profile_sha256},
+            {"layers", std::move(layers)},
+            {"predicted",
+             {{"step_ms", pr.step_ms},
+              {"peak_bytes", pr.peak_bytes},
+              {"peak_at", pr.peak_at},
+              {"exposed_copy_ms", pr.exposed_copy_ms},
+              {"recompute_ms", pr.recompute_ms},
+              {"offloaded_bytes", pr.offloaded_bytes},
+              {"lower_bound_ms", pr.lower_bound_ms},
+              {"gap", pr.gap}}},
+            {"baselines",
+             {{"keep_all",
+               {{"step_ms", plan.keep_all.step_ms}, {"peak_bytes", plan.keep_all.peak_bytes}}},
+              {"recompute_all",
+               {{"step_ms", plan.recompute_all.step_ms},
+                {"peak_bytes", plan.recompute_all.peak_bytes}}}}},
+            {"binding_constraints", plan.binding_constraints}};
+  if (plan.solver == "exact") {
+    j["exact"] = {{"proved_optimal", plan.proved_optimal}, {"mip_gap", plan.mip_gap}};
+  }
+  return j;
+}
+
+namespace {
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw input_error(path + ": " + what);
+}
+
+const json& member(const json& o, const std::string& path, const char* key) {
+  if (!o.is_object()) fail(path.empty() ? "<root>" : path, "expected an object");
+  auto it = o.find(key);
+  if (it == o.end()) fail(path.empty() ? key : path + "." + key, "missing required field");
+  return *it;
+}
+
+double number_or(const json& o, const char* key, double dflt) {
+  auto it = o.find(key);
+  return it != o.end() && it->is_number() ? it->get<double>() : dflt;
+}
+
+std::uint64_t size_or(const json& o, const char* key, std::uint64_t dflt) {
+  auto it = o.find(key);
+  return it != o.end() && it->is_number_unsigned() ? it->get<std::uint64_t>() : dflt;
+}
+
+}  // namespace
+
+// Only the structure and the decisions are trusted: the predicted figures and baselines
+// are read back for display, but `stash check` recomputes everything with evaluate().
+Plan plan_from_json(const json& j, const Profile& p) {
+  if (!j.is_object()) fail("<root>", "a plan must be a JSON object");
+  const json& schema = member(j, "", "schema");
+  if (!schema.is_string() || schema.get<std::string>() != kPlanSchema) {
+    fail("schema", "unsupported plan schema " + schema.dump() + ", expected \"" + kPlanSchema +
+                       "\"");
+  }
+  Plan plan;
+  const json& budget = member(j, "", "budget_bytes");
+  if (!budget.is_number_unsigned()) fail("budget_bytes", "must be a non-negative integer");
+  plan.budget_bytes = budget.get<std::uint64_t>();
+  const json& solver = member(j, "", "solver");
+  if (!solver.is_string()) fail("solver", "must be a string");
+  plan.solver = solver.get<std::string>();
+  plan.solve_ms = number_or(j, "solve_ms", 0);
+  if (auto it = j.find("profile_sha256"); it != j.end() && it->is_string()) {
+    plan.profile_sha256 = it->get<std::string>();
+  }
+  const json& layers = member(j, "", "layers");
+  if (!layers.is_array()) fail("layers", "must be an array");
+  if (layers.size() != p.layers.size()) {
+    fail("layers", "plan has " + std::to_string(layers.size()) + " layers, profile has " +
+                       std::to_string(p.layers.size()));
+  }
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const std::string lp = "layers[" + std::to_string(i) + "]";
+    const LayerProfile& prof = p.layers[i];
+    LayerPlan l;
+    l.index = i;
+    const json& name = member(layers[i], lp, "name");
+    if (!name.is_string() || name.get<std::string>() != prof.name) {
+      fail(lp + ".name", "expected \"" + prof.name + "\" as in the profile, got " + name.dump());
+    }
+    l.name = prof.name;
+    if (auto f = layers[i].find("fractions"); f != layers[i].end() && f->is_object()) {
+      l.fractions.keep = number_or(*f, "keep", 1);
+      l.fractions.recompute = number_or(*f, "recompute", 0);
+      l.fractions.offload = number_or(*f, "offload", 0);
+    }
+    const json& ts = member(layers[i], lp, "tensors");
+    if (!ts.is_array() || ts.size() != prof.tensors.size()) {
+      fail(lp + ".tensors", "must list the profile's " + std::to_string(prof.tensors.size()) +
+                                " tensors in order");
+    }
+    for (std::size_t k = 0; k < ts.size(); ++k) {
+      const std::string tp = lp + ".tensors[" + std::to_string(k) + "]";
+      const json& tn = member(ts[k], tp, "name");
+      if (!tn.is_string() || tn.get<std::string>() != prof.tensors[k].name) {
+        fail(tp + ".name",
+             "expected \"" + prof.tensors[k].name + "\" as in the profile, got " + tn.dump());
+      }
+      const json& act = member(ts[k], tp, "action");
+      if (!act.is_string()) fail(tp + ".action", "must be a string");
+      try {
+        l.actions.push_back(action_from_string(act.get<std::string>()));
+      } catch (const input_error& e) {
+        fail(tp + ".action", e.what());
+      }
+      l.tensor_names.push_back(prof.tensors[k].name);
+    }
+    plan.layers.push_back(std::move(l));
+  }
+  if (auto pr = j.find("predicted"); pr != j.end() && pr->is_object()) {
+    plan.predicted.step_ms = number_or(*pr, "step_ms", 0);
+    plan.predicted.peak_bytes = size_or(*pr, "peak_bytes", 0);
+    if (auto at = pr->find("peak_at"); at != pr->end() && at->is_string()) {
+      plan.predicted.peak_at = at->get<std::string>();
+    }
+    plan.predicted.exposed_copy_ms = number_or(*pr, "exposed_copy_ms", 0);
+    plan.predicted.recompute_ms = number_or(*pr, "recompute_ms", 0);
+    plan.predicted.offloaded_bytes = size_or(*pr, "offloaded_bytes", 0);
+    plan.predicted.lower_bound_ms = number_or(*pr, "lower_bound_ms", 0);
+    plan.predicted.gap = number_or(*pr, "gap", 0);
+  }
+  if (auto b = j.find("baselines"); b != j.end() && b->is_object()) {
+    for (auto [key, dst] : {std::pair{"keep_all", &plan.keep_all},
+                            std::pair{"recompute_all", &plan.recompute_all}}) {
+      if (auto e = b->find(key); e != b->end() && e->is_object()) {
+        dst->step_ms = number_or(*e, "step_ms", 0);
+        dst->peak_bytes = size_or(*e, "peak_bytes", 0);
+      }
+    }
+  }
+  if (auto bc = j.find("binding_constraints"); bc != j.end() && bc->is_array()) {
+    for (const auto& s : *bc) {
+      if (s.is_string()) plan.binding_constraints.push_back(s.get<std::string>());
+    }
+  }
+  if (auto ex = j.find("exact"); ex != j.end() && ex->is_object()) {
+    if (auto po = ex->find("proved_optimal"); po != ex->end() && po->is_boolean()) {
+      plan.proved_optimal = po->get<bool>();
+    }
+    plan.mip_gap = number_or(*ex, "mip_gap", 0);
+  }
+  return plan;
+}
+
+Plan load_plan(const std::string& path, const Profile& p) {
+  std::ifstream in(path);
+  if (!in) throw input_error(path + ": cannot open plan");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw input_error(path + ": not valid JSON: " + e.what());
+  }
+  try {
+    return plan_from_json(j, p);
+  } catch (const input_error& e) {
+    throw input_error(path + ": " + e.what());
+  }
+}
+
+}  // namespace stash::planner

@@ -1,0 +1,232 @@
+// planner.cpp: make_plan, the lower bound and the smallest feasible budget.
+#include "planner/planner.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "planner/exact_mip.h"
+#include "planner/inner_solver.h"
+#include "planner/outer_lp.h"
+#include "planner/repair.h"
+
+namespace stash::planner {
+
+const char* to_string(solver_kind s) {
+  switch (s) {
+    case solver_kind::greedy: return "greedy";
+    case solver_kind::ilp: return "ilp";
+    case solver_kind::exact: return "exact";
+  }
+  return "greedy";
+}
+
+solver_kind solver_from_string(const std::string& s) {
+  if (s == "greedy") return solver_kind::greedy;
+  if (s == "ilp") return solver_kind::ilp;
+  if (s == "exact") return solver_kind::exact;
+  throw input_error("unknown solver \"" + s + "\" (expected greedy, ilp or exact)");
+}
+
+namespace {
+
+// Models up to this many tensors also try other starting points (see make_plan).
+constexpr std::size_t kMultiStartTensors = 400;
+// ... and this many also get pairwise moves (polish_pairs is quadratic in tensors).
+constexpr std::size_t kPairPolishTensors = 64;
+
+// GiB rounded up, so that the printed figure is itself a feasible budget.
+std::string gib_up(std::uint64_t bytes) {
+  char buf[64];
+  const double gib = std::ceil(static_cast<double>(bytes) / 1073741824.0 * 1000.0) / 1000.0;
+  std::snprintf(buf, sizeof buf, "%.3f GiB", gib);
+  return buf;
+}
+
+std::string infeasible_message(std::uint64_t budget, std::uint64_t min, bool proved) {
+  return "budget " + std::to_string(budget) + " bytes (" + format_bytes(budget) +
+         ") is infeasible: the smallest " + (proved ? "" : "known ") + "feasible budget is " +
+         std::to_string(min) + " bytes (" + gib_up(min) + ")";
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void check_budget(const Profile& p, std::uint64_t budget) {
+  if (budget < p.fixed_bytes) {
+    throw input_error("budget " + std::to_string(budget) + " bytes (" + format_bytes(budget) +
+                      ") is below fixed_bytes " + std::to_string(p.fixed_bytes) + " (" +
+                      format_bytes(p.fixed_bytes) +
+                      "): parameters, gradients and optimizer state alone do not fit");
+  }
+}
+
+[[noreturn]] void throw_infeasible(const Profile& p, std::uint64_t budget) {
+  bool proved = true;
+  const std::uint64_t min = min_feasible_budget(p, &proved);
+  throw infeasible_budget(budget, std::max(min, budget + 1), proved);
+}
+
+}  // namespace
+
+infeasible_budget::infeasible_budget(std::uint64_t budget, std::uint64_t min_feasible,
+                                     bool min_proved)
+    : std::runtime_error(infeasible_message(budget, min_feasible, min_proved)),
+      budget_(budget),
+      min_(min_feasible),
+      proved_(min_proved) {}
+
+std::uint64_t min_feasible_budget(const Profile& p, bool* proved, double time_limit_s) {
+  if (proved) *proved = true;
+  const Decisions greedy = min_peak_greedy(p);
+  const Evaluation ev = evaluate(p, greedy, UINT64_MAX);
+  if (ev.valid) return ev.peak_bytes;  // host fits: per tensor this is the least peak
+  // The host cap binds: which tensors stay on the host is a knapsack-like choice. Start
+  // from "no offload at all", which always fits the host, and let the MIP improve on it.
+  Decisions start = greedy;
+  for (auto& layer : start) {
+    for (auto& a : layer) {
+      if (a == Action::offload) a = Action::keep;
+    }
+  }
+  std::uint64_t best = evaluate(p, start, UINT64_MAX).peak_bytes;
+  exact_options opt;
+  opt.objective = exact_objective::peak;
+  opt.time_limit_s = time_limit_s;
+  const exact_result r = solve_exact(p, 0, opt, &start);
+  if (r.found) {
+    const Evaluation e = evaluate(p, r.decisions, UINT64_MAX);
+    if (e.valid) best = std::min(best, e.peak_bytes);
+  }
+  if (proved) *proved = r.found && r.proved_optimal;
+  return best;
+}
+
+double lower_bound_ms(const Profile& p, std::uint64_t budget) {
+  check_budget(p, budget);
+  const outer_lp_result lp = solve_outer_lp(p, budget);
+  if (!lp.feasible) throw_infeasible(p, budget);
+  return lp.step_lower_bound_ms;
+}
+
+Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check_budget(p, budget);
+  const outer_lp_result lp = solve_outer_lp(p, budget);
+  if (!lp.feasible) throw_infeasible(p, budget);
+
+  Plan plan;
+  plan.solver = to_string(opt.solver);
+  inner_options io;
+  io.method = opt.solver == solver_kind::ilp ? inner_method::ilp : inner_method::greedy;
+  io.time_limit_s = std::min(opt.time_limit_s, 5.0);
+  io.mip_gap = std::max(opt.mip_gap, 1e-6);
+  Decisions d = solve_inner(p, lp, io);
+  bool valid = evaluate(p, d, budget).valid || repair(p, budget, d);
+  if (!valid) {
+    // Rounding and repair failed (host cap binding hard): start over from the least peak.
+    d = min_peak_greedy(p);
+    valid = repair(p, budget, d);
+  }
+  if (!valid) {
+    bool proved = true;
+    const std::uint64_t min = min_feasible_budget(p, &proved);
+    if (min > budget) throw infeasible_budget(budget, min, proved);
+    // The minimum-peak MIP found decisions within the budget; use them.
+    exact_options mp;
+    mp.objective = exact_objective::peak;
+    d = solve_exact(p, 0, mp).decisions;
+    valid = evaluate(p, d, budget).valid;
+  }
+  if (valid && opt.polish) polish(p, budget, d);
+  // Multi-start where it is cheap. With few tensors per layer, rounding the LP can be
+  // coarse (one tensor is half a layer), and repair from keep-all or polish from the
+  // least-peak plan reach a different local optimum. Both cost O(tensors^2), so only
+  // small models get them; large ones round finely and do not need them.
+  std::size_t tensors = 0;
+  for (const auto& l : p.layers) tensors += l.tensors.size();
+  if (valid && opt.polish && tensors <= kMultiStartTensors) {
+    if (tensors <= kPairPolishTensors) polish_pairs(p, budget, d);
+    double best = evaluate(p, d, budget).step_ms;
+    for (Decisions alt : {keep_all(p), min_peak_greedy(p)}) {
+      if (!repair(p, budget, alt)) continue;
+      polish(p, budget, alt);
+      if (tensors <= kPairPolishTensors) polish_pairs(p, budget, alt);
+      const Evaluation e = evaluate(p, alt, budget);
+      if (e.valid && e.step_ms < best) {
+        best = e.step_ms;
+        d = std::move(alt);
+      }
+    }
+  }
+
+  if (opt.solver == solver_kind::exact) {
+    // The MIP starts from the better of the greedy and ilp roundings: at scale GLPK rarely
+    // improves on its start within the time limit, so exact is never worse than either.
+    if (valid) {
+      inner_options ilp = io;
+      ilp.method = inner_method::ilp;
+      Decisions alt = solve_inner(p, lp, ilp);
+      if (evaluate(p, alt, budget).valid || repair(p, budget, alt)) {
+        if (opt.polish) polish(p, budget, alt);
+        if (evaluate(p, alt, budget).step_ms < evaluate(p, d, budget).step_ms) d = std::move(alt);
+      }
+    }
+    exact_options eo;
+    eo.time_limit_s = opt.time_limit_s;
+    eo.mip_gap = opt.mip_gap;
+    const exact_result r = solve_exact(p, budget, eo, valid ? &d : nullptr);
+    if (r.found && evaluate(p, r.decisions, budget).valid) {
+      const double before =
+          valid ? evaluate(p, d, budget).step_ms : std::numeric_limits<double>::infinity();
+      if (evaluate(p, r.decisions, budget).step_ms <= before) d = r.decisions;
+      valid = true;
+    }
+    plan.proved_optimal = r.proved_optimal;
+    plan.mip_gap = r.found ? r.gap : 1.0;
+  }
+  const Evaluation ev = evaluate(p, d, budget);
+  if (!ev.valid) {
+    // Never emit an invalid plan; reaching this is a planner bug, not a user error.
+    throw std::logic_error("planner produced an invalid plan (" + ev.violations.front() + ")");
+  }
+
+  plan.budget_bytes = budget;
+  plan.profile_sha256 = profile_sha256(p);
+  for (std::size_t i = 0; i < p.layers.size(); ++i) {
+    const LayerProfile& layer = p.layers[i];
+    LayerPlan lp_out;
+    lp_out.index = i;
+    lp_out.name = layer.name;
+    double k = 0, r = 0, o = 0;
+    for (std::size_t j = 0; j < layer.tensors.size(); ++j) {
+      lp_out.tensor_names.push_back(layer.tensors[j].name);
+      lp_out.actions.push_back(d[i][j]);
+      const double b = static_cast<double>(layer.tensors[j].bytes);
+      (d[i][j] == Action::keep ? k : d[i][j] == Action::recompute ? r : o) += b;
+    }
+    const double a = k + r + o;
+    if (a > 0) lp_out.fractions = {k / a, r / a, o / a};
+    plan.layers.push_back(std::move(lp_out));
+  }
+  plan.predicted.step_ms = ev.step_ms;
+  plan.predicted.peak_bytes = ev.peak_bytes;
+  plan.predicted.peak_at = ev.peak_at;
+  plan.predicted.exposed_copy_ms = ev.exposed_copy_ms;
+  plan.predicted.recompute_ms = ev.recompute_ms;
+  plan.predicted.offloaded_bytes = ev.offloaded_bytes;
+  plan.predicted.lower_bound_ms = lp.step_lower_bound_ms;
+  plan.predicted.gap =
+      lp.step_lower_bound_ms > 0 ? ev.step_ms / lp.step_lower_bound_ms - 1.0 : 0.0;
+  const Evaluation ka = evaluate(p, keep_all(p), budget);
+  const Evaluation ra = evaluate(p, recompute_all(p), budget);
+  plan.keep_all = {ka.step_ms, ka.peak_bytes};
+  plan.recompute_all = {ra.step_ms, ra.peak_bytes};
+  plan.binding_constraints = lp.binding;
+  plan.solve_ms = ms_since(t0);
+  return plan;
+}
+
+}  // namespace stash::planner

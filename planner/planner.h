@@ -1,0 +1,56 @@
+// planner.h: the planner's entry point: profile + budget -> a valid plan, or the smallest
+// budget at which one exists.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "planner/plan.h"
+
+namespace stash::planner {
+
+enum class solver_kind { greedy, ilp, exact };
+const char* to_string(solver_kind s);
+solver_kind solver_from_string(const std::string& s);  // throws input_error
+
+struct PlanOptions {
+  solver_kind solver = solver_kind::greedy;
+  // exact: the whole MIP's limit; ilp: the limit of each distinct per-layer problem.
+  double time_limit_s = 60;
+  double mip_gap = 0;      // relative gap at which exact (and ilp) may stop
+  bool polish = true;      // local improvement after rounding (repair.h)
+};
+
+// No valid plan exists at the requested budget. Not an input_error: the input is fine and
+// the answer is "no" (CLI exit 1), with the smallest budget that has a valid plan.
+class infeasible_budget : public std::runtime_error {
+ public:
+  infeasible_budget(std::uint64_t budget, std::uint64_t min_feasible, bool min_proved);
+  std::uint64_t budget() const { return budget_; }
+  std::uint64_t min_feasible_bytes() const { return min_; }
+  // False only when the host cap binds and the minimum-peak MIP hit its time limit: then
+  // min_feasible_bytes is a budget that works, possibly not the smallest.
+  bool min_proved() const { return proved_; }
+
+ private:
+  std::uint64_t budget_, min_;
+  bool proved_;
+};
+
+// Throws input_error when budget < fixed_bytes, infeasible_budget when no valid plan
+// exists. The returned plan is valid under evaluate() (checked before returning) and
+// carries lower_bound_ms (the whole model's LP relaxation) and gap.
+Plan make_plan(const Profile& p, std::uint64_t budget_bytes, const PlanOptions& opt = {});
+
+// The step time of the whole model's LP relaxation at this budget; throws
+// infeasible_budget when even the relaxation has no point under the budget.
+double lower_bound_ms(const Profile& p, std::uint64_t budget_bytes);
+
+// The smallest budget with a valid plan. Exact when the host cap does not bind on the
+// minimum-peak decisions; otherwise a minimum-peak MIP (time-limited; *proved says whether
+// it finished).
+std::uint64_t min_feasible_budget(const Profile& p, bool* proved = nullptr,
+                                  double time_limit_s = 30);
+
+}  // namespace stash::planner

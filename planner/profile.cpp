@@ -1,0 +1,328 @@
+// profile.cpp: parsing and validation of stash.profile/1, byte units, and the digest.
+//
+// Every rejection is an input_error whose text starts with the JSON path of the offending
+// value ("layers[3].tensors[0].bytes: ..."), so a user can find it in a 2,000-tensor file.
+#include "planner/profile.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <openssl/evp.h>
+
+namespace stash::planner {
+
+using nlohmann::json;
+
+std::uint64_t LayerProfile::saved_bytes() const {
+  std::uint64_t a = 0;
+  for (const auto& t : tensors) a += t.bytes;
+  return a;
+}
+
+namespace {
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw input_error(path + ": " + what);
+}
+
+std::string type_name(const json& v) { return v.type_name(); }
+
+const json& field(const json& obj, const std::string& path, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end()) fail(path.empty() ? key : path + "." + key, "missing required field");
+  return *it;
+}
+
+std::string join(const std::string& path, const char* key) {
+  return path.empty() ? std::string(key) : path + "." + key;
+}
+
+void require_object(const json& v, const std::string& path) {
+  if (!v.is_object()) fail(path.empty() ? "<root>" : path, "expected an object, got " + type_name(v));
+}
+
+// Sizes: JSON integers >= 0 only. nlohmann stores a negative literal as number_integer and
+// a non-negative one as number_unsigned; a fractional one as number_float. Asking a
+// negative number_integer for uint64_t would wrap silently, so the type is checked first.
+std::uint64_t get_size(const json& obj, const std::string& path, const char* key) {
+  const json& v = field(obj, path, key);
+  const std::string p = join(path, key);
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  // Built in memory (not parsed), a non-negative int is number_integer, not unsigned.
+  if (v.is_number_integer()) {
+    if (v.get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v.get<std::int64_t>());
+    fail(p, "must be a non-negative integer, got " + v.dump());
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    // 1e9 written as a float is still a whole number of bytes, but 1.5 is not.
+    if (std::isfinite(d) && d >= 0 && d == std::floor(d) && d < 1.8e19) {
+      return static_cast<std::uint64_t>(d);
+    }
+    fail(p, "must be a non-negative integer, got " + v.dump());
+  }
+  fail(p, "must be a non-negative integer, got " + type_name(v));
+}
+
+double get_number(const json& obj, const std::string& path, const char* key, bool positive) {
+  const json& v = field(obj, path, key);
+  const std::string p = join(path, key);
+  if (!v.is_number()) fail(p, "must be a number, got " + type_name(v));
+  const double d = v.get<double>();
+  if (!std::isfinite(d)) fail(p, "must be finite");
+  if (positive ? !(d > 0) : d < 0) {
+    fail(p, std::string(positive ? "must be positive" : "must be non-negative") + ", got " +
+                v.dump());
+  }
+  return d;
+}
+
+std::string get_string(const json& obj, const std::string& path, const char* key) {
+  const json& v = field(obj, path, key);
+  if (!v.is_string()) fail(join(path, key), "must be a string, got " + type_name(v));
+  return v.get<std::string>();
+}
+
+bool get_bool(const json& obj, const std::string& path, const char* key) {
+  const json& v = field(obj, path, key);
+  if (!v.is_boolean()) fail(join(path, key), "must be true or false, got " + type_name(v));
+  return v.get<bool>();
+}
+
+TensorProfile parse_tensor(const json& t, const std::string& path) {
+  require_object(t, path);
+  TensorProfile tp;
+  tp.name = get_string(t, path, "name");
+  if (tp.name.empty()) fail(join(path, "name"), "must not be empty");
+  tp.bytes = get_size(t, path, "bytes");
+  tp.recompute_ms = get_number(t, path, "recompute_ms", false);
+  tp.offloadable = get_bool(t, path, "offloadable");
+  tp.recomputable = get_bool(t, path, "recomputable");
+  tp.must_keep = get_bool(t, path, "must_keep");
+  return tp;
+}
+
+LayerProfile parse_layer(const json& l, const std::string& path) {
+  require_object(l, path);
+  LayerProfile lp;
+  lp.name = get_string(l, path, "name");
+  lp.signature = get_string(l, path, "signature");
+  lp.fwd_ms = get_number(l, path, "fwd_ms", false);
+  lp.bwd_ms = get_number(l, path, "bwd_ms", false);
+  lp.bwd_temp_bytes = get_size(l, path, "bwd_temp_bytes");
+  const json& ts = field(l, path, "tensors");
+  if (!ts.is_array()) fail(join(path, "tensors"), "must be an array, got " + type_name(ts));
+  std::set<std::string> names;
+  std::uint64_t total = 0;
+  for (std::size_t j = 0; j < ts.size(); ++j) {
+    const std::string tp = path + ".tensors[" + std::to_string(j) + "]";
+    lp.tensors.push_back(parse_tensor(ts[j], tp));
+    if (!names.insert(lp.tensors.back().name).second) {
+      fail(tp + ".name", "duplicate tensor name \"" + lp.tensors.back().name + "\" in layer");
+    }
+    // Sums of sizes must stay exact in 64 bits (and in the double the LP sees).
+    total += lp.tensors.back().bytes;
+    if (total > (std::uint64_t{1} << 53)) fail(tp + ".bytes", "layer total exceeds 2^53 bytes");
+  }
+  return lp;
+}
+
+}  // namespace
+
+Profile profile_from_json(const json& j) {
+  require_object(j, "");
+  const json& schema = field(j, "", "schema");
+  if (!schema.is_string() || schema.get<std::string>() != kProfileSchema) {
+    fail("schema", std::string("unsupported profile schema ") + schema.dump() + ", expected \"" +
+                       kProfileSchema + "\"");
+  }
+  Profile p;
+  const std::string src = get_string(j, "", "source");
+  if (src == "analytic") {
+    p.source = ProfileSource::analytic;
+  } else if (src == "measured") {
+    p.source = ProfileSource::measured;
+  } else {
+    fail("source", "must be \"analytic\" or \"measured\", got \"" + src + "\"");
+  }
+  const json& dev = field(j, "", "device");
+  require_object(dev, "device");
+  p.device_name = get_string(dev, "device", "name");
+  p.device_memory_bytes = get_size(dev, "device", "memory_bytes");
+
+  const json& link = field(j, "", "link");
+  require_object(link, "link");
+  // Bandwidths divide copy sizes in the cost model, so zero is rejected too.
+  p.link.h2d_gbps = get_number(link, "link", "h2d_gbps", true);
+  p.link.d2h_gbps = get_number(link, "link", "d2h_gbps", true);
+  p.link.bidir_gbps = get_number(link, "link", "bidir_gbps", true);
+  const std::uint64_t ranks = get_size(link, "link", "local_ranks");
+  if (ranks < 1 || ranks > 1024) fail("link.local_ranks", "must be between 1 and 1024");
+  p.link.local_ranks = static_cast<int>(ranks);
+
+  const json& host = field(j, "", "host");
+  require_object(host, "host");
+  p.pinnable_bytes = get_size(host, "host", "pinnable_bytes");
+  p.fixed_bytes = get_size(j, "", "fixed_bytes");
+  if (p.fixed_bytes > (std::uint64_t{1} << 53)) fail("fixed_bytes", "exceeds 2^53 bytes");
+
+  const json& layers = field(j, "", "layers");
+  if (!layers.is_array()) fail("layers", "must be an array, got " + type_name(layers));
+  if (layers.empty()) fail("layers", "must list at least one layer");
+  std::uint64_t total = p.fixed_bytes;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const std::string lp = "layers[" + std::to_string(i) + "]";
+    p.layers.push_back(parse_layer(layers[i], lp));
+    total += p.layers.back().saved_bytes() + p.layers.back().bwd_temp_bytes;
+    if (total > (std::uint64_t{1} << 53)) fail(lp, "total bytes of the model exceed 2^53");
+  }
+  return p;
+}
+
+json profile_to_json(const Profile& p) {
+  json layers = json::array();
+  for (const auto& l : p.layers) {
+    json ts = json::array();
+    for (const auto& t : l.tensors) {
+      ts.push_back({{"name", t.name},
+                    {"bytes", t.bytes},
+                    {"recompute_ms", t.recompute_ms},
+                    {"offloadable", t.offloadable},
+                    {"recomputable", t.recomputable},
+                    {"must_keep", t.must_keep}});
+    }
+    layers.push_back({{"name", l.name},
+                      {"signature", l.signature},
+                      {"fwd_ms", l.fwd_ms},
+                      {"bwd_ms", l.bwd_ms},
+                      {"bwd_temp_bytes", l.bwd_temp_bytes},
+                      {"tensors", std::move(ts)}});
+  }
+  return {{"schema", kProfileSchema},
+          {"source", p.source == ProfileSource::analytic ? "analytic" : "measured"},
+          {"device", {{"name", p.device_name}, {"memory_bytes", p.device_memory_bytes}}},
+          {"link",
+           {{"h2d_gbps", p.link.h2d_gbps},
+            {"d2h_gbps", p.link.d2h_gbps},
+            {"bidir_gbps", p.link.bidir_gbps},
+            {"local_ranks", p.link.local_ranks}}},
+          {"host", {{"pinnable_bytes", p.pinnable_bytes}}},
+          {"fixed_bytes", p.fixed_bytes},
+          {"layers", std::move(layers)}};
+}
+
+Profile load_profile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw input_error(path + ": cannot open profile");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    // e.what() carries "at line L, column C"; the byte offset alone is useless to a user.
+    throw input_error(path + ": not valid JSON: " + e.what());
+  }
+  try {
+    return profile_from_json(j);
+  } catch (const input_error& e) {
+    throw input_error(path + ": " + e.what());
+  }
+}
+
+std::string profile_sha256(const Profile& p) {
+  const std::string text = profile_to_json(p).dump();
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (EVP_Digest(text.data(), text.size(), md, &n, EVP_sha256(), nullptr) != 1) {
+    throw std::runtime_error("SHA-256 failed in libcrypto");
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < n; ++i) {
+    out += hex[md[i] >> 4];
+    out += hex[md[i] & 15];
+  }
+  return out;
+}
+
+std::uint64_t parse_bytes(const std::string& text) {
+  const auto bad = [&](const std::string& why) -> std::uint64_t {
+    throw input_error("budget \"" + text + "\": " + why);
+  };
+  std::size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  const std::size_t num_start = i;
+  bool dot = false;
+  while (i < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[i])) || (text[i] == '.' && !dot))) {
+    dot = dot || text[i] == '.';
+    ++i;
+  }
+  const std::string num = text.substr(num_start, i - num_start);
+  if (num.empty() || num == ".") return bad("expected a number of bytes, e.g. 80GiB or 85.9GB");
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  std::string unit;
+  for (; i < text.size(); ++i) {
+    if (std::isspace(static_cast<unsigned char>(text[i]))) break;
+    unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+  }
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  if (i != text.size()) return bad("trailing characters");
+  long double mult = 1;
+  if (unit.empty() || unit == "b") {
+    mult = 1;
+  } else if (unit == "kib") {
+    mult = 1024.0L;
+  } else if (unit == "mib") {
+    mult = 1024.0L * 1024;
+  } else if (unit == "gib") {
+    mult = 1024.0L * 1024 * 1024;
+  } else if (unit == "tib") {
+    mult = 1024.0L * 1024 * 1024 * 1024;
+  } else if (unit == "kb") {
+    mult = 1e3L;
+  } else if (unit == "mb") {
+    mult = 1e6L;
+  } else if (unit == "gb") {
+    mult = 1e9L;
+  } else if (unit == "tb") {
+    mult = 1e12L;
+  } else {
+    return bad("unknown unit \"" + unit + "\" (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
+  }
+  if (unit.empty() && dot) return bad("a bare byte count must be an integer");
+  long double v = 0;
+  try {
+    v = std::stold(num);
+  } catch (const std::exception&) {
+    return bad("not a number");
+  }
+  v *= mult;
+  if (v > static_cast<long double>(std::numeric_limits<std::uint64_t>::max() / 2)) {
+    return bad("too large");
+  }
+  // A fractional GB figure ("85.9GB") rounds to the nearest byte.
+  return static_cast<std::uint64_t>(std::llround(v));
+}
+
+std::string format_bytes(std::uint64_t bytes) {
+  char buf[64];
+  const double gib = static_cast<double>(bytes) / (1024.0 * 1024 * 1024);
+  if (bytes >= (std::uint64_t{1} << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", gib);
+  } else if (bytes >= (std::uint64_t{1} << 20)) {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024));
+  } else if (bytes >= 1024) {
+    std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(bytes) / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  }
+  return buf;
+}
+
+}  // namespace stash::planner

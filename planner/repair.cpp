@@ -1,0 +1,268 @@
+// repair.cpp: repair, polish and the minimum-peak decisions (see repair.h).
+//
+// Both loops work on per-layer aggregates (K_i, O_i in bytes) so that trying a change costs
+// O(L), not a full evaluate(); the caller still re-evaluates the result with evaluate(),
+// which stays the only arbiter of validity.
+#include "planner/repair.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "planner/layer_terms.h"
+
+namespace stash::planner {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct aggregates {
+  const Profile& p;
+  std::uint64_t budget;
+  std::vector<std::uint64_t> K, O, A;
+  std::uint64_t total_O = 0;
+
+  aggregates(const Profile& prof, std::uint64_t b, const Decisions& d) : p(prof), budget(b) {
+    const std::size_t L = p.layers.size();
+    K.assign(L, 0);
+    O.assign(L, 0);
+    A.assign(L, 0);
+    for (std::size_t i = 0; i < L; ++i) {
+      for (std::size_t j = 0; j < d[i].size(); ++j) {
+        const std::uint64_t bytes = p.layers[i].tensors[j].bytes;
+        A[i] += bytes;
+        if (d[i][j] == Action::keep) K[i] += bytes;
+        if (d[i][j] == Action::offload) O[i] += bytes;
+      }
+      total_O += O[i];
+    }
+  }
+
+  void apply(std::size_t i, std::uint64_t bytes, Action from, Action to) {
+    if (from == Action::keep) K[i] -= bytes;
+    if (from == Action::offload) {
+      O[i] -= bytes;
+      total_O -= bytes;
+    }
+    if (to == Action::keep) K[i] += bytes;
+    if (to == Action::offload) {
+      O[i] += bytes;
+      total_O += bytes;
+    }
+  }
+
+  // The worst position: value and layer; kind 0 forward, 1 backward. Backward dominates
+  // forward at the same layer (temporaries are non-negative), so only backward is scanned,
+  // then reported as forward when the temporaries are zero (the earlier position in time).
+  std::uint64_t worst(std::size_t* layer) const {
+    std::uint64_t best = 0, kept = 0;
+    *layer = 0;
+    for (std::size_t i = 0; i < K.size(); ++i) {
+      const std::uint64_t v = p.fixed_bytes + kept + (i > 0 ? O[i - 1] : 0) + A[i] +
+                              p.layers[i].bwd_temp_bytes;
+      if (v > best) {
+        best = v;
+        *layer = i;
+      }
+      kept += K[i];
+    }
+    return best;
+  }
+  bool peak_ok() const {
+    std::size_t at;
+    return worst(&at) <= budget;
+  }
+  bool host_ok() const { return total_O <= p.pinnable_bytes; }
+};
+
+// Step-time change of moving one tensor of layer i from `from` to `to` (layer-separable).
+double delta_ms(const aggregates& g, std::size_t i, const TensorProfile& t, Action from,
+                Action to) {
+  const copy_window w = window_of(g.p, i);
+  double o_after = static_cast<double>(g.O[i]);
+  if (from == Action::offload) o_after -= static_cast<double>(t.bytes);
+  if (to == Action::offload) o_after += static_cast<double>(t.bytes);
+  double d = w.cost(o_after) - w.cost(static_cast<double>(g.O[i]));
+  if (from == Action::recompute) d -= t.recompute_ms;
+  if (to == Action::recompute) d += t.recompute_ms;
+  return d;
+}
+
+}  // namespace
+
+Decisions min_peak_greedy(const Profile& p) {
+  Decisions d = keep_all(p);
+  for (std::size_t i = 0; i < p.layers.size(); ++i) {
+    for (std::size_t j = 0; j < d[i].size(); ++j) {
+      if (allowed(p, i, j, Action::recompute)) {
+        d[i][j] = Action::recompute;
+      } else if (allowed(p, i, j, Action::offload)) {
+        d[i][j] = Action::offload;
+      }
+    }
+  }
+  return d;
+}
+
+bool repair(const Profile& p, std::uint64_t budget, Decisions& d) {
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    for (std::size_t j = 0; j < d[i].size(); ++j) {
+      if (!allowed(p, i, j, d[i][j])) d[i][j] = Action::keep;
+    }
+  }
+  aggregates g(p, budget, d);
+  std::size_t tensors = 0;
+  for (const auto& l : p.layers) tensors += l.tensors.size();
+  // Each step strictly lowers the worst position or the host total, or, for a host fix,
+  // moves a tensor off the host for good; 4·tensors bounds any sensible sequence.
+  for (std::size_t iter = 0; iter < 4 * tensors + 4; ++iter) {
+    const bool host_ok = g.host_ok();
+    std::size_t at = 0;
+    const std::uint64_t worst = g.worst(&at);
+    if (host_ok && worst <= budget) return true;
+    double best = kInf;
+    std::size_t bi = 0, bj = 0;
+    Action bto = Action::keep;
+    const auto consider = [&](std::size_t i, std::size_t j, Action to, double freed) {
+      if (!allowed(p, i, j, to) || freed <= 0) return;
+      const double score = delta_ms(g, i, p.layers[i].tensors[j], d[i][j], to) / freed;
+      if (score < best) {
+        best = score;
+        bi = i;
+        bj = j;
+        bto = to;
+      }
+    };
+    for (std::size_t i = 0; i < d.size(); ++i) {
+      for (std::size_t j = 0; j < d[i].size(); ++j) {
+        const double b = static_cast<double>(p.layers[i].tensors[j].bytes);
+        const Action a = d[i][j];
+        if (!host_ok) {
+          // Off the host: recompute frees memory too; keep only where recompute is barred.
+          if (a != Action::offload) continue;
+          consider(i, j, Action::recompute, b);
+          if (!allowed(p, i, j, Action::recompute)) consider(i, j, Action::keep, b);
+          continue;
+        }
+        // Over budget at layer `at`: only tensors of earlier layers can help.
+        if (i >= at) continue;
+        if (a == Action::keep) {
+          consider(i, j, Action::recompute, b);
+          if (i + 1 < at && g.total_O + p.layers[i].tensors[j].bytes <= p.pinnable_bytes) {
+            consider(i, j, Action::offload, b);
+          }
+        } else if (a == Action::offload && i + 1 == at) {
+          consider(i, j, Action::recompute, b);
+        }
+      }
+    }
+    if (best == kInf) return false;
+    g.apply(bi, p.layers[bi].tensors[bj].bytes, d[bi][bj], bto);
+    d[bi][bj] = bto;
+  }
+  return g.host_ok() && g.peak_ok();
+}
+
+std::size_t polish(const Profile& p, std::uint64_t budget, Decisions& d, int max_passes) {
+  aggregates g(p, budget, d);
+  if (!g.host_ok() || !g.peak_ok()) return 0;
+  // Most expensive moves first: they are the ones worth undoing.
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    for (std::size_t j = 0; j < d[i].size(); ++j) order.push_back({i, j});
+  }
+  std::stable_sort(order.begin(), order.end(), [&](const auto& x, const auto& y) {
+    return p.layers[x.first].tensors[x.second].recompute_ms >
+           p.layers[y.first].tensors[y.second].recompute_ms;
+  });
+  std::size_t changes = 0;
+  for (int pass = 0; pass < max_passes; ++pass) {
+    std::size_t before = changes;
+    for (const auto& [i, j] : order) {
+      if (d[i][j] == Action::keep) continue;
+      const TensorProfile& t = p.layers[i].tensors[j];
+      Action best_to = d[i][j];
+      double best = -1e-12;  // strict improvement only, so the loop terminates
+      for (Action to : {Action::keep, Action::offload, Action::recompute}) {
+        if (to == d[i][j] || !allowed(p, i, j, to)) continue;
+        const double delta = delta_ms(g, i, t, d[i][j], to);
+        if (delta >= best) continue;
+        const Action from = d[i][j];
+        g.apply(i, t.bytes, from, to);
+        const bool ok = g.host_ok() && g.peak_ok();
+        g.apply(i, t.bytes, to, from);
+        if (ok) {
+          best = delta;
+          best_to = to;
+        }
+      }
+      if (best_to != d[i][j]) {
+        g.apply(i, t.bytes, d[i][j], best_to);
+        d[i][j] = best_to;
+        ++changes;
+      }
+    }
+    if (changes == before) break;
+  }
+  return changes;
+}
+
+namespace {
+
+double layer_cost(const aggregates& g, const Decisions& d, std::size_t i) {
+  double ms = 0;
+  for (std::size_t j = 0; j < d[i].size(); ++j) {
+    if (d[i][j] == Action::recompute) ms += g.p.layers[i].tensors[j].recompute_ms;
+  }
+  return ms + window_of(g.p, i).cost(static_cast<double>(g.O[i]));
+}
+
+}  // namespace
+
+std::size_t polish_pairs(const Profile& p, std::uint64_t budget, Decisions& d, int max_rounds) {
+  aggregates g(p, budget, d);
+  if (!g.host_ok() || !g.peak_ok()) return 0;
+  std::vector<std::pair<std::size_t, std::size_t>> slots;
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    for (std::size_t j = 0; j < d[i].size(); ++j) slots.push_back({i, j});
+  }
+  const Action kActs[] = {Action::keep, Action::recompute, Action::offload};
+  std::size_t changes = 0;
+  for (int round = 0; round < max_rounds; ++round) {
+    bool improved = false;
+    for (std::size_t x = 0; x < slots.size(); ++x) {
+      for (std::size_t y = x + 1; y < slots.size(); ++y) {
+        const auto [i1, j1] = slots[x];
+        const auto [i2, j2] = slots[y];
+        const std::uint64_t b1 = p.layers[i1].tensors[j1].bytes;
+        const std::uint64_t b2 = p.layers[i2].tensors[j2].bytes;
+        for (Action a1 : kActs) {
+          for (Action a2 : kActs) {
+            const Action o1 = d[i1][j1], o2 = d[i2][j2];
+            if (a1 == o1 || a2 == o2) continue;  // single moves are polish()'s job
+            if (!allowed(p, i1, j1, a1) || !allowed(p, i2, j2, a2)) continue;
+            const double before = layer_cost(g, d, i1) + (i2 != i1 ? layer_cost(g, d, i2) : 0);
+            g.apply(i1, b1, o1, a1);
+            g.apply(i2, b2, o2, a2);
+            d[i1][j1] = a1;
+            d[i2][j2] = a2;
+            const double after = layer_cost(g, d, i1) + (i2 != i1 ? layer_cost(g, d, i2) : 0);
+            if (after < before - 1e-12 && g.host_ok() && g.peak_ok()) {
+              ++changes;
+              improved = true;
+              continue;
+            }
+            g.apply(i1, b1, a1, o1);
+            g.apply(i2, b2, a2, o2);
+            d[i1][j1] = o1;
+            d[i2][j2] = o2;
+          }
+        }
+      }
+    }
+    if (!improved) break;
+  }
+  return changes;
+}
+
+}  // namespace stash::planner

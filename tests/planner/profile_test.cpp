@@ -1,0 +1,207 @@
+// Profile parsing and validation, byte units and the digest.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "planner/profile.h"
+
+using namespace stash::planner;
+using nlohmann::json;
+
+namespace {
+
+json example() {
+  return json::parse(R"({ "schema": "stash.profile/1",
+    "source": "analytic",
+    "device": {"name": "NVIDIA H200", "memory_bytes": 150323855360},
+    "link": {"h2d_gbps": 55.0, "d2h_gbps": 55.0, "bidir_gbps": 100.0, "local_ranks": 1},
+    "host": {"pinnable_bytes": 400000000000},
+    "fixed_bytes": 20000000000,
+    "layers": [
+      {"name": "layers.0", "signature": "llama_block", "fwd_ms": 1.9, "bwd_ms": 3.9,
+       "bwd_temp_bytes": 268435456,
+       "tensors": [ {"name": "attn_norm", "bytes": 33554432, "recompute_ms": 0.02,
+                     "offloadable": true, "recomputable": true, "must_keep": false} ] } ] })");
+}
+
+// The input_error message for a profile, or "" when it parses.
+std::string error_of(const json& j) {
+  try {
+    profile_from_json(j);
+  } catch (const input_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Profile, ParsesTheIssueExample) {
+  const Profile p = profile_from_json(example());
+  EXPECT_EQ(p.source, ProfileSource::analytic);
+  EXPECT_EQ(p.device_name, "NVIDIA H200");
+  EXPECT_EQ(p.device_memory_bytes, 150323855360ull);
+  EXPECT_DOUBLE_EQ(p.link.h2d_gbps, 55.0);
+  EXPECT_DOUBLE_EQ(p.d2h_bytes_per_ms(), 55e6);
+  EXPECT_EQ(p.pinnable_bytes, 400000000000ull);
+  EXPECT_EQ(p.fixed_bytes, 20000000000ull);
+  ASSERT_EQ(p.layers.size(), 1u);
+  EXPECT_EQ(p.layers[0].bwd_temp_bytes, 268435456ull);
+  ASSERT_EQ(p.layers[0].tensors.size(), 1u);
+  EXPECT_EQ(p.layers[0].tensors[0].bytes, 33554432ull);
+  EXPECT_DOUBLE_EQ(p.layers[0].tensors[0].recompute_ms, 0.02);
+  EXPECT_EQ(p.layers[0].saved_bytes(), 33554432ull);
+}
+
+TEST(Profile, RoundTripsAndDigestIsStable) {
+  const Profile p = profile_from_json(example());
+  const Profile q = profile_from_json(profile_to_json(p));
+  EXPECT_EQ(profile_to_json(p), profile_to_json(q));
+  const std::string d = profile_sha256(p);
+  EXPECT_EQ(d.size(), 64u);
+  EXPECT_EQ(d.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(d, profile_sha256(q));
+  json changed = example();
+  changed["layers"][0]["tensors"][0]["bytes"] = 33554433;
+  EXPECT_NE(d, profile_sha256(profile_from_json(changed)));
+}
+
+TEST(Profile, DigestIsSha256OfTheCanonicalText) {
+  // Cross-checked against coreutils' sha256sum, an implementation independent of libcrypto.
+  const Profile p = profile_from_json(example());
+  const std::string path = ::testing::TempDir() + "stash_profile_digest.json";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << profile_to_json(p).dump();
+  }
+  FILE* pipe = popen(("sha256sum " + path).c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  char buf[128] = {};
+  ASSERT_NE(fgets(buf, sizeof buf, pipe), nullptr);
+  pclose(pipe);
+  EXPECT_EQ(std::string(buf).substr(0, 64), profile_sha256(p));
+}
+
+TEST(Profile, RejectsUnknownSchema) {
+  json j = example();
+  j["schema"] = "stash.profile/2";
+  const std::string e = error_of(j);
+  EXPECT_NE(e.find("schema"), std::string::npos) << e;
+  EXPECT_NE(e.find("stash.profile/1"), std::string::npos) << e;
+  j.erase("schema");
+  EXPECT_NE(error_of(j).find("schema: missing"), std::string::npos);
+}
+
+TEST(Profile, MissingFieldsAreNamedByPath) {
+  const std::vector<std::pair<json::json_pointer, std::string>> cases = {
+      {json::json_pointer("/source"), "source"},
+      {json::json_pointer("/device/memory_bytes"), "device.memory_bytes"},
+      {json::json_pointer("/link/d2h_gbps"), "link.d2h_gbps"},
+      {json::json_pointer("/host/pinnable_bytes"), "host.pinnable_bytes"},
+      {json::json_pointer("/fixed_bytes"), "fixed_bytes"},
+      {json::json_pointer("/layers/0/fwd_ms"), "layers[0].fwd_ms"},
+      {json::json_pointer("/layers/0/tensors/0/must_keep"), "layers[0].tensors[0].must_keep"},
+      {json::json_pointer("/layers/0/tensors/0/bytes"), "layers[0].tensors[0].bytes"},
+  };
+  for (const auto& [ptr, path] : cases) {
+    json j = example();
+    j[ptr.parent_pointer()].erase(ptr.back());
+    const std::string e = error_of(j);
+    EXPECT_EQ(e, path + ": missing required field") << ptr.to_string();
+  }
+}
+
+TEST(Profile, RejectsNegativeFractionalAndNonNumericSizes) {
+  const auto at = [](const char* ptr, json v) {
+    json j = example();
+    j[json::json_pointer(ptr)] = v;
+    return error_of(j);
+  };
+  // nlohmann would wrap -1 to 2^64-1 if asked for an unsigned; the parser must not.
+  std::string e = at("/layers/0/tensors/0/bytes", -1);
+  EXPECT_EQ(e.rfind("layers[0].tensors[0].bytes:", 0), 0u) << e;
+  EXPECT_NE(e.find("non-negative integer"), std::string::npos) << e;
+  e = at("/layers/0/tensors/0/bytes", 1.5);
+  EXPECT_EQ(e.rfind("layers[0].tensors[0].bytes:", 0), 0u) << e;
+  e = at("/layers/0/tensors/0/bytes", "12");
+  EXPECT_EQ(e.rfind("layers[0].tensors[0].bytes:", 0), 0u) << e;
+  e = at("/fixed_bytes", -20000000000LL);
+  EXPECT_EQ(e.rfind("fixed_bytes:", 0), 0u) << e;
+  e = at("/layers/0/bwd_temp_bytes", -5);
+  EXPECT_EQ(e.rfind("layers[0].bwd_temp_bytes:", 0), 0u) << e;
+  e = at("/host/pinnable_bytes", 3.25);
+  EXPECT_EQ(e.rfind("host.pinnable_bytes:", 0), 0u) << e;
+  // A whole number written as a float is still a byte count.
+  EXPECT_EQ(at("/fixed_bytes", 2e10), "");
+}
+
+TEST(Profile, RejectsBadTimesFlagsAndLinks) {
+  const auto at = [](const char* ptr, json v) {
+    json j = example();
+    j[json::json_pointer(ptr)] = v;
+    return error_of(j);
+  };
+  EXPECT_EQ(at("/layers/0/fwd_ms", -1.0).rfind("layers[0].fwd_ms:", 0), 0u);
+  EXPECT_EQ(at("/layers/0/tensors/0/recompute_ms", -0.1).rfind("layers[0].tensors[0].recompute_ms:", 0), 0u);
+  EXPECT_EQ(at("/layers/0/bwd_ms", "fast").rfind("layers[0].bwd_ms:", 0), 0u);
+  EXPECT_EQ(at("/layers/0/tensors/0/offloadable", 1).rfind("layers[0].tensors[0].offloadable:", 0), 0u);
+  EXPECT_EQ(at("/link/h2d_gbps", 0).rfind("link.h2d_gbps:", 0), 0u);
+  EXPECT_EQ(at("/link/local_ranks", 0).rfind("link.local_ranks:", 0), 0u);
+  EXPECT_EQ(at("/source", "guessed").rfind("source:", 0), 0u);
+  EXPECT_EQ(at("/layers", json::array()).rfind("layers:", 0), 0u);
+  EXPECT_EQ(at("/layers/0/tensors", json::object()).rfind("layers[0].tensors:", 0), 0u);
+  EXPECT_EQ(at("/device", 3).rfind("device:", 0), 0u);
+  EXPECT_EQ(at("/layers/0/tensors/0/name", "").rfind("layers[0].tensors[0].name:", 0), 0u);
+}
+
+TEST(Profile, RejectsDuplicateTensorNames) {
+  json j = example();
+  j["layers"][0]["tensors"].push_back(j["layers"][0]["tensors"][0]);
+  EXPECT_EQ(error_of(j).rfind("layers[0].tensors[1].name: duplicate", 0), 0u) << error_of(j);
+}
+
+TEST(Profile, LoadReportsBadJsonWithPosition) {
+  const std::string path = ::testing::TempDir() + "stash_bad_profile.json";
+  {
+    std::ofstream f(path);
+    f << "{ \"schema\": \"stash.profile/1\",\n  \"layers\": [ }";
+  }
+  try {
+    load_profile(path);
+    FAIL() << "bad JSON accepted";
+  } catch (const input_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path), std::string::npos) << m;
+    EXPECT_NE(m.find("not valid JSON"), std::string::npos) << m;
+    EXPECT_NE(m.find("line 2"), std::string::npos) << m;
+  }
+  EXPECT_THROW(load_profile(path + ".missing"), input_error);
+}
+
+TEST(Units, ParseBytes) {
+  EXPECT_EQ(parse_bytes("123456"), 123456u);
+  EXPECT_EQ(parse_bytes("80GiB"), 80ull << 30);
+  EXPECT_EQ(parse_bytes("80 gib"), 80ull << 30);
+  EXPECT_EQ(parse_bytes("85.9GB"), 85900000000ull);
+  EXPECT_EQ(parse_bytes("1.5 TiB"), 3ull << 39);
+  EXPECT_EQ(parse_bytes("512MiB"), 512ull << 20);
+  EXPECT_EQ(parse_bytes("4KB"), 4000u);
+  EXPECT_EQ(parse_bytes("7B"), 7u);
+  for (const char* bad : {"", "GiB", "-5GB", "12XB", "1.5", "80GiB extra", "1..5GB", "abc"}) {
+    EXPECT_THROW(parse_bytes(bad), input_error) << bad;
+  }
+  try {
+    parse_bytes("12XB");
+  } catch (const input_error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"12XB\""), std::string::npos);
+  }
+}
+
+TEST(Units, FormatBytes) {
+  EXPECT_EQ(format_bytes(80ull << 30), "80.00 GiB");
+  EXPECT_EQ(format_bytes(3ull << 20), "3.00 MiB");
+  EXPECT_EQ(format_bytes(2048), "2.00 KiB");
+  EXPECT_EQ(format_bytes(17), "17 B");
+}

@@ -1,0 +1,204 @@
+// Solvers: exact against brute force, the LP bound, infeasibility, plan JSON.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "plan_fixtures.h"
+#include "planner/exact_mip.h"
+#include "planner/outer_lp.h"
+#include "planner/planner.h"
+
+using namespace stash::planner;
+using namespace stash::planner::testing;
+
+namespace {
+
+std::uint64_t keep_all_peak(const Profile& p) {
+  return evaluate(p, keep_all(p), UINT64_MAX).peak_bytes;
+}
+
+PlanOptions with(solver_kind s) {
+  PlanOptions o;
+  o.solver = s;
+  o.time_limit_s = 20;
+  return o;
+}
+
+}  // namespace
+
+// 3^n enumeration on instances of at most 9 tensors: exact must find the same step time,
+// and an infeasible budget must report the brute-force least peak as the smallest budget.
+TEST(Exact, EqualsBruteForceOptimum) {
+  std::mt19937 rng(20260601);
+  int feasible = 0, infeasible = 0;
+  for (int k = 0; k < 120; ++k) {
+    const Profile p = random_profile(rng, 3, 3);
+    const std::uint64_t hi = keep_all_peak(p);
+    const std::uint64_t lo = brute_force(p, UINT64_MAX).min_peak;
+    // Mostly budgets between the least and the keep-all peak; some just below the least.
+    const double f = std::uniform_real_distribution<double>(-0.15, 1.0)(rng);
+    std::uint64_t budget =
+        f < 0 ? lo - std::min<std::uint64_t>(lo - p.fixed_bytes, 1 + static_cast<std::uint64_t>(-f * 1e7))
+              : lo + static_cast<std::uint64_t>(f * static_cast<double>(hi - lo));
+    budget = std::max(budget, p.fixed_bytes);
+    const brute_force_result bf = brute_force(p, budget);
+    if (!bf.any_valid) {
+      ++infeasible;
+      try {
+        make_plan(p, budget, with(solver_kind::exact));
+        ADD_FAILURE() << "case " << k << ": plan returned for an infeasible budget";
+      } catch (const infeasible_budget& e) {
+        EXPECT_EQ(e.min_feasible_bytes(), bf.min_peak) << "case " << k;
+        EXPECT_TRUE(e.min_proved());
+      }
+      continue;
+    }
+    ++feasible;
+    const Plan plan = make_plan(p, budget, with(solver_kind::exact));
+    EXPECT_TRUE(plan.proved_optimal) << "case " << k;
+    EXPECT_NEAR(plan.predicted.step_ms, bf.best_step, 1e-9 * bf.best_step) << "case " << k;
+    EXPECT_TRUE(evaluate(p, plan.decisions(), budget).valid);
+    // The bound never exceeds the true optimum.
+    EXPECT_LE(plan.predicted.lower_bound_ms, bf.best_step * (1 + 1e-9)) << "case " << k;
+  }
+  EXPECT_GT(feasible, 60);
+  EXPECT_GT(infeasible, 5);
+}
+
+// The outer LP is the projection of the exact MIP's relaxation (Note [Outer LP]); the two
+// are built independently, so equal optima cross-check both formulations.
+TEST(LowerBound, OuterLpEqualsExactRelaxation) {
+  std::mt19937 rng(7);
+  for (int k = 0; k < 80; ++k) {
+    const Profile p = random_profile(rng, 6, 6);
+    const std::uint64_t lo = min_feasible_budget(p);
+    const std::uint64_t budget =
+        lo + static_cast<std::uint64_t>((keep_all_peak(p) - lo) *
+                                        std::uniform_real_distribution<double>(0, 1)(rng));
+    const outer_lp_result lp = solve_outer_lp(p, budget);
+    ASSERT_TRUE(lp.feasible) << "case " << k;
+    exact_options eo;
+    eo.relax = true;
+    const exact_result rel = solve_exact(p, budget, eo);
+    EXPECT_NEAR(lp.step_lower_bound_ms, rel.objective, 1e-7 * rel.objective) << "case " << k;
+  }
+}
+
+TEST(LowerBound, PhaseOneFindsTheRelaxationsSmallestBudget) {
+  const Profile p = llama_like(6, 3);
+  const std::uint64_t min = min_feasible_budget(p);
+  const outer_lp_result below = solve_outer_lp(p, min - (64 << 20));
+  EXPECT_FALSE(below.feasible);
+  // Without a binding host cap the relaxation's least peak is the integer one.
+  EXPECT_NEAR(static_cast<double>(below.lp_min_budget), static_cast<double>(min), 4096.0);
+  EXPECT_TRUE(solve_outer_lp(p, min).feasible);
+}
+
+TEST(Planner, LlamaLikeAtScaleIsValidAndNearTheBound) {
+  const Profile p = llama_like(32, 11);
+  const std::uint64_t lo = min_feasible_budget(p), hi = keep_all_peak(p);
+  for (double f : {0.05, 0.3, 0.6, 0.95}) {
+    const std::uint64_t budget = lo + static_cast<std::uint64_t>((hi - lo) * f);
+    for (solver_kind s : {solver_kind::greedy, solver_kind::ilp}) {
+      const Plan plan = make_plan(p, budget, with(s));
+      const Evaluation ev = evaluate(p, plan.decisions(), budget);
+      ASSERT_TRUE(ev.valid) << to_string(s) << " f=" << f;
+      EXPECT_DOUBLE_EQ(ev.step_ms, plan.predicted.step_ms);
+      EXPECT_GE(plan.predicted.gap, -1e-9);
+      EXPECT_LT(plan.predicted.gap, s == solver_kind::ilp ? 0.01 : 0.02)
+          << to_string(s) << " f=" << f;
+      EXPECT_LE(plan.predicted.step_ms, plan.keep_all.step_ms + plan.recompute_all.step_ms);
+      // Where the budget costs time, some named row must be holding the LP back.
+      if (plan.predicted.lower_bound_ms > plan.keep_all.step_ms + 1e-9) {
+        EXPECT_FALSE(plan.binding_constraints.empty()) << "f=" << f;
+      }
+    }
+  }
+}
+
+TEST(Planner, GenerousBudgetKeepsEverything) {
+  const Profile p = llama_like(8, 5);
+  const Plan plan = make_plan(p, keep_all_peak(p), with(solver_kind::greedy));
+  EXPECT_DOUBLE_EQ(plan.predicted.step_ms, plan.keep_all.step_ms);
+  EXPECT_NEAR(plan.predicted.gap, 0.0, 1e-9);
+  EXPECT_TRUE(plan.binding_constraints.empty());
+}
+
+TEST(Planner, BudgetBelowFixedIsAnInputError) {
+  const Profile p = llama_like(4, 1);
+  try {
+    make_plan(p, p.fixed_bytes - 1);
+    FAIL();
+  } catch (const input_error& e) {
+    EXPECT_NE(std::string(e.what()).find("below fixed_bytes"), std::string::npos);
+  }
+}
+
+TEST(Planner, InfeasibleBudgetStatesTheSmallestInBytesAndGiB) {
+  const Profile p = llama_like(16, 2);
+  const std::uint64_t min = min_feasible_budget(p);
+  try {
+    make_plan(p, min - 1);
+    FAIL();
+  } catch (const infeasible_budget& e) {
+    EXPECT_EQ(e.min_feasible_bytes(), min);
+    const std::string m = e.what();
+    EXPECT_NE(m.find(std::to_string(min) + " bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("GiB"), std::string::npos) << m;
+  }
+  EXPECT_TRUE(evaluate(p, make_plan(p, min).decisions(), min).valid);
+}
+
+TEST(Planner, HostCapBindsAndIsRespected) {
+  Profile p = llama_like(5, 9);
+  p.pinnable_bytes = 256ull << 20;
+  const std::uint64_t lo = min_feasible_budget(p);
+  const std::uint64_t budget = lo + (keep_all_peak(p) - lo) / 3;
+  for (solver_kind s : {solver_kind::greedy, solver_kind::ilp, solver_kind::exact}) {
+    PlanOptions o = with(s);
+    o.time_limit_s = 3;
+    const Plan plan = make_plan(p, budget, o);
+    EXPECT_LE(plan.predicted.offloaded_bytes, p.pinnable_bytes);
+    EXPECT_GT(plan.predicted.offloaded_bytes, p.pinnable_bytes / 2);  // the cap is used
+    EXPECT_TRUE(evaluate(p, plan.decisions(), budget).valid) << to_string(s);
+  }
+}
+
+TEST(PlanJson, RoundTripsAndValidates) {
+  const Profile p = llama_like(3, 4);
+  const std::uint64_t lo = min_feasible_budget(p);
+  const Plan plan = make_plan(p, lo + (keep_all_peak(p) - lo) / 2, with(solver_kind::exact));
+  const nlohmann::json j = plan_to_json(plan);
+  EXPECT_EQ(j["schema"], "stash.plan/1");
+  EXPECT_EQ(j["profile_sha256"], profile_sha256(p));
+  for (const char* key : {"step_ms", "peak_bytes", "peak_at", "exposed_copy_ms", "recompute_ms",
+                          "offloaded_bytes", "lower_bound_ms", "gap"}) {
+    EXPECT_TRUE(j["predicted"].contains(key)) << key;
+  }
+  EXPECT_TRUE(j["baselines"]["recompute_all"].contains("step_ms"));
+  const Plan back = plan_from_json(j, p);
+  EXPECT_EQ(back.decisions(), plan.decisions());
+  EXPECT_EQ(back.budget_bytes, plan.budget_bytes);
+  EXPECT_DOUBLE_EQ(back.predicted.step_ms, plan.predicted.step_ms);
+  EXPECT_EQ(back.proved_optimal, plan.proved_optimal);
+
+  nlohmann::json bad = j;
+  bad["schema"] = "stash.plan/0";
+  EXPECT_THROW(plan_from_json(bad, p), input_error);
+  bad = j;
+  bad["layers"][1]["tensors"][2]["action"] = "evict";
+  try {
+    plan_from_json(bad, p);
+    FAIL();
+  } catch (const input_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("layers[1].tensors[2].action:", 0), 0u) << e.what();
+  }
+  bad = j;
+  bad["layers"][0]["tensors"][0]["name"] = "renamed";
+  EXPECT_THROW(plan_from_json(bad, p), input_error);
+  bad = j;
+  bad["layers"].erase(2);
+  EXPECT_THROW(plan_from_json(bad, p), input_error);
+}
