@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <limits>
 
@@ -227,6 +229,21 @@ Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
   plan.binding_constraints = lp.binding;
   plan.solve_ms = ms_since(t0);
   return plan;
+}
+
+std::uint64_t parse_budget(const std::string& text, const Profile& p) {
+  std::size_t end = text.find_last_not_of(" \t");
+  if (end == std::string::npos || text[end] != '%') return parse_bytes(text);
+  const std::string num = text.substr(0, end);
+  char* stop = nullptr;
+  const double pct = std::strtod(num.c_str(), &stop);
+  const bool only_number =
+      stop != num.c_str() && num.find_first_not_of(" \t", stop - num.c_str()) == std::string::npos;
+  if (!only_number || !(pct > 0) || !(pct <= 1000)) {
+    throw input_error("budget \"" + text + "\": expected a share of the keep-all peak in (0, 1000]%, e.g. 70%");
+  }
+  const std::uint64_t peak = evaluate(p, keep_all(p), UINT64_MAX).peak_bytes;
+  return static_cast<std::uint64_t>(static_cast<long double>(peak) * pct / 100.0L);
 }
 
 }  // namespace stash::planner

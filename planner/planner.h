@@ -41,6 +41,11 @@ class infeasible_budget : public std::runtime_error {
 // Throws input_error when budget < fixed_bytes, infeasible_budget when no valid plan
 // exists. The returned plan is valid under evaluate() (checked before returning) and
 // carries lower_bound_ms (the whole model's LP relaxation) and gap.
+// A budget as a user writes it: a byte count with units (parse_bytes: "80GiB", "85.9GB",
+// "123456"), or a share of the profile's keep-all peak ("70%"), the way PyTorch's memory
+// budget takes a ratio. Throws input_error naming the text.
+std::uint64_t parse_budget(const std::string& text, const Profile& p);
+
 Plan make_plan(const Profile& p, std::uint64_t budget_bytes, const PlanOptions& opt = {});
 
 // The step time of the whole model's LP relaxation at this budget; throws

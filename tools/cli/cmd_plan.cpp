@@ -29,7 +29,7 @@ std::string pct(double x) {
 void run_plan(const plan_args& a) {
   using namespace stash::planner;
   const Profile p = load_profile(a.profile);
-  const std::uint64_t budget = parse_bytes(a.budget);
+  const std::uint64_t budget = parse_budget(a.budget, p);
   PlanOptions opt;
   opt.solver = solver_from_string(a.solver);
   if (!(a.time_limit_s > 0)) throw input_error("--time-limit must be positive");
@@ -90,7 +90,7 @@ const CommandRegistrar reg(40, [](CLI::App& app) {
   auto args = std::make_shared<plan_args>();
   CLI::App* cmd = app.add_subcommand("plan", "Plan keep/recompute/offload under a memory budget");
   cmd->add_option("--profile", args->profile, "profile.json (schema stash.profile/1)")->required();
-  cmd->add_option("--budget", args->budget, "device memory budget: bytes or 80GiB, 85.9GB, ...")
+  cmd->add_option("--budget", args->budget, "device memory budget: bytes, 80GiB, 85.9GB, ... or 70% (of the keep-all peak)")
       ->required();
   cmd->add_option("--solver", args->solver, "greedy (default), ilp or exact")
       ->check(CLI::IsMember({"greedy", "ilp", "exact"}));
