@@ -1,0 +1,84 @@
+// pareto.h: the budget -> step time curve (`stash pareto`): a sweep that bisects where the
+// planner's answer changes, the knee, and CSV / SVG output.
+//
+// Note [Pareto envelope]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A plan valid at budget b is valid at every larger budget (validity is peak <= budget),
+// so the best step time achievable at b is the minimum over all plans solved at budgets
+// <= b. The heuristic solvers are not monotone in the budget (greedy rounding can land a
+// little worse at a larger budget), so each point reports that running minimum: where a
+// smaller budget's plan is better it is carried forward (plan_budget_bytes says whose
+// plan it is, solved_step_ms what the solver returned at this budget). The curve is thus
+// non-increasing by construction, and every figure on it is a real, valid plan's.
+//
+// Note [Knee]
+// ~~~~~~~~~~~
+// With budget normalised to x in [0, 1] over [from, to] and step time to y in [0, 1] over
+// [step(to), step(from)], the knee is the point farthest below the chord from (0, 1) to
+// (1, 0), i.e. the largest 1 - x - y (the "Kneedle" rule): below it memory savings start to
+// cost step time quickly, above it extra memory buys little. There is no knee when the curve
+// is flat (step(from) within 0.01% of step(to)) or nowhere below the chord by more than 1%
+// of the range (a straight or concave curve has no elbow worth naming).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "planner/planner.h"
+
+namespace stash::planner {
+
+struct ParetoOptions {
+  std::uint64_t from_bytes = 0;  // 0: min_feasible_budget(p)
+  std::uint64_t to_bytes = 0;    // 0: the keep-all peak
+  PlanOptions plan;
+  int initial_points = 9;  // evenly spaced over [from, to], ends included
+  int max_points = 64;     // solver calls in all
+  // Intervals narrower than this are not bisected; 0: (to - from) / 512, at least 1 MiB.
+  std::uint64_t resolution_bytes = 0;
+  // Relative step-time difference that counts as "the answer changed".
+  double step_tolerance = 1e-6;
+  // Called once per solved point, e.g. to print progress on stderr.
+  std::function<void(int done, int max, std::uint64_t budget, double step_ms, double solve_ms)>
+      progress;
+};
+
+struct ParetoPoint {
+  std::uint64_t budget_bytes = 0;
+  double step_ms = 0;  // the envelope's: best plan at any budget <= this one
+  std::uint64_t peak_bytes = 0;
+  std::uint64_t offloaded_bytes = 0;
+  double recompute_ms = 0;
+  double exposed_copy_ms = 0;
+  std::string solver;
+  std::uint64_t plan_budget_bytes = 0;  // the budget the reported plan was solved at
+  double solved_step_ms = 0;            // what the solver returned at budget_bytes
+};
+
+struct ParetoCurve {
+  std::vector<ParetoPoint> points;  // ascending budget
+  std::size_t knee = npos;          // index into points, or npos
+  std::uint64_t from_bytes = 0, to_bytes = 0;
+  Baseline keep_all, recompute_all;
+  std::string device, solver;
+  int solver_calls = 0;
+  int carried_forward = 0;  // points whose plan came from a smaller budget
+  static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+};
+
+// Throws input_error for from > to or a from below fixed_bytes; infeasible_budget when
+// `from` was given and no plan exists there.
+ParetoCurve pareto_sweep(const Profile& p, const ParetoOptions& opt = {});
+
+// Note [Knee]; points ascending in budget with non-increasing step time.
+std::size_t find_knee(const std::vector<ParetoPoint>& points);
+
+std::string pareto_csv(const ParetoCurve& c);
+// A complete SVG document: axes with ticks and units, the envelope as a step curve, the
+// sample points, the knee, the keep-all and recompute-all reference lines, a title.
+std::string pareto_svg(const ParetoCurve& c, const std::string& title);
+
+}  // namespace stash::planner

@@ -1,0 +1,266 @@
+// Pareto sweep: envelope, bisection, knee, CSV and SVG (planner/pareto.h), and the CLI.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "planner/analytic.h"
+#include "planner/pareto.h"
+#include "plan_fixtures.h"
+
+namespace stash::planner {
+namespace {
+
+constexpr std::uint64_t MiB = 1048576;
+
+Profile small_llama() {
+  AnalyticOptions o;
+  o.arch = "llama3-8b";
+  o.device = "h100";
+  o.batch = 1;
+  o.seq = 4096;
+  Profile p = analytic_profile(o);
+  p.layers.resize(12);  // keep the sweep quick; the shape of the curve is the same
+  return p;
+}
+
+void expect_curve_invariants(const Profile& p, const ParetoCurve& c, int max_points) {
+  ASSERT_GE(c.points.size(), c.from_bytes < c.to_bytes ? 2u : 1u);
+  EXPECT_LE(c.solver_calls, max_points);
+  EXPECT_EQ(c.points.front().budget_bytes, c.from_bytes);
+  EXPECT_EQ(c.points.back().budget_bytes, c.to_bytes);
+  double best = c.points.front().solved_step_ms;
+  for (std::size_t i = 0; i < c.points.size(); ++i) {
+    const ParetoPoint& pt = c.points[i];
+    if (i > 0) {
+      EXPECT_GT(pt.budget_bytes, c.points[i - 1].budget_bytes);
+      EXPECT_LE(pt.step_ms, c.points[i - 1].step_ms) << "step time rose at point " << i;
+    }
+    // Note [Pareto envelope]: the running minimum of what the solver returned.
+    best = std::min(best, pt.solved_step_ms);
+    EXPECT_DOUBLE_EQ(pt.step_ms, best) << i;
+    EXPECT_LE(pt.plan_budget_bytes, pt.budget_bytes);
+    EXPECT_LE(pt.peak_bytes, pt.plan_budget_bytes) << i;
+    EXPECT_GE(pt.step_ms, c.keep_all.step_ms * (1 - 1e-9));
+    EXPECT_GE(pt.peak_bytes, p.fixed_bytes);
+  }
+}
+
+TEST(Pareto, SweepIsMonotoneValidAndSpansTheDefaults) {
+  const Profile p = small_llama();
+  ParetoOptions opt;
+  opt.max_points = 40;
+  int progress_calls = 0;
+  opt.progress = [&](int done, int max, std::uint64_t, double step_ms, double) {
+    ++progress_calls;
+    EXPECT_LE(done, max);
+    EXPECT_GT(step_ms, 0);
+  };
+  const ParetoCurve c = pareto_sweep(p, opt);
+  EXPECT_EQ(c.from_bytes, min_feasible_budget(p));
+  EXPECT_EQ(c.to_bytes, evaluate(p, keep_all(p), ~0ull).peak_bytes);
+  EXPECT_EQ(progress_calls, static_cast<int>(c.points.size()));
+  expect_curve_invariants(p, c, 40);
+  // At the keep-all peak nothing needs saving.
+  EXPECT_NEAR(c.points.back().step_ms, c.keep_all.step_ms, 1e-6 * c.keep_all.step_ms);
+  // Memory is not free here: the smallest budget costs step time.
+  EXPECT_GT(c.points.front().step_ms, c.keep_all.step_ms * 1.001);
+  ASSERT_NE(c.knee, ParetoCurve::npos) << "a recompute/offload curve has an elbow";
+  EXPECT_GT(c.knee, 0u);
+  EXPECT_LT(c.knee, c.points.size() - 1);
+}
+
+TEST(Pareto, BisectsEveryChangeDownToTheResolution) {
+  const Profile p = testing::llama_like(6, 3);
+  ParetoOptions opt;
+  opt.max_points = 1000;
+  opt.initial_points = 3;
+  const std::uint64_t from = min_feasible_budget(p);
+  const std::uint64_t to = evaluate(p, keep_all(p), ~0ull).peak_bytes;
+  opt.resolution_bytes = (to - from) / 40;
+  const ParetoCurve c = pareto_sweep(p, opt);
+  EXPECT_LT(c.solver_calls, 1000);  // it stopped because it was done, not out of calls
+  expect_curve_invariants(p, c, 1000);
+  int changes = 0;
+  for (std::size_t i = 1; i < c.points.size(); ++i) {
+    const ParetoPoint &a = c.points[i - 1], &b = c.points[i];
+    if (std::abs(a.solved_step_ms - b.solved_step_ms) <= 1e-6 * a.solved_step_ms) continue;
+    ++changes;
+    EXPECT_LE(b.budget_bytes - a.budget_bytes, opt.resolution_bytes) << "unrefined change at " << i;
+  }
+  EXPECT_GT(changes, 5);
+}
+
+TEST(Pareto, MonotoneOnRandomProfilesAndRejectsBadRanges) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 6; ++trial) {
+    const Profile p = testing::random_profile(rng, 5, 6);
+    ParetoOptions opt;
+    opt.max_points = 20;
+    const ParetoCurve c = pareto_sweep(p, opt);
+    expect_curve_invariants(p, c, 20);
+  }
+  const Profile p = testing::llama_like(4, 1);
+  ParetoOptions bad;
+  bad.from_bytes = p.fixed_bytes + 100 * MiB;
+  bad.to_bytes = p.fixed_bytes + 10 * MiB;
+  EXPECT_THROW(pareto_sweep(p, bad), input_error);
+  bad.from_bytes = p.fixed_bytes / 2;
+  bad.to_bytes = 0;
+  EXPECT_THROW(pareto_sweep(p, bad), input_error);
+  ParetoOptions infeasible;  // an explicit --from below the smallest feasible budget
+  infeasible.from_bytes = p.fixed_bytes + 1;
+  EXPECT_THROW(pareto_sweep(p, infeasible), infeasible_budget);
+}
+
+std::vector<ParetoPoint> points(const std::vector<std::pair<double, double>>& xy) {
+  std::vector<ParetoPoint> v;
+  for (const auto& [gib, ms] : xy) {
+    ParetoPoint p;
+    p.budget_bytes = static_cast<std::uint64_t>(gib * 1073741824.0);
+    p.step_ms = ms;
+    v.push_back(p);
+  }
+  return v;
+}
+
+TEST(Pareto, KneeIsTheElbowAndAbsentOnFlatOrStraightCurves) {
+  // Steep fall to 20 GiB, then nearly flat: the elbow is at 20.
+  EXPECT_EQ(find_knee(points({{10, 200}, {15, 140}, {20, 104}, {30, 102}, {40, 101}, {50, 100}})), 2u);
+  EXPECT_EQ(find_knee(points({{10, 200}, {20, 150}, {30, 100}})), ParetoCurve::npos);  // straight
+  EXPECT_EQ(find_knee(points({{10, 100}, {20, 100}, {30, 100}})), ParetoCurve::npos);  // flat
+  EXPECT_EQ(find_knee(points({{10, 200}, {20, 199}, {30, 100}})), ParetoCurve::npos);  // concave
+  EXPECT_EQ(find_knee(points({{10, 200}, {30, 100}})), ParetoCurve::npos);
+}
+
+ParetoCurve hand_curve() {
+  ParetoCurve c;
+  c.points = points({{10, 200}, {15, 140}, {20, 104}, {30, 102}, {50, 100}});
+  for (auto& p : c.points) p.solver = "greedy", p.peak_bytes = p.budget_bytes, p.plan_budget_bytes = p.budget_bytes;
+  c.knee = find_knee(c.points);
+  c.from_bytes = c.points.front().budget_bytes;
+  c.to_bytes = c.points.back().budget_bytes;
+  c.keep_all = {100, c.to_bytes};
+  c.recompute_all = {230, 12ull << 30};
+  c.device = "NVIDIA H200";
+  c.solver = "greedy";
+  return c;
+}
+
+TEST(Pareto, CsvHasTheHeaderOneRowPerPointAndOneKnee) {
+  const std::string csv = pareto_csv(hand_curve());
+  std::istringstream in(csv);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line.rfind("budget_bytes,budget_gib,step_ms,peak_bytes,offloaded_bytes,recompute_ms,solver", 0), 0u);
+  int rows = 0, knees = 0;
+  while (std::getline(in, line)) {
+    ++rows;
+    EXPECT_EQ(std::count(line.begin(), line.end(), ','), 9) << line;
+    if (line.find(",greedy,1,") != std::string::npos) ++knees;
+  }
+  EXPECT_EQ(rows, 5);
+  EXPECT_EQ(knees, 1);
+  EXPECT_NE(csv.find("21474836480,20.0000,104.000000"), std::string::npos);
+}
+
+// A minimal XML well-formedness check: balanced, properly nested tags, quoted attributes.
+bool well_formed_xml(const std::string& s, std::string* why) {
+  std::vector<std::string> stack;
+  std::size_t i = 0;
+  while ((i = s.find('<', i)) != std::string::npos) {
+    const std::size_t end = s.find('>', i);
+    if (end == std::string::npos) return *why = "unterminated tag", false;
+    std::string tag = s.substr(i + 1, end - i - 1);
+    i = end + 1;
+    if (tag.empty()) return *why = "empty tag", false;
+    if (tag[0] == '?' || tag[0] == '!') continue;
+    if (std::count(tag.begin(), tag.end(), '"') % 2) return *why = "unbalanced quotes: " + tag, false;
+    if (tag[0] == '/') {
+      if (stack.empty() || stack.back() != tag.substr(1)) return *why = "mismatched </" + tag + ">", false;
+      stack.pop_back();
+      continue;
+    }
+    const bool self_closing = tag.back() == '/';
+    const std::string name = tag.substr(0, tag.find_first_of(" /"));
+    if (!self_closing) stack.push_back(name);
+  }
+  if (!stack.empty()) return *why = "unclosed <" + stack.back() + ">", false;
+  // Text must not carry raw '&' other than entities.
+  for (std::size_t a = s.find('&'); a != std::string::npos; a = s.find('&', a + 1))
+    if (s.compare(a, 5, "&amp;") && s.compare(a, 4, "&lt;") && s.compare(a, 4, "&gt;") &&
+        s.compare(a, 6, "&quot;"))
+      return *why = "raw &", false;
+  return true;
+}
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (std::size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) ++n;
+  return n;
+}
+
+TEST(Pareto, SvgIsAWellFormedPlotWithAxesCurveKneeAndReferences) {
+  const std::string svg = pareto_svg(hand_curve(), "A & B <test>");
+  std::string why;
+  EXPECT_TRUE(well_formed_xml(svg, &why)) << why;
+  EXPECT_EQ(svg.rfind("<?xml", 0), 0u);
+  EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
+  EXPECT_NE(svg.find("A &amp; B &lt;test&gt;"), std::string::npos);  // title, escaped
+  EXPECT_NE(svg.find("device memory budget (GiB)"), std::string::npos);
+  EXPECT_NE(svg.find("predicted step time (ms)"), std::string::npos);
+  EXPECT_NE(svg.find("id=\"curve\""), std::string::npos);
+  EXPECT_NE(svg.find("id=\"knee\""), std::string::npos);
+  EXPECT_NE(svg.find("knee: 20.00 GiB, 104.0 ms"), std::string::npos);
+  EXPECT_EQ(count(svg, "class=\"reference\""), 2);
+  EXPECT_NE(svg.find("keep-all: 100.0 ms"), std::string::npos);
+  EXPECT_NE(svg.find("recompute-all: 230.0 ms"), std::string::npos);
+  EXPECT_EQ(count(svg, "class=\"sample\""), 5);
+  // Ticks: the x axis spans 10..50 GiB, the y axis 100..230 ms.
+  const auto x_axis = svg.substr(svg.find("id=\"x-axis\""), svg.find("id=\"y-axis\"") - svg.find("id=\"x-axis\""));
+  EXPECT_GE(count(x_axis, "<text"), 4);
+  EXPECT_NE(x_axis.find(">20</text>"), std::string::npos);
+  const auto y_axis = svg.substr(svg.find("id=\"y-axis\""));
+  EXPECT_GE(count(y_axis.substr(0, y_axis.find("</g>")), "<text"), 4);
+  // No knee, no marker.
+  ParetoCurve flat = hand_curve();
+  flat.knee = ParetoCurve::npos;
+  EXPECT_EQ(pareto_svg(flat, "t").find("id=\"knee\""), std::string::npos);
+}
+
+#ifdef STASH_CLI_PATH
+int run(const std::string& args) {
+  const int rc = std::system((std::string(STASH_CLI_PATH) + " " + args + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST(ParetoCli, WritesCsvAndSvgAndRejectsBadRanges) {
+  const std::string dir = ::testing::TempDir();
+  const std::string profile = dir + "stash_pareto_cli_profile.json";
+  std::ofstream(profile) << profile_json_text(small_llama());
+  const std::string csv = dir + "stash_pareto_cli.csv", svg = dir + "stash_pareto_cli.svg";
+  ASSERT_EQ(run("pareto --profile " + profile + " --points 12 -o " + csv + " --svg " + svg), 0);
+  std::ifstream c(csv), s(svg);
+  std::stringstream cs, ss;
+  cs << c.rdbuf();
+  ss << s.rdbuf();
+  EXPECT_EQ(count(cs.str(), "\n"), 13);  // header + 12 points
+  std::string why;
+  EXPECT_TRUE(well_formed_xml(ss.str(), &why)) << why;
+  EXPECT_EQ(run("pareto --profile " + profile + " --from 90GiB --to 80GiB"), 2);
+  EXPECT_EQ(run("pareto --profile " + profile + " --from 1GiB"), 2);  // below fixed bytes
+  EXPECT_NE(run("pareto --profile " + profile + " --solver magic"), 0);
+  for (const auto& f : {profile, csv, svg}) std::remove(f.c_str());
+}
+#endif
+
+}  // namespace
+}  // namespace stash::planner

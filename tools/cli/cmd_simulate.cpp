@@ -1,0 +1,91 @@
+// `stash simulate`: replays a plan on compute / D2H / H2D streams (planner/simulator.h),
+// prints step time, peak, exposed copy and recompute next to the canonical model's figures
+// and the overlap report, and writes the timeline as a Chrome/Perfetto trace.
+// Exit status: 0, or 2 for bad input.
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "command.h"
+#include "planner/simulator.h"
+
+namespace stash::cli {
+namespace {
+
+struct simulate_args {
+  std::string profile, plan, trace, pinned;
+  int lookahead = 1;
+  bool no_link_sharing = false, no_turn_barrier = false, prefetch_at_recompute = false;
+};
+
+void run_simulate(const simulate_args& a) {
+  using namespace stash::planner;
+  const Profile p = load_profile(a.profile);
+  const Plan plan = load_plan(a.plan, p);
+  SimOptions opt;
+  opt.lookahead = a.lookahead;
+  // The runtime's pinned pool is capped at the profile's pinnable bytes unless told.
+  opt.pinned_bytes = a.pinned.empty() ? p.pinnable_bytes : parse_bytes(a.pinned);
+  opt.share_link = !a.no_link_sharing;
+  opt.turn_barrier = !a.no_turn_barrier;
+  opt.prefetch_after_recompute = !a.prefetch_at_recompute;
+  opt.record_trace = true;
+  const Decisions d = plan.decisions();
+  const SimResult r = simulate(p, d, opt);
+  const Evaluation ev = evaluate(p, d, plan.budget_bytes);
+
+  std::printf("simulate: %zu layers, lookahead %d, pinned cap %s, link %.1f/%.1f GB/s "
+              "(both %.1f%s)\n",
+              p.layers.size(), opt.lookahead, format_bytes(opt.pinned_bytes).c_str(),
+              p.link.d2h_gbps, p.link.h2d_gbps, p.link.bidir_gbps,
+              opt.share_link ? "" : ", sharing off");
+  double rel = ev.step_ms > 0 ? (r.step_ms / ev.step_ms - 1) * 100 : 0.0;
+  if (std::abs(rel) < 5e-5) rel = 0;  // float rounding, not a difference worth a sign
+  std::printf("  step        %.3f ms  (canonical model %.3f ms, %+.4f%%)\n", r.step_ms,
+              ev.step_ms, rel);
+  std::printf("  peak        %s (%llu bytes) at %s, t = %.3f ms  (canonical %s at %s; budget %s)\n",
+              format_bytes(r.peak_bytes).c_str(), static_cast<unsigned long long>(r.peak_bytes),
+              r.peak_at.c_str(), r.peak_time_ms, format_bytes(ev.peak_bytes).c_str(),
+              ev.peak_at.c_str(), format_bytes(plan.budget_bytes).c_str());
+  std::printf("  compute     %.3f ms fwd+bwd, recompute %.3f ms\n", r.compute_ms, r.recompute_ms);
+  std::printf("  exposed     %.3f ms copy wait (d2h %.3f, h2d %.3f)  (canonical %.3f ms)\n",
+              r.exposed_copy_ms, r.d2h_wait_ms, r.h2d_wait_ms, ev.exposed_copy_ms);
+  std::printf("  offloaded   %s, pinned peak %s, link shared %.3f ms\n",
+              format_bytes(r.offloaded_bytes).c_str(), format_bytes(r.pinned_peak_bytes).c_str(),
+              r.link_shared_ms);
+  if (r.pinned_fallback_tensors)
+    std::printf("  pinned full %zu offloads (%s) stayed on the device\n",
+                r.pinned_fallback_tensors, format_bytes(r.pinned_fallback_bytes).c_str());
+  if (r.peak_bytes > plan.budget_bytes)
+    std::printf("  warning     the replay's peak exceeds the plan's budget\n");
+  std::printf("overlap report:\n%s", format_overlap_report(overlap_report(r.trace.spans())).c_str());
+  if (!a.trace.empty()) {
+    r.trace.write(a.trace);
+    std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", a.trace.c_str());
+  }
+}
+
+const CommandRegistrar reg(60, [](CLI::App& app) {
+  auto args = std::make_shared<simulate_args>();
+  CLI::App* cmd = app.add_subcommand(
+      "simulate", "Replay a plan on compute/D2H/H2D streams; print the timeline's figures");
+  cmd->add_option("--profile", args->profile, "profile.json")->required();
+  cmd->add_option("--plan", args->plan, "plan.json (from stash plan)")->required();
+  cmd->add_option("--trace", args->trace, "write a Chrome/Perfetto trace here");
+  cmd->add_option("--lookahead", args->lookahead,
+                  "prefetch layer i at the backward of layer i+N (default 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--pinned-bytes", args->pinned,
+                  "pinned pool capacity, bytes or units (default: the profile's pinnable bytes)");
+  cmd->add_flag("--no-link-sharing", args->no_link_sharing,
+                "ignore bidir_gbps: directions never slow each other");
+  cmd->add_flag("--no-turn-barrier", args->no_turn_barrier,
+                "let backward start before the last forward offloads finish");
+  cmd->add_flag("--prefetch-at-recompute", args->prefetch_at_recompute,
+                "issue prefetches when a layer's recompute starts, not its backward compute");
+  cmd->callback([args] { run_simulate(*args); });
+});
+
+}  // namespace
+}  // namespace stash::cli
