@@ -1,0 +1,108 @@
+// `stash bench link`: the host<->device link benchmark (runtime/measure/link_bench.h).
+// Exit status: 0 measured, 2 bad options or a buffer refused, 3 no usable GPU or a CUDA
+// error.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "planner/profile.h"
+#include "runtime/measure/link_bench.h"
+#include "runtime/measure/measure_prim.h"
+#include "runtime/measure/profile_fill.h"
+
+namespace stash::cli {
+namespace {
+
+struct bench_link_args {
+  std::string bytes = "512MiB";
+  int samples = 7;
+  int warmups = 2;
+  int sharers = 0;
+  int device = 0;
+  bool no_pageable = false;
+  std::string json_out, profile;
+};
+
+// Replaces the link section of an existing profile in place, keeping every other key
+// (including ones the planner does not read), and validates the result first.
+void merge_into_profile(const std::string& path, const nlohmann::json& link) {
+  nlohmann::json j;
+  {
+    std::ifstream in(path);
+    if (!in) throw planner::input_error(path + ": cannot open");
+    try {
+      in >> j;
+    } catch (const nlohmann::json::parse_error& e) {
+      throw planner::input_error(path + ": not JSON: " + e.what());
+    }
+  }
+  if (!j.is_object()) throw planner::input_error(path + ": expected a stash.profile/1 object");
+  j["link"] = link;
+  (void)planner::profile_from_json(j);
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+void run_bench_link(const bench_link_args& a) {
+  measure::link_bench_options o;
+  o.bytes = planner::parse_bytes(a.bytes);
+  o.samples = a.samples;
+  o.warmups = a.warmups;
+  o.sharers = a.sharers;
+  o.device = a.device;
+  o.pageable = !a.no_pageable;
+  const std::string problem = measure::prim::device_problem();
+  if (!problem.empty()) {
+    std::fprintf(stderr, "stash bench link: no usable GPU: %s\n", problem.c_str());
+    throw exit_status{3};
+  }
+  measure::link_bench_result r;
+  try {
+    r = measure::run_link_bench(o);
+  } catch (const measure::measure_error& e) {
+    std::fprintf(stderr, "stash bench link: %s\n", e.what());
+    throw exit_status{3};
+  }
+  std::printf("%s", measure::format_link_table(r).c_str());
+  const nlohmann::json j = measure::link_bench_to_json(r);
+  if (!a.json_out.empty()) {
+    std::ofstream out(a.json_out);
+    out << j.dump(2) << "\n";
+    if (!out) throw std::runtime_error("cannot write " + a.json_out);
+    std::printf("wrote %s\n", a.json_out.c_str());
+  }
+  if (!a.profile.empty()) {
+    merge_into_profile(a.profile, j["link"]);
+    std::printf("merged the link section into %s\n", a.profile.c_str());
+  }
+}
+
+const CommandRegistrar reg(20, [](CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Measure the machine");
+  bench->require_subcommand(1);
+  auto args = std::make_shared<bench_link_args>();
+  CLI::App* link = bench->add_subcommand(
+      "link", "Pinned/pageable host<->device copy bandwidth (H2D, D2H, both at once), GB/s");
+  link->add_option("--bytes", args->bytes,
+                   "buffer size (shrunk to fit free device memory; at least 64MiB)")
+      ->capture_default_str();
+  link->add_option("--samples", args->samples, "timed runs; the median is reported")
+      ->capture_default_str();
+  link->add_option("--warmups", args->warmups, "untimed runs first")->capture_default_str();
+  link->add_option("--sharers", args->sharers,
+                   "local ranks sharing the link (default: LOCAL_WORLD_SIZE, else 1)");
+  link->add_option("--device", args->device, "GPU ordinal")->capture_default_str();
+  link->add_flag("--no-pageable", args->no_pageable, "skip the pageable-memory contrast");
+  link->add_option("--json", args->json_out, "write {link, link_bench} as JSON");
+  link->add_option("--profile", args->profile,
+                   "a stash.profile/1 file whose link section is replaced by the result");
+  link->callback([args] { run_bench_link(*args); });
+});
+
+}  // namespace
+}  // namespace stash::cli
