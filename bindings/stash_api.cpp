@@ -1,0 +1,78 @@
+// Process-wide entry points: version, status strings, last error, statistics helper.
+#include <algorithm>
+#include <cstring>
+
+#include "api_boundary.h"
+#include "pool_stats.h"
+
+using namespace stash;
+
+extern "C" {
+
+STASH_API unsigned stash_version(void) { return STASH_VERSION_NUMBER; }
+STASH_API const char* stash_version_string(void) { return STASH_VERSION_STRING; }
+
+// One table for every range (common, engine, profiler): a status from any part of the
+// library gets its name here. Switching on the int keeps values outside the enum defined.
+STASH_API const char* stash_status_string(stash_status_t s) {
+  switch (static_cast<int>(s)) {
+    case STASH_OK: return "ok";
+    case STASH_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case STASH_ERROR_OUT_OF_MEMORY: return "out of memory";
+    case STASH_ERROR_CUDA: return "CUDA error";
+    case STASH_ERROR_TIMEOUT: return "timed out";
+    case STASH_ERROR_UNKNOWN_POINTER: return "unknown pointer";
+    case STASH_ERROR_VERSION_MISMATCH: return "version mismatch";
+    case STASH_ERROR_INTERNAL: return "internal error";
+    case STASH_ERROR_NO_PLAN: return "no plan loaded";
+    case STASH_ERROR_BAD_PLAN: return "bad plan";
+    case STASH_ERROR_UNKNOWN_TENSOR: return "unknown tensor";
+    case STASH_ERROR_ILLEGAL_TRANSITION: return "illegal transition";
+    case STASH_ERROR_TENSOR_FAILED: return "tensor failed";
+    case STASH_ERROR_PROFILING_UNAVAILABLE: return "profiling unavailable";
+    case STASH_ERROR_PROFILER_STATE: return "profiler in the wrong state";
+    default: return "unknown status";
+  }
+}
+
+STASH_API const char* stash_last_error(void) { return last_error(); }
+
+STASH_API void stash_pool_stats_init(stash_pool_stats_t* stats) {
+  if (!stats) return;
+  std::memset(stats, 0, sizeof *stats);
+  stats->struct_size = sizeof *stats;
+}
+
+}  // extern "C"
+
+namespace stash::api {
+
+status copy_stats(const pool_stats& in, stash_pool_stats_t* out, const char* function) noexcept {
+  if (!out) return fail(status::invalid_argument, "%s: stats is NULL", function);
+  if (out->struct_size < sizeof(size_t) || out->struct_size > sizeof(stash_pool_stats_t)) {
+    return fail(status::version_mismatch,
+                "%s: stats->struct_size is %zu; call stash_pool_stats_init first", function,
+                out->struct_size);
+  }
+  stash_pool_stats_t full;
+  full.struct_size = out->struct_size;
+  full.current_count = in.current_count;
+  full.peak_count = in.peak_count;
+  full.total_count = in.total_count;
+  full.current_bytes = in.current_bytes;
+  full.peak_bytes = in.peak_bytes;
+  full.total_bytes = in.total_bytes;
+  full.requested_bytes = in.requested_bytes;
+  full.pending_count = in.pending_count;
+  full.pending_bytes = in.pending_bytes;
+  full.reserved_bytes = in.reserved_bytes;
+  full.peak_reserved_bytes = in.peak_reserved_bytes;
+  full.slab_count = in.slab_count;
+  full.largest_free_bytes = in.largest_free_bytes;
+  full.limit_bytes = in.limit_bytes;
+  full.failed_count = in.failed_count;
+  std::memcpy(out, &full, out->struct_size);
+  return status::ok;
+}
+
+}  // namespace stash::api

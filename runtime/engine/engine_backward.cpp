@@ -1,0 +1,376 @@
+// The engine's layer hooks, the backward side (prefetch, acquire, release) and its trace.
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "engine_nvtx.h"
+#include "engine_trace.h"
+#include "prefetch_engine.h"
+
+namespace stash::engine {
+
+namespace {
+constexpr std::size_t kFwd = 0, kBwd = 1;
+}  // namespace
+
+namespace {
+
+// A device-side wait of `stream` on `ev`, timed as a wait span attributed to `layer`.
+status timed_wait(engine_trace* trace, cudaStream_t stream, cudaEvent_t ev, int layer,
+                  std::uint32_t mb, const char* what) noexcept {
+  std::size_t op = 0;
+  if (trace) {
+    timed_op t;
+    t.kind = planner::SpanKind::wait;
+    t.what = what;
+    t.layer = layer;
+    t.micro_batch = mb;
+    status st = trace->start(t, stream, &op);
+    if (st != status::ok) trace = nullptr;  // lose the span, not the wait
+  }
+  const cudaError_t err = cuda::stream_wait(stream, ev);
+  if (err != cudaSuccess) {
+    if (trace) trace->cancel(op);
+    return cuda::fail(err, "cudaStreamWaitEvent", __FILE__, __LINE__);
+  }
+  if (trace) trace->stop(op, stream);
+  return status::ok;
+}
+
+}  // namespace
+
+status prefetch_engine::forward_begin(std::uint32_t mb, std::uint32_t layer) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (plan_.empty()) return fail(no_plan, "forward_begin: no plan loaded");
+  if (layer >= plan_.layers())
+    return fail(status::invalid_argument, "forward_begin: layer %u, but the plan has %zu", layer,
+                plan_.layers());
+  micro_batch_slot* s = nullptr;
+  status st = slot_for(mb, true, &s);
+  if (st != status::ok) return st;
+  if (layer == 0 && s->finished && s->live == 0) {  // a new step of this micro-batch
+    reset_slot(*s);
+    s->used = true;
+    s->id = mb;
+  }
+  if (!in_flight_.empty()) retire(false);
+  // Note [Engine streams and events]: forward of layer i waits for layer i-2's copies.
+  if (layer >= 2 && s->layer_copies[layer - 2]) {
+    nvtx::range range(nvtx::kWaitInFlight, nvtx::payload(mb, layer - 2, 0));
+    st = timed_wait(trace_.get(), config_.compute, s->layer_copies[layer - 2],
+                    static_cast<int>(layer - 2), mb, "d2h");
+    if (st != status::ok) return st;
+  }
+  if (trace_) {
+    cudaEvent_t& mark = s->compute_begin[2 * layer + kFwd];
+    if (mark) trace_->drop_mark(std::exchange(mark, nullptr));
+    trace_->mark(config_.compute, &mark);
+  }
+  return status::ok;
+}
+
+status prefetch_engine::forward_end(std::uint32_t mb, std::uint32_t layer) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (plan_.empty()) return fail(no_plan, "forward_end: no plan loaded");
+  if (layer >= plan_.layers())
+    return fail(status::invalid_argument, "forward_end: layer %u, but the plan has %zu", layer,
+                plan_.layers());
+  micro_batch_slot* s = nullptr;
+  status st = slot_for(mb, true, &s);
+  if (st != status::ok) return st;
+  cudaEvent_t& mark = s->compute_begin[2 * layer + kFwd];
+  if (trace_ && mark) {
+    timed_op t;
+    t.kind = planner::SpanKind::forward;
+    t.layer = static_cast<std::int32_t>(layer);
+    t.micro_batch = mb;
+    t.start = std::exchange(mark, nullptr);
+    return trace_->finish(t, config_.compute);
+  }
+  return status::ok;
+}
+
+status prefetch_engine::issue_prefetch(micro_batch_slot& s, std::uint32_t layer,
+                                       std::size_t flat, cudaStream_t order) noexcept {
+  tensor_record& r = s.tensors[flat];
+  if (r.state != tensor_state::offloading && r.state != tensor_state::on_host) return status::ok;
+  if (r.error != status::ok) return status::ok;
+  nvtx::range range(nvtx::kPrefetch, nvtx::payload(s.id, layer, static_cast<std::uint32_t>(flat - plan_.first(layer))));
+  void* dst = nullptr;
+  status st = alloc_device(r.bytes, &dst);
+  if (st != status::ok) {
+    r.error = st;  // stays ON_HOST: the data is safe in the pinned block
+    std::snprintf(r.message, sizeof r.message, "%s", last_error());
+    ++stats_.failed_count;
+    return st;
+  }
+  cudaStream_t h2d = h2d_.get();
+  auto undo = [&](status why) {
+    free_device(dst, r.bytes, config_.compute, &h2d, 1);
+    r.error = why;
+    std::snprintf(r.message, sizeof r.message, "%s", last_error());
+    ++stats_.failed_count;
+    return why;
+  };
+  // The block is `order`'s (the compute stream's) from this point of its order on, after
+  // the allocation itself (a stream-ordered allocator enqueues it there): the H2D may
+  // write it only after this point. Recorded per tensor, after its allocation.
+  {
+    cudaEvent_t issue = nullptr;
+    if ((st = events_.take(&issue)) != status::ok) return undo(st);
+    cudaError_t err = cuda::event_record(issue, order);
+    if (err == cudaSuccess) err = cuda::stream_wait(h2d, issue);
+    events_.give(issue);  // the wait captured it
+    if (err != cudaSuccess) return undo(cuda::fail(err, "order H2D after the compute stream", __FILE__, __LINE__));
+  }
+  if (r.d2h_done) {  // still OFFLOADING as far as the host knows: order after the D2H
+    const cudaError_t err = cuda::stream_wait(h2d, r.d2h_done);
+    if (err != cudaSuccess) return undo(cuda::fail(err, "cudaStreamWaitEvent(h2d, d2h)", __FILE__, __LINE__));
+  }
+  cudaEvent_t done = nullptr;
+  if ((st = events_.take(&done)) != status::ok) return undo(st);
+  std::size_t op = 0;
+  bool timed = false;
+  if (trace_) {
+    timed_op t;
+    t.kind = planner::SpanKind::h2d;
+    t.micro_batch = s.id;
+    t.flat = flat;
+    t.bytes = r.bytes;
+    t.pinned_bytes = pinned_in_use_;
+    t.layer = static_cast<std::int32_t>(layer);
+    timed = trace_->start(t, h2d, &op) == status::ok;
+  }
+  cudaError_t err = cuda::copy_h2d(dst, r.host, r.bytes, h2d);
+  if (err != cudaSuccess) {
+    if (timed) trace_->cancel(op);
+    events_.give(done);
+    return undo(cuda::fail(err, "cudaMemcpyAsync(H2D)", __FILE__, __LINE__));
+  }
+  if (timed) trace_->stop(op, h2d);
+  err = cuda::event_record(done, h2d);
+  if (err != cudaSuccess) {
+    const status why = cuda::fail(err, "cudaEventRecord(h2d done)", __FILE__, __LINE__);
+    cuda::stream_synchronize(h2d);  // cold: cannot track the copy, so finish it here
+    events_.give(done);
+    return undo(why);
+  }
+  r.prefetched = dst;
+  r.h2d_done = done;
+  r.state = tensor_state::prefetching;
+  ++stats_.prefetched_count;
+  stats_.prefetched_bytes += r.bytes;
+  return status::ok;
+}
+
+status prefetch_engine::prefetch_layer(micro_batch_slot& s, std::uint32_t layer) noexcept {
+  s.prefetch_issued[layer] = 1;
+  if (!plan_.layer_offloads(layer)) return status::ok;
+  status first = status::ok;
+  const std::size_t begin = plan_.first(layer), end = begin + plan_.tensors(layer);
+  for (std::size_t f = begin; f < end; ++f) {
+    if (plan_.action(f) != Action::offload) continue;
+    const status st = issue_prefetch(s, layer, f, config_.compute);
+    if (st != status::ok && first == status::ok) first = st;  // the others still go
+  }
+  return first;
+}
+
+status prefetch_engine::backward_begin(std::uint32_t mb, std::uint32_t layer) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (plan_.empty()) return fail(no_plan, "backward_begin: no plan loaded");
+  if (layer >= plan_.layers())
+    return fail(status::invalid_argument, "backward_begin: layer %u, but the plan has %zu",
+                layer, plan_.layers());
+  micro_batch_slot* s = nullptr;
+  status st = slot_for(mb, true, &s);
+  if (st != status::ok) return st;
+  if (!in_flight_.empty()) retire(false);
+  if (!s->backward_started) {
+    // The loss turn: backward waits for every forward offload of this micro-batch. The
+    // D2H stream is FIFO, so the event after the latest layer's copies covers them all.
+    s->backward_started = true;
+    for (std::size_t l = plan_.layers(); l-- > 0;) {
+      if (!s->layer_copies[l]) continue;
+      nvtx::range range(nvtx::kWaitTurn, nvtx::payload(mb, static_cast<std::uint32_t>(l), 0));
+      st = timed_wait(trace_.get(), config_.compute, s->layer_copies[l], static_cast<int>(l),
+                      mb, "d2h");
+      if (st != status::ok) return st;
+      break;
+    }
+  }
+  // Prefetch layers layer-1 .. layer-lookahead (and this layer, if it was skipped), each
+  // ordered after this point of the compute stream.
+  const std::uint32_t lo =
+      layer >= static_cast<std::uint32_t>(config_.lookahead) ? layer - config_.lookahead : 0;
+  status first = status::ok;
+  for (std::uint32_t l = layer + 1; l-- > lo;) {
+    if (s->prefetch_issued[l]) continue;
+    st = prefetch_layer(*s, l);
+    if (st != status::ok && first == status::ok) first = st;
+  }
+  if (trace_) {
+    cudaEvent_t& mark = s->compute_begin[2 * layer + kBwd];
+    if (mark) trace_->drop_mark(std::exchange(mark, nullptr));
+    trace_->mark(config_.compute, &mark);
+  }
+  return first;
+}
+
+status prefetch_engine::backward_end(std::uint32_t mb, std::uint32_t layer) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (plan_.empty()) return fail(no_plan, "backward_end: no plan loaded");
+  if (layer >= plan_.layers())
+    return fail(status::invalid_argument, "backward_end: layer %u, but the plan has %zu", layer,
+                plan_.layers());
+  micro_batch_slot* s = nullptr;
+  status st = slot_for(mb, false, &s);
+  if (st != status::ok) return st;
+  if (!s) return fail(illegal_transition, "backward_end: micro-batch %u has no forward", mb);
+  cudaEvent_t& mark = s->compute_begin[2 * layer + kBwd];
+  if (trace_ && mark) {
+    timed_op t;
+    t.kind = planner::SpanKind::backward;
+    t.layer = static_cast<std::int32_t>(layer);
+    t.micro_batch = mb;
+    t.start = std::exchange(mark, nullptr);
+    st = trace_->finish(t, config_.compute);
+  }
+  if (layer == 0) {
+    s->finished = true;
+    if (trace_) trace_->harvest(false, plan_);
+  }
+  if (!in_flight_.empty()) retire(false);
+  return st;
+}
+
+status prefetch_engine::acquire(tensor_key k, cudaStream_t consumer, void** out) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!out) return fail(status::invalid_argument, "acquire: out is NULL");
+  *out = nullptr;
+  micro_batch_slot* s = nullptr;
+  tensor_record* r = nullptr;
+  std::size_t flat = 0;
+  status st = find(k, "acquire", false, &s, &r, &flat);
+  if (st != status::ok) return st;
+  if (!in_flight_.empty()) retire(false);
+  const auto key_fail = [&](status code, const char* why) {
+    return fail(code, "acquire: tensor (micro-batch %u, layer %u, index %u) is %s: %s",
+                k.micro_batch, k.layer, k.index, to_string(r->state), why);
+  };
+  if (r->error != status::ok)
+    return fail(tensor_failed, "acquire: tensor (micro-batch %u, layer %u, index %u) failed: %s",
+                k.micro_batch, k.layer, k.index, r->message);
+  switch (r->state) {
+    case tensor_state::absent: return key_fail(illegal_transition, "acquire before offload");
+    case tensor_state::released: return key_fail(illegal_transition, "acquire after release");
+    case tensor_state::ready:
+      *out = r->prefetched ? r->prefetched : r->device;
+      return status::ok;
+    case tensor_state::on_device:
+      r->state = tensor_state::ready;
+      r->consumer = consumer;
+      *out = r->device;
+      return status::ok;
+    case tensor_state::offloading:
+    case tensor_state::on_host:  // prefetch not issued yet: issue it now
+      if ((st = issue_prefetch(*s, k.layer, flat, config_.compute)) != status::ok) return st;
+      break;
+    case tensor_state::prefetching: break;
+  }
+  // PREFETCHING: the consumer waits for this tensor's H2D only.
+  {
+    nvtx::range range(nvtx::kWaitAcquire, nvtx::payload(k.micro_batch, k.layer, k.index));
+    st = timed_wait(trace_.get(), consumer, r->h2d_done, static_cast<int>(k.layer),
+                    k.micro_batch, "h2d");
+    if (st != status::ok) return st;
+  }
+  // The layer's backward compute starts after its waits (Note [Timing with events]).
+  cudaEvent_t& mark = s->compute_begin[2 * k.layer + kBwd];
+  if (trace_ && mark && consumer == config_.compute) {
+    trace_->drop_mark(std::exchange(mark, nullptr));
+    trace_->mark(consumer, &mark);
+  }
+  r->state = tensor_state::ready;
+  r->consumer = consumer;
+  *out = r->prefetched;
+  return status::ok;
+}
+
+status prefetch_engine::release(tensor_key k) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  micro_batch_slot* s = nullptr;
+  tensor_record* r = nullptr;
+  std::size_t flat = 0;
+  status st = find(k, "release", false, &s, &r, &flat);
+  if (st != status::ok) return st;
+  if (r->state == tensor_state::absent || r->state == tensor_state::released)
+    return fail(illegal_transition, "release: tensor (micro-batch %u, layer %u, index %u) is %s: %s",
+                k.micro_batch, k.layer, k.index, to_string(r->state),
+                r->state == tensor_state::absent ? "release before offload" : "double release");
+  if (!in_flight_.empty()) retire(false);
+  cudaStream_t users[2] = {h2d_.get(), nullptr};
+  std::size_t n_users = 1;
+  if (r->consumer && r->consumer != config_.compute) users[n_users++] = r->consumer;
+  if (r->prefetched) {
+    if (!config_.pool && r->state == tensor_state::prefetching) {
+      // Never acquired: the caller's allocator frees on the compute stream, which must
+      // not reuse the block under the H2D.
+      cuda::stream_wait(config_.compute, r->h2d_done);
+    }
+    free_device(r->prefetched, r->bytes, r->consumer ? r->consumer : config_.compute, users,
+                n_users);
+  }
+  if (r->owns_device && r->device) {
+    free_device(r->device, r->bytes, r->consumer ? r->consumer : r->producer, users + 1,
+                n_users - 1);
+  }
+  if (r->host) {
+    cudaStream_t copies[2] = {d2h_.get(), h2d_.get()};
+    pinned_->deallocate(r->host, copies, 2);
+    pinned_in_use_ -= r->bytes;
+  }
+  events_.give(r->h2d_done);
+  r->h2d_done = nullptr;
+  r->prefetched = r->device = r->host = nullptr;
+  r->owns_device = false;
+  r->state = tensor_state::released;
+  --s->live;
+  ++stats_.released_count;
+  return status::ok;
+}
+
+status prefetch_engine::info(tensor_key k, tensor_info* out) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!out) return fail(status::invalid_argument, "info: out is NULL");
+  *out = tensor_info{};
+  if (plan_.empty()) return fail(no_plan, "info: no plan loaded");
+  const std::size_t flat = plan_.flat(k.layer, k.index);
+  if (flat == engine_plan::npos)
+    return fail(unknown_tensor, "info: tensor (layer %u, index %u) is not in the plan", k.layer,
+                k.index);
+  out->action = plan_.action(flat);
+  micro_batch_slot* s = nullptr;
+  slot_for(k.micro_batch, false, &s);
+  if (!s) return status::ok;
+  const tensor_record& r = s->tensors[flat];
+  out->state = r.state;
+  out->error = r.error;
+  out->message = r.message;
+  out->device = r.prefetched ? r.prefetched : r.device;
+  out->bytes = r.bytes;
+  return status::ok;
+}
+
+planner::TraceWriter prefetch_engine::trace() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!trace_) throw error(status::invalid_argument, "trace: the engine was created with timing off");
+  trace_->harvest(true, plan_);
+  return trace_->writer();
+}
+
+void prefetch_engine::write_trace(const std::string& path) { trace().write(path); }
+
+planner::OverlapReport prefetch_engine::overlap() { return planner::overlap_report(trace().spans()); }
+
+}  // namespace stash::engine

@@ -1,0 +1,71 @@
+// engine_trace.h: times every engine operation with CUDA events and turns the timings into
+// spans of planner/trace.h's format, so `stash simulate`'s predicted timeline and the
+// engine's measured one open side by side and print the same overlap report.
+//
+// Note [Timing with events]
+// Each op is bracketed by two events recorded on the stream it runs on: copies on the D2H
+// or H2D stream, layer compute and waits on the compute (or consumer) stream. A wait span
+// is the gap between an event recorded just before cudaStreamWaitEvent and one just after:
+// exactly the time the stream stood still (on the double's virtual clock event records take
+// no time; on a GPU they take ~µs). Times are elapsed from a base event recorded on the
+// compute stream when the engine was created. Ops are harvested in bulk: without blocking
+// (cudaEventElapsedTime reports not-ready, nothing is queried or synchronized) at the end
+// of each micro-batch's backward, and blocking when a trace or report is asked for; their
+// events then go back to the pool.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "engine_plan.h"
+#include "planner/trace.h"
+#include "status.h"
+#include "tensor_table.h"
+
+namespace stash::engine {
+
+struct timed_op {
+  planner::SpanKind kind = planner::SpanKind::other;
+  const char* what = "";  // waits: "d2h" / "h2d" / "turn"
+  std::int32_t layer = -1;
+  std::uint32_t micro_batch = 0;
+  std::size_t flat = engine_plan::npos;  // copies: the tensor
+  std::uint64_t bytes = 0;
+  std::uint64_t pinned_bytes = 0;        // pinned bytes in use when it was submitted
+  cudaEvent_t start = nullptr, end = nullptr;
+};
+
+class engine_trace {
+ public:
+  engine_trace(event_pool& events, cudaStream_t base_stream);  // throws stash::error
+  ~engine_trace();
+  engine_trace(const engine_trace&) = delete;
+  engine_trace& operator=(const engine_trace&) = delete;
+
+  status reserve(std::size_t ops) noexcept;
+  // Takes two events and records the first on `s`; *id names the op for stop().
+  status start(const timed_op& op, cudaStream_t s, std::size_t* id) noexcept;
+  status stop(std::size_t id, cudaStream_t s) noexcept;
+  // Drops an op whose start was recorded but whose work was not enqueued (a failure).
+  void cancel(std::size_t id) noexcept;
+  // Spans that cross engine calls (layer compute): mark() records a start event now;
+  // finish() records the end event on `s` and queues op (whose start is that event).
+  // Ids of start() are only valid within one engine call; harvest() may move ops.
+  status mark(cudaStream_t s, cudaEvent_t* out) noexcept;
+  status finish(timed_op op, cudaStream_t s) noexcept;
+  void drop_mark(cudaEvent_t ev) noexcept { events_.give(ev); }
+  // Turns completed ops into spans. block: wait for all of them first.
+  void harvest(bool block, const engine_plan& plan);
+  const planner::TraceWriter& writer() const noexcept { return writer_; }
+
+ private:
+  event_pool& events_;
+  cudaEvent_t base_ = nullptr;
+  std::vector<timed_op> ops_;
+  planner::TraceWriter writer_{"stash engine"};
+};
+
+}  // namespace stash::engine

@@ -1,0 +1,191 @@
+// prefetch_engine.h: carries out a plan's offload decisions on a compute stream: D2H after
+// the producer, one layer in flight, prefetch `lookahead` layers ahead of backward.
+//
+// Note [Engine streams and events]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The engine owns two non-blocking streams, "stash d2h" and "stash h2d", named for nsys.
+//  * offload(k, ptr, bytes, producer): an event on `producer` after the work enqueued so
+//    far; the D2H stream waits on it and copies into a pinned block. The device block is
+//    then freed stream-ordered: to stash's device pool at once, guarded by an event on the
+//    D2H stream (the pool hands it out again only after the copy), or, in release-callback
+//    mode, by calling the caller's release function from a later engine call on the
+//    caller's thread, once the copy is observed complete (never from a CUDA host-function
+//    thread: a Python caller would deadlock on the GIL).
+//  * forward_begin(mb, i): the compute stream waits on the event recorded after layer
+//    i-2's latest D2H, so no more than one layer's offloads are in flight (the planner's
+//    peak assumes it): an overrun costs time on the compute stream, never memory, and the
+//    host never blocks. backward_begin of a micro-batch's first backward layer waits for
+//    all its D2H copies (the loss turn), as the simulator's turn_barrier does.
+//  * backward_begin(mb, i): for each offloaded tensor of layers i-1 .. i-lookahead not
+//    prefetched yet, a device block is allocated for the compute stream (it is that
+//    stream's memory from this point of its order), then an event is recorded on the
+//    compute stream *after* the allocation, and the H2D stream waits on it and on the
+//    tensor's own D2H event before copying. Waiting on the compute stream is what makes the
+//    block safe to write: the pool may hand out a block the compute stream just freed, and
+//    a stream-ordered caller allocator (cudaMallocAsync) enqueues the allocation there. (The
+//    checker caught the first version, which recorded the event before allocating.) It
+//    also times the prefetch exactly as the simulator does: when backward of i begins.
+//  * acquire(k, consumer): the consumer waits on that tensor's H2D event only, never on
+//    the whole H2D stream, so a late tensor delays only its own consumer.
+//  * release(k): the consumer block goes back to the pool (guarded by the H2D stream and a
+//    consumer other than the compute stream) or to the release callback; the pinned block
+//    goes back to the pinned pool guarded by the D2H and H2D streams that used it.
+//
+// Note [In-flight cap]
+// The cap (bytes, count) bounds pinned memory in transit on the D2H stream. An offload
+// that would exceed it first retires completed copies (cudaEventQuery), then blocks the
+// host on the oldest copy's event until it fits: bounded host back-pressure, counted in
+// stats().cap_waits. A single tensor larger than the byte cap is let through alone.
+//
+// Note [Pinned pool exhausted]
+// keep_on_device: the tensor stays where it is (ON_DEVICE, the engine owns the block and
+//   frees it at release), counted in kept_on_device; offload returns ok. Data never moves,
+//   so nothing is lost; the cost is device memory, which the stats make visible.
+// wait: the pinned pool waits (up to pinned_wait_timeout_ms) for blocks still guarded by
+//   in-flight copies. If none is pending or the wait runs out, the tensor is kept as
+//   above, counted, and offload returns out_of_memory / timeout so the caller knows.
+//
+// Thread safety: every public method may be called from any thread; one mutex serializes
+// them. Release callbacks run inside engine calls on the calling thread and must not call
+// the engine.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_calls.h"
+#include "device_pool.h"
+#include "engine_plan.h"
+#include "engine_status.h"
+#include "pinned_pool.h"
+#include "planner/trace.h"
+#include "tensor_table.h"
+
+namespace stash::engine {
+
+// Caller's allocator. alloc returns 0 on success; release frees stream-ordered on `stream`.
+using device_alloc_fn = int (*)(void** out, std::size_t bytes, cudaStream_t stream, void* user);
+using device_release_fn = void (*)(void* ptr, std::size_t bytes, cudaStream_t stream,
+                                   void* user);
+
+enum class pinned_exhausted : int { keep_on_device = 0, wait = 1 };
+
+struct engine_config {
+  cudaStream_t compute = nullptr;      // the stream layers run on (nullptr: legacy default)
+  int lookahead = 1;                   // prefetch layer i when backward of i+lookahead begins
+  std::size_t max_in_flight_bytes = 0; // D2H bytes in transit; 0: unbounded
+  std::size_t max_in_flight_count = 0; // D2H copies in transit; 0: unbounded
+  pinned_pool_config pinned;           // the engine's own pinned pool
+  pinned_exhausted on_pinned_exhausted = pinned_exhausted::keep_on_device;
+  device_pool* pool = nullptr;         // stash's device pool, or:
+  device_alloc_fn alloc = nullptr;     // the caller's allocator (both functions)
+  device_release_fn release = nullptr;
+  void* user = nullptr;
+  bool timing = true;                  // time every op with CUDA events (trace, overlap)
+  std::size_t max_micro_batches = 8;   // micro-batches live at once
+};
+
+struct tensor_info {
+  tensor_state state = tensor_state::absent;
+  Action action = Action::keep;
+  status error = status::ok;
+  const char* message = "";  // valid until the tensor's slot is reused
+  void* device = nullptr;    // where acquire would point (null while only on the host)
+  std::size_t bytes = 0;
+};
+
+struct engine_stats {
+  std::uint64_t offloaded_count = 0, offloaded_bytes = 0;    // D2H copies enqueued
+  std::uint64_t prefetched_count = 0, prefetched_bytes = 0;  // H2D copies enqueued
+  std::uint64_t kept_on_device_count = 0, kept_on_device_bytes = 0;  // pinned exhausted
+  std::uint64_t keep_count = 0, recompute_count = 0;  // pass-through tensors offered
+  std::uint64_t failed_count = 0;                     // tensors whose copy failed
+  std::uint64_t released_count = 0;
+  std::uint64_t in_flight_count = 0, in_flight_bytes = 0;
+  std::uint64_t peak_in_flight_count = 0, peak_in_flight_bytes = 0;
+  std::uint64_t cap_waits = 0;             // host waits imposed by the in-flight cap
+  std::uint64_t release_callbacks = 0;     // device blocks handed to the caller's release
+  pool_stats pinned;
+};
+
+class engine_trace;
+
+class prefetch_engine {
+ public:
+  // Throws stash::error (invalid_argument for a bad config; cuda_error).
+  explicit prefetch_engine(const engine_config& config);
+  // Waits for the engine's streams, hands back every block it holds, destroys its streams.
+  ~prefetch_engine();
+  prefetch_engine(const prefetch_engine&) = delete;
+  prefetch_engine& operator=(const prefetch_engine&) = delete;
+
+  // Replaces the plan. Fails (illegal_transition) while a micro-batch holds tensors.
+  status set_plan(engine_plan plan) noexcept;
+  const engine_plan& plan() const noexcept { return plan_; }
+  status action(std::uint32_t layer, std::uint32_t index, Action* out) noexcept;
+
+  // Layer hooks, on the compute stream, in program order.
+  status forward_begin(std::uint32_t mb, std::uint32_t layer) noexcept;
+  status forward_end(std::uint32_t mb, std::uint32_t layer) noexcept;
+  status backward_begin(std::uint32_t mb, std::uint32_t layer) noexcept;
+  status backward_end(std::uint32_t mb, std::uint32_t layer) noexcept;
+
+  status offload(tensor_key k, void* device, std::size_t bytes, cudaStream_t producer) noexcept;
+  status acquire(tensor_key k, cudaStream_t consumer, void** out) noexcept;
+  status release(tensor_key k) noexcept;
+  status info(tensor_key k, tensor_info* out) noexcept;
+
+  // Waits for the engine's streams; retires every copy (runs pending release callbacks).
+  status synchronize() noexcept;
+  engine_stats stats() noexcept;
+
+  // Waits for the engine's timed work, then returns the spans recorded so far (compute,
+  // "stash d2h", "stash h2d", waits) in planner/trace.h's format. Throws stash::error.
+  planner::TraceWriter trace();
+  void write_trace(const std::string& path);
+  planner::OverlapReport overlap();
+
+  cudaStream_t d2h_stream() const noexcept { return d2h_.get(); }
+  cudaStream_t h2d_stream() const noexcept { return h2d_.get(); }
+  cudaStream_t compute_stream() const noexcept { return config_.compute; }
+  const engine_config& config() const noexcept { return config_; }
+
+ private:
+  friend class engine_trace;
+  // All below: lock held.
+  status find(tensor_key k, const char* op, bool create, micro_batch_slot** slot, tensor_record** rec,
+              std::size_t* flat) noexcept;
+  status slot_for(std::uint32_t mb, bool create, micro_batch_slot** out) noexcept;
+  void reset_slot(micro_batch_slot& s) noexcept;
+  status issue_prefetch(micro_batch_slot& s, std::uint32_t layer, std::size_t flat,
+                        cudaStream_t order) noexcept;
+  status prefetch_layer(micro_batch_slot& s, std::uint32_t layer) noexcept;
+  status make_room(std::size_t bytes) noexcept;
+  void retire(bool block) noexcept;
+  void retire_front() noexcept;
+  status free_device(void* p, std::size_t bytes, cudaStream_t stream,
+                     const cudaStream_t* users, std::size_t n_users) noexcept;
+  status alloc_device(std::size_t bytes, void** out) noexcept;
+  status keep_on_device(micro_batch_slot& s, tensor_record& r, status why) noexcept;
+  status tensor_fail(tensor_record& r, status why) noexcept;
+
+  engine_config config_;
+  std::mutex mutex_;
+  engine_plan plan_;
+  cuda::stream_owner d2h_, h2d_;
+  std::unique_ptr<pinned_pool> pinned_;
+  event_pool events_;
+  std::vector<micro_batch_slot> slots_;
+  in_flight_queue in_flight_;
+  engine_stats stats_;
+  std::uint64_t pinned_in_use_ = 0;  // bytes of pinned blocks the engine holds (trace counter)
+  std::unique_ptr<engine_trace> trace_;
+};
+
+}  // namespace stash::engine
