@@ -1,0 +1,122 @@
+"""Finding and loading stash's shared libraries, and the C types they share."""
+
+import ctypes
+import os
+import re
+
+__all__ = ["StashError", "PoolStats", "find_library", "load", "parse_bytes", "status_string",
+           "version"]
+
+
+class StashError(RuntimeError):
+    """A stash call failed. ``status`` is the stash_status_t number (0 when not from C)."""
+
+    def __init__(self, message, status=0):
+        super().__init__(message)
+        self.status = status
+
+
+def _search_dirs():
+    dirs = [d for d in os.environ.get("STASH_LIB_DIR", "").split(os.pathsep) if d]
+    dirs.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+    return dirs
+
+
+def find_library(filename):
+    """The path of ``filename`` (e.g. ``"libstash_torch.so"``): the first of the
+    ``STASH_LIB_DIR`` directories, then ``stash/lib/`` next to this package, that holds
+    it; else ``filename`` itself, which the dynamic loader then looks up on its default
+    path (``LD_LIBRARY_PATH``, ldconfig)."""
+    for d in _search_dirs():
+        path = os.path.join(d, filename)
+        if os.path.exists(path):
+            return path
+    return filename
+
+
+_loaded = {}
+
+
+def load(filename):
+    """Loads a stash library once per process; StashError naming where it looked."""
+    if filename not in _loaded:
+        path = find_library(filename)
+        try:
+            _loaded[filename] = ctypes.CDLL(path)
+        except OSError as e:
+            raise StashError(
+                f"cannot load {filename} ({e}); looked in STASH_LIB_DIR and "
+                f"{_search_dirs()[-1]}, then on the loader's path. Set STASH_LIB_DIR to the "
+                "build's library directories.") from e
+    return _loaded[filename]
+
+
+class PoolStats(ctypes.Structure):
+    """stash_pool_stats_t (stash.h); every field is exact."""
+
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [
+        (name, ctypes.c_uint64) for name in (
+            "current_count", "peak_count", "total_count", "current_bytes", "peak_bytes",
+            "total_bytes", "requested_bytes", "pending_count", "pending_bytes",
+            "reserved_bytes", "peak_reserved_bytes", "slab_count", "largest_free_bytes",
+            "limit_bytes", "failed_count")]
+
+    @classmethod
+    def empty(cls):
+        s = cls()
+        s.struct_size = ctypes.sizeof(cls)
+        return s
+
+    def as_dict(self):
+        return {name: int(getattr(self, name)) for name, _ in self._fields_[1:]}
+
+
+def _libstash():
+    lib = load("libstash.so")
+    if not getattr(lib, "_stash_typed", False):
+        lib.stash_version_string.restype = ctypes.c_char_p
+        lib.stash_version_string.argtypes = []
+        lib.stash_status_string.restype = ctypes.c_char_p
+        lib.stash_status_string.argtypes = [ctypes.c_int]
+        lib._stash_typed = True
+    return lib
+
+
+def version():
+    """The version of the loaded libstash.so, "MAJOR.MINOR.PATCH"."""
+    return _libstash().stash_version_string().decode()
+
+
+def status_string(status):
+    """stash_status_string: the name of a stash_status_t number."""
+    return _libstash().stash_status_string(int(status)).decode()
+
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_BYTES_RE = re.compile(r"^\s*(\d+)(?:\.(\d+))?\s*([A-Za-z]*)\s*$")
+
+
+def parse_bytes(value):
+    """A byte count from an int or a string in the planner's syntax: "123456", "8GiB",
+    "1.5 TB" (B KB MB GB TB KiB MiB GiB TiB, case-insensitive). ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a byte count: {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a byte count cannot be negative: {value}")
+        return value
+    m = _BYTES_RE.match(str(value))
+    if not m:
+        raise ValueError(f"not a byte count: {value!r} (e.g. 8GiB, 512MiB, 1000000)")
+    whole, frac, unit = m.groups()
+    if not unit and frac:
+        raise ValueError(f"a fraction needs a unit: {value!r}")
+    mult = _UNITS.get(unit.lower(), None) if unit else 1
+    if mult is None:
+        raise ValueError(f"unknown unit {unit!r} in {value!r} (use B, KB, MB, GB, TB, KiB, "
+                         "MiB, GiB or TiB)")
+    n = int(whole) * mult
+    if frac:
+        n += int(frac) * mult // 10 ** len(frac)
+    return n

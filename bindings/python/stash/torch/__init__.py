@@ -1,0 +1,15 @@
+"""stash for PyTorch. ``import torch`` first (both must load the same libcudart.so.13).
+
+- :func:`use_allocator`: stash's device pool as PyTorch's CUDA allocator (torch >= 2.0).
+- :func:`allocator_stats`, :func:`set_budget`: the pool behind it, through ctypes.
+- :func:`record`: the record pass; writes a stash.profile/1 skeleton of a model's blocks.
+- :class:`nvtx_ranges`: wraps blocks in the ``stash:layer:<i>:fwd|bwd`` NVTX ranges that
+  ``stash profile`` attributes kernel times to.
+"""
+
+from ._allocator import allocator_stats, release_cached, reset_peak, set_budget, use_allocator
+from ._nvtx import nvtx_ranges
+from ._record import record
+
+__all__ = ["allocator_stats", "nvtx_ranges", "record", "release_cached", "reset_peak",
+           "set_budget", "use_allocator"]

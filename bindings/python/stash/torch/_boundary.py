@@ -1,0 +1,51 @@
+"""Block boundaries in backward: an identity autograd.Function at a block's output.
+
+Note [Backward boundaries by an identity Function]
+Module backward hooks differ between torch 1.13 and 2.x (and full backward hooks refuse
+some inputs), but a custom autograd.Function exists in both and runs its backward exactly
+when the gradient reaches that point of the graph. An identity placed on a block's output
+tensors therefore marks "backward of this block begins"; the next boundary upstream (the
+previous block's output, which is this block's input) marks its end. The identity returns
+``x.view_as(x)``, which shares x's storage: no copy, no extra memory.
+"""
+
+import torch
+
+
+class _Boundary(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, callback, x):
+        ctx.callback = callback
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.callback()
+        return None, grad
+
+
+def mark_backward(output, callback):
+    """Returns `output` with `callback()` attached to run when backward first reaches it.
+    Tensors, and tuples/lists of tensors (the callback fires once, at the first gradient
+    that arrives), are handled; tensors that do not require grad pass unchanged."""
+    fired = [False]
+
+    def once():
+        if not fired[0]:
+            fired[0] = True
+            callback()
+
+    def wrap(t):
+        if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
+            return _Boundary.apply(once, t)
+        return t
+
+    if isinstance(output, (tuple, list)):
+        return type(output)(wrap(t) for t in output)
+    return wrap(output)
+
+
+def at_backward_end(callback):
+    """Queues `callback` to run when the current backward pass finishes. Only valid while
+    the autograd engine is executing a backward."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)

@@ -1,0 +1,181 @@
+"""The record pass: which tensors each block saves for backward, in order, and how big.
+
+Note [What the record pass counts]
+A forward pass over the blocks runs under torch.autograd.graph.saved_tensors_hooks; the
+pack hook sees every tensor autograd saves, in the order it saves them, which is the
+order the offload hooks see them in too (tensors are identified by that order within a
+block, matching the profile). For each one:
+- parameters and buffers (of any of the blocks) are skipped: they stay resident anyway
+  and belong to fixed_bytes;
+- tensors are keyed by their storage, so several views of one storage (a transpose, the
+  q/k/v slices of one projection) are one entry, at the position of the first, with the
+  storage's bytes: that is what offloading it moves and what freeing it releases;
+- a storage that existed before the block ran (the block's input, the output of an
+  earlier block) is marked not recomputable: recompute starts from it, it cannot be
+  produced again by the block. The block's input is named "input".
+Everything else is offloadable and recomputable; times are 0, to be filled by `stash
+profile` (CUPTI), which also names what it could not measure.
+"""
+
+import hashlib
+import json
+import os
+
+import torch
+
+from .. import profile as _profile
+
+
+def _storage(t):
+    """(key, nbytes) of a tensor's storage, on torch 1.13 and 2.x."""
+    if hasattr(t, "untyped_storage"):
+        s = t.untyped_storage()
+    else:
+        s = t.storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def _tensors_in(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for y in x:
+            yield from _tensors_in(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _tensors_in(y)
+
+
+def _call(block, x):
+    return block(*x) if isinstance(x, tuple) else block(x)
+
+
+def _pinnable_bytes():
+    """0.8 x MemAvailable: the pinned pool's default cap for one rank."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 * 8 // 10
+    except OSError:
+        pass
+    return 0
+
+
+def _device_info():
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return {"name": props.name, "memory_bytes": int(props.total_memory)}
+    return {"name": "cpu", "memory_bytes": 0}
+
+
+def _fixed_bytes(blocks):
+    seen, total = set(), 0
+    for block in blocks:
+        for p in block.parameters():
+            key, n = _storage(p)
+            if key in seen:
+                continue
+            seen.add(key)
+            total += n * (2 if p.requires_grad else 1)  # the parameter and its gradient
+        for b in block.buffers():
+            key, n = _storage(b)
+            if key not in seen:
+                seen.add(key)
+                total += n
+    return total
+
+
+def record(blocks, sample_inputs, path=None, *, names=None, link=None, fixed_bytes=None):
+    """Runs one forward pass of `blocks` (nn.Modules applied in order: block i's output is
+    block i+1's input) on `sample_inputs` (a tensor, or a tuple of positional arguments
+    for the first block) and returns a stash.profile/1 skeleton as a dict; writes it as
+    JSON to `path` when given. Note [What the record pass counts] says what is listed.
+
+    names: one layer name per block (default "<ClassName>.<i>"). link: the link section
+    (default: placeholder 1 GB/s, local_ranks 1, for `stash profile` or the user to
+    replace). fixed_bytes: default = the blocks' parameters, their gradients and buffers.
+    Each layer's signature is its class name plus a digest of its tensors' bytes and
+    flags, so identical blocks share one and the planner solves them once."""
+    blocks = list(blocks)
+    if not blocks:
+        raise ValueError("stash.torch.record: no blocks")
+    if names is not None and len(names) != len(blocks):
+        raise ValueError("stash.torch.record: one name per block")
+    resident = set()
+    for block in blocks:
+        for t in list(block.parameters()) + list(block.buffers()):
+            resident.add(_storage(t)[0])
+
+    layers = []
+    earlier = set()  # storages that existed before the current block ran
+    # Every block's output stays alive until the end, so that no storage address seen
+    # is reused by a later tensor (keys are addresses).
+    outputs = []
+    x = sample_inputs
+    with torch.enable_grad():
+        for t in _tensors_in(x):
+            earlier.add(_storage(t)[0])
+        for i, block in enumerate(blocks):
+            inputs = {_storage(t)[0] for t in _tensors_in(x)}
+            tensors, index = [], {}
+
+            def pack(t, tensors=tensors, index=index, inputs=inputs):
+                key, nbytes = _storage(t)
+                if key in resident or key in index or nbytes == 0:
+                    return t
+                index[key] = len(tensors)
+                is_input = key in inputs
+                tensors.append({
+                    "name": "input" if is_input else f"saved.{len(tensors)}",
+                    "bytes": int(nbytes),
+                    "recompute_ms": 0.0,
+                    "offloadable": True,
+                    "recomputable": key not in earlier,
+                    "must_keep": False,
+                })
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = _call(block, x)
+            # An input that two inputs share gets "input" once; later ones are renamed.
+            seen_names = set()
+            for t in tensors:
+                if t["name"] in seen_names:
+                    t["name"] = f"input.{len(seen_names)}"
+                seen_names.add(t["name"])
+            digest = hashlib.sha256(json.dumps(
+                [(t["bytes"], t["recomputable"]) for t in tensors]).encode()).hexdigest()[:16]
+            layers.append({
+                "name": names[i] if names else f"{type(block).__name__}.{i}",
+                "signature": f"{type(block).__name__}:{digest}",
+                "fwd_ms": 0.0,
+                "bwd_ms": 0.0,
+                "bwd_temp_bytes": 0,
+                "tensors": tensors,
+            })
+            earlier.update(index)
+            for t in _tensors_in(out):
+                earlier.add(_storage(t)[0])
+            outputs.append(out)
+            x = out
+        del x, outputs
+
+    doc = {
+        "schema": _profile.SCHEMA,
+        "source": "measured",
+        "device": _device_info(),
+        "link": dict(link) if link else
+                {"h2d_gbps": 1.0, "d2h_gbps": 1.0, "bidir_gbps": 1.0, "local_ranks": 1},
+        "host": {"pinnable_bytes": _pinnable_bytes()},
+        "fixed_bytes": int(_fixed_bytes(blocks) if fixed_bytes is None else fixed_bytes),
+        "layers": layers,
+    }
+    _profile.validate(doc)
+    if path is not None:
+        tmp = f"{os.fspath(path)}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    return doc

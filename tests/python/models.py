@@ -1,0 +1,45 @@
+"""Small models for the Python tests (CPU, float32)."""
+
+import math
+
+import torch
+import torch.nn as nn
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention with one fused qkv projection, then an MLP."""
+
+    def __init__(self, d=16, heads=2, ff=32):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, ff)
+        self.fc2 = nn.Linear(ff, d)
+
+    def forward(self, x):
+        B, T, D = x.shape
+        H, hd = self.heads, D // self.heads
+        q, k, v = self.qkv(self.ln1(x)).split(D, dim=-1)
+        q, k, v = (t.reshape(B, T, H, hd).transpose(1, 2) for t in (q, k, v))
+        att = ((q @ k.transpose(-2, -1)) / math.sqrt(hd)).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, D)
+        x = x + self.proj(y)
+        return x + self.fc2(torch.relu(self.fc1(self.ln2(x))))
+
+
+class Gated(nn.Module):
+    """Saves two views of one storage (the halves of one projection), a parameter and a
+    buffer: the record pass must list the projection once and skip the other two."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.lin = nn.Linear(d, 2 * d, bias=False)
+        self.scale = nn.Parameter(torch.ones(d))
+        self.register_buffer("mask", torch.ones(d))
+
+    def forward(self, x):
+        a, b = self.lin(x).split(x.shape[-1], dim=-1)
+        return (a * b) * self.scale * self.mask
