@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "api_boundary.h"
+#include "c_stats.h"
 #include "pool_stats.h"
 
 using namespace stash;
@@ -54,24 +55,7 @@ status copy_stats(const pool_stats& in, stash_pool_stats_t* out, const char* fun
                 "%s: stats->struct_size is %zu; call stash_pool_stats_init first", function,
                 out->struct_size);
   }
-  stash_pool_stats_t full;
-  full.struct_size = out->struct_size;
-  full.current_count = in.current_count;
-  full.peak_count = in.peak_count;
-  full.total_count = in.total_count;
-  full.current_bytes = in.current_bytes;
-  full.peak_bytes = in.peak_bytes;
-  full.total_bytes = in.total_bytes;
-  full.requested_bytes = in.requested_bytes;
-  full.pending_count = in.pending_count;
-  full.pending_bytes = in.pending_bytes;
-  full.reserved_bytes = in.reserved_bytes;
-  full.peak_reserved_bytes = in.peak_reserved_bytes;
-  full.slab_count = in.slab_count;
-  full.largest_free_bytes = in.largest_free_bytes;
-  full.limit_bytes = in.limit_bytes;
-  full.failed_count = in.failed_count;
-  std::memcpy(out, &full, out->struct_size);
+  bindings::fill_c_stats(in, out);  // struct_size checked above
   return status::ok;
 }
 

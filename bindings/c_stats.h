@@ -1,7 +1,7 @@
 // c_stats.h: stash::pool_stats -> stash_pool_stats_t, as far as the caller's struct goes.
 //
-// libstash.so has its own copy (bindings/stash_api.cpp); this one serves the libraries
-// that do not link libstash (preload, torch), so they export no libstash symbol.
+// Header-only, so that libstash.so and the libraries that do not link libstash (preload,
+// torch) share it without exporting a libstash symbol from the latter.
 #pragma once
 
 #include <cstddef>
