@@ -4,6 +4,7 @@
 // tests and the simulator's agreement test all go through it, so it follows the issue's
 // formula literally and does no clever incremental bookkeeping.
 #include "planner/plan.h"
+#include "planner/json_file.h"
 
 #include <algorithm>
 #include <cmath>
@@ -316,14 +317,7 @@ Plan plan_from_json(const json& j, const Profile& p) {
 }
 
 Plan load_plan(const std::string& path, const Profile& p) {
-  std::ifstream in(path);
-  if (!in) throw input_error(path + ": cannot open plan");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw input_error(path + ": not valid JSON: " + e.what());
-  }
+  const json j = read_json_file(path);
   try {
     return plan_from_json(j, p);
   } catch (const input_error& e) {

@@ -3,6 +3,7 @@
 // Every rejection is an input_error whose text starts with the JSON path of the offending
 // value ("layers[3].tensors[0].bytes: ..."), so a user can find it in a 2,000-tensor file.
 #include "planner/profile.h"
+#include "planner/json_file.h"
 
 #include <cctype>
 #include <cmath>
@@ -218,15 +219,7 @@ json profile_to_json(const Profile& p) {
 }
 
 Profile load_profile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw input_error(path + ": cannot open profile");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    // e.what() carries "at line L, column C"; the byte offset alone is useless to a user.
-    throw input_error(path + ": not valid JSON: " + e.what());
-  }
+  const json j = read_json_file(path);
   try {
     return profile_from_json(j);
   } catch (const input_error& e) {

@@ -1,5 +1,7 @@
 #include "runtime/measure/profile_fill.h"
 
+#include "planner/json_file.h"
+
 #include <fstream>
 #include <sstream>
 
@@ -121,14 +123,7 @@ filled_profile fill_profile(const measurement& m, const planner::Profile* skelet
 }
 
 planner::LinkProfile load_link_section(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw planner::input_error(path + ": cannot open");
-  json j;
-  try {
-    in >> j;
-  } catch (const json::parse_error& e) {
-    throw planner::input_error(path + ": not JSON: " + e.what());
-  }
+  const json j = planner::read_json_file(path);
   if (!j.is_object() || !j.contains("link") || !j["link"].is_object()) {
     throw planner::input_error(path + ": link: missing required field (expected a profile or "
                                "the output of `stash bench link --json`)");

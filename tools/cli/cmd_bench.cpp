@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "planner/json_file.h"
 #include "planner/profile.h"
 #include "runtime/measure/link_bench.h"
 #include "runtime/measure/measure_prim.h"
@@ -30,22 +31,11 @@ struct bench_link_args {
 // Replaces the link section of an existing profile in place, keeping every other key
 // (including ones the planner does not read), and validates the result first.
 void merge_into_profile(const std::string& path, const nlohmann::json& link) {
-  nlohmann::json j;
-  {
-    std::ifstream in(path);
-    if (!in) throw planner::input_error(path + ": cannot open");
-    try {
-      in >> j;
-    } catch (const nlohmann::json::parse_error& e) {
-      throw planner::input_error(path + ": not JSON: " + e.what());
-    }
-  }
+  nlohmann::json j = planner::read_json_file(path);
   if (!j.is_object()) throw planner::input_error(path + ": expected a stash.profile/1 object");
   j["link"] = link;
   (void)planner::profile_from_json(j);
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  if (!out) throw std::runtime_error("cannot write " + path);
+  planner::write_json_file(path, j);
 }
 
 void run_bench_link(const bench_link_args& a) {

@@ -2,13 +2,13 @@
 // Exit status: 0 a valid plan, 1 the budget is infeasible (the message states the smallest
 // feasible budget), 2 bad input.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "planner/json_file.h"
 #include "planner/planner.h"
 
 namespace stash::cli {
@@ -78,10 +78,7 @@ void run_plan(const plan_args& a) {
   }
   std::printf("  binding     %s\n", binding.empty() ? "none (budget not binding)" : binding.c_str());
   if (!a.out.empty()) {
-    std::ofstream f(a.out);
-    if (!f) throw input_error(a.out + ": cannot write plan");
-    f << plan_to_json(plan).dump(2) << "\n";
-    if (!f) throw input_error(a.out + ": write failed");
+    write_json_file(a.out, plan_to_json(plan));
     std::printf("wrote %s\n", a.out.c_str());
   }
 }

@@ -1,0 +1,22 @@
+// json_file.h: reading and writing the JSON files stash's tools exchange (profiles, plans,
+// link sections), with the error conventions of the planner: every failure is an
+// input_error naming the path.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "profile.h"
+
+namespace stash::planner {
+
+// Parses the file. Errors: "<path>: cannot open" and "<path>: not valid JSON: <what>", where
+// <what> carries nlohmann's line and column.
+nlohmann::json read_json_file(const std::string& path);
+
+// Writes j (indented) to `path` through a temporary file in the same folder and a rename,
+// so a failed or interrupted write never leaves a truncated file where a good one was.
+void write_json_file(const std::string& path, const nlohmann::json& j);
+
+}  // namespace stash::planner
