@@ -2,7 +2,6 @@
 
 namespace stash::prim {
 
-namespace {
 cudaError_t tolerate_unloading(cudaError_t err) noexcept {
   if (err == cudaErrorCudartUnloading) {
     cudaGetLastError();
@@ -10,7 +9,6 @@ cudaError_t tolerate_unloading(cudaError_t err) noexcept {
   }
   return err;
 }
-}  // namespace
 
 cudaError_t host_alloc(void** out, size_t bytes) noexcept {
   return cudaHostAlloc(out, bytes, cudaHostAllocPortable);

@@ -26,6 +26,11 @@
 
 namespace stash::prim {
 
+// cudaErrorCudartUnloading (process teardown: the runtime has released everything) becomes
+// cudaSuccess and is cleared from the last error; any other error is returned unchanged.
+// For release paths that run from destructors, here and in the runtime's own primitives.
+cudaError_t tolerate_unloading(cudaError_t err) noexcept;
+
 // Page-locked, portable (usable from every context) host memory.
 cudaError_t host_alloc(void** out, size_t bytes) noexcept;
 cudaError_t host_free(void* p) noexcept;  // unloading counts as success

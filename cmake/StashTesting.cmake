@@ -34,11 +34,7 @@ function(stash_add_runtime_test target)
   set_tests_properties(${target}.cpu PROPERTIES
     LABELS "cpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
     ENVIRONMENT "LD_LIBRARY_PATH=${STASH_DOUBLE_DIR};STASH_TEST_RUNTIME=double")
-  add_test(NAME ${target}.gpu COMMAND ${target})
-  set_tests_properties(${target}.gpu PROPERTIES
-    LABELS "gpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
-    ENVIRONMENT "STASH_TEST_RUNTIME=real"
-    SKIP_REGULAR_EXPRESSION "${STASH_SKIP_REGEX}")
+  stash_add_gpu_test(${target} LABELS ${ARG_LABELS} TIMEOUT ${ARG_TIMEOUT})
   if(TARGET cudart_double)
     add_dependencies(${target} cudart_double)
   endif()

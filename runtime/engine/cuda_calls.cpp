@@ -2,16 +2,12 @@
 
 #include <nvtx3/nvToolsExtCudaRt.h>
 
+#include "cuda_prim.h"
+
 namespace stash::engine::cuda {
 
 namespace {
-cudaError_t tolerate_unloading(cudaError_t err) noexcept {
-  if (err == cudaErrorCudartUnloading) {
-    cudaGetLastError();
-    return cudaSuccess;
-  }
-  return err;
-}
+using prim::tolerate_unloading;
 cudaError_t clear_not_ready(cudaError_t err) noexcept {
   if (err == cudaErrorNotReady) cudaGetLastError();
   return err;
