@@ -1,16 +1,21 @@
 // `stash bench link`: the host<->device link benchmark (runtime/measure/link_bench.h).
+// `stash bench copy`: the engine's copies next to plain cudaMemcpyAsync on one size mix
+// (runtime/engine/copy_bench.h).
 // Exit status: 0 measured, 2 bad options or a buffer refused, 3 no usable GPU or a CUDA
 // error.
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "command.h"
 #include "planner/json_file.h"
 #include "planner/profile.h"
+#include "runtime/engine/copy_bench.h"
+#include "status.h"
 #include "runtime/measure/link_bench.h"
 #include "runtime/measure/measure_prim.h"
 #include "runtime/measure/profile_fill.h"
@@ -72,6 +77,37 @@ void run_bench_link(const bench_link_args& a) {
   }
 }
 
+struct bench_copy_args {
+  std::vector<std::string> sizes;
+  int samples = 5;
+  int warmups = 1;
+  std::string json_out;
+};
+
+void run_bench_copy(const bench_copy_args& a) {
+  engine::copy_bench_options o;
+  for (const std::string& s : a.sizes) o.sizes.push_back(planner::parse_bytes(s));
+  o.samples = a.samples;
+  o.warmups = a.warmups;
+  const std::string problem = measure::prim::device_problem();
+  if (!problem.empty()) {
+    std::fprintf(stderr, "stash bench copy: no usable GPU: %s\n", problem.c_str());
+    throw exit_status{3};
+  }
+  engine::copy_bench_result r;
+  try {
+    r = engine::run_copy_bench(o);
+  } catch (const stash::error& e) {
+    std::fprintf(stderr, "stash bench copy: %s\n", e.what());
+    throw exit_status{e.code() == status::invalid_argument ? 2 : 3};
+  }
+  std::printf("%s", engine::format_copy_table(r).c_str());
+  if (!a.json_out.empty()) {
+    planner::write_json_file(a.json_out, engine::copy_bench_to_json(r));
+    std::printf("wrote %s\n", a.json_out.c_str());
+  }
+}
+
 const CommandRegistrar reg(20, [](CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Measure the machine");
   bench->require_subcommand(1);
@@ -92,6 +128,21 @@ const CommandRegistrar reg(20, [](CLI::App& app) {
   link->add_option("--profile", args->profile,
                    "a stash.profile/1 file whose link section is replaced by the result");
   link->callback([args] { run_bench_link(*args); });
+
+  auto cargs = std::make_shared<bench_copy_args>();
+  CLI::App* copy = bench->add_subcommand(
+      "copy", "The engine's offload/prefetch copies vs plain cudaMemcpyAsync, same size mix");
+  copy->add_option("--sizes", cargs->sizes,
+                   "the size mix, in order (bytes or units; default 1,4,16,64,256 MiB twice)")
+      ->delimiter(',');
+  copy->add_option("--samples", cargs->samples, "timed rounds; the median is reported")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  copy->add_option("--warmups", cargs->warmups, "untimed rounds first")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  copy->add_option("--json", cargs->json_out, "write every figure as JSON");
+  copy->callback([cargs] { run_bench_copy(*cargs); });
 });
 
 }  // namespace

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The one-shot GPU check (README "On a GPU"): build, the gpu-labelled tests, the link and
+# copy benchmarks, the engine's submit path with the real runtime, and `stash demo`, with
+# every figure in one report file. Meant to finish in under 5 minutes on an H200.
+#   tools/gpu-check.sh [REPORT]     default: $OUT/gpu-check.txt when $OUT is set (the
+#                                   device tool's output folder), else out/gpu-check.txt
+# It never calls apt-get: a GPU machine may reach no package registry. Dependencies come
+# from .carry/debs (prepared by tools/gpu-carry.sh on a machine that has Debian's
+# registry, then carried along), unpacked into .carry/prefix; without .carry the build
+# uses whatever the machine has installed.
+# Environment: STASH_GPU_ARCH (default: the first GPU's compute capability, e.g. 90-real),
+# STASH_GPU_CHECK_STEPS (default: all of "build tests bench demo").
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+start=$(date +%s)
+report=${1:-${OUT:+$OUT/gpu-check.txt}}
+report=${report:-$root/out/gpu-check.txt}
+out_dir=$(dirname "$report")
+mkdir -p "$out_dir"
+: >"$report"
+steps=${STASH_GPU_CHECK_STEPS:-build tests bench demo}
+failed=()
+
+say() { echo "$*" | tee -a "$report"; }
+# run NAME TIMEOUT CMD...: runs a step, its output into the report, its status noted.
+run() {
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s)
+  say ""
+  say "== $name: $*"
+  timeout "$limit" "$@" 2>&1 | tee -a "$report"
+  local rc=${PIPESTATUS[0]}
+  say "== $name: exit $rc, $(( $(date +%s) - t0 )) s"
+  [ "$rc" -eq 0 ] || failed+=("$name (exit $rc)")
+  return "$rc"
+}
+want() { [[ " $steps " == *" $1 "* ]]; }
+
+say "stash gpu-check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv 2>&1 | tee -a "$report"
+else
+  say "nvidia-smi: not found"
+fi
+
+# --- dependencies from .carry --------------------------------------------------------
+prefix="$root/.carry/prefix"
+if ls "$root"/.carry/debs/*.deb >/dev/null 2>&1; then
+  if [ ! -f "$prefix/.unpacked" ]; then
+    mkdir -p "$prefix"
+    for deb in "$root"/.carry/debs/*.deb; do dpkg-deb -x "$deb" "$prefix"; done
+    touch "$prefix/.unpacked"
+  fi
+  multiarch=x86_64-linux-gnu
+  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  # Debian splits some headers into the multiarch folder (openssl/configuration.h), which
+  # the compiler searches by default only under /usr/include.
+  export CPATH="$prefix/usr/include:$prefix/usr/include/$multiarch${CPATH:+:$CPATH}"
+  export LIBRARY_PATH="$prefix/usr/lib/$multiarch${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$prefix/usr/lib/$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  cmake_deps=(-DOPENSSL_ROOT_DIR="$prefix/usr")
+  say "dependencies: $(ls "$root"/.carry/debs/*.deb | wc -l) carried packages unpacked into $prefix"
+else
+  cmake_deps=()
+  say "dependencies: no .carry/debs (tools/gpu-carry.sh); using the machine's own packages"
+fi
+
+arch=${STASH_GPU_ARCH:-}
+if [ -z "$arch" ] && command -v nvidia-smi >/dev/null; then
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  [ -n "$cc" ] && arch="${cc}-real"
+fi
+arch=${arch:-90-real}
+bdir="$root/build-gpu"
+
+if want build; then
+  export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+  run configure 300 cmake -S "$root" -B "$bdir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSTASH_BUILD_BENCHMARKS=ON "${cmake_deps[@]}" ||
+    { say "configure failed: see above"; exit 1; }
+  run build 600 cmake --build "$bdir" --parallel "$(nproc)" || { say "build failed"; exit 1; }
+fi
+stash="$bdir/tools/stash"
+
+if want tests; then
+  run "ctest -L gpu" 300 ctest --test-dir "$bdir" -L gpu --output-on-failure --timeout 120
+fi
+
+if want bench; then
+  run "stash bench link" 120 "$stash" bench link --json "$out_dir/link.json"
+  run "stash bench copy" 120 "$stash" bench copy --json "$out_dir/copy.json"
+  if [ -x "$bdir/tests/runtime/runtime_engine_bench" ]; then
+    run "engine submit path (real runtime)" 120 "$bdir/tests/runtime/runtime_engine_bench" \
+      --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+  fi
+fi
+
+if want demo; then
+  run "stash demo" 300 "$stash" demo --out "$out_dir/demo"
+  # The demo's Pareto figure, next to the report (the device tool returns one level of
+  # folders only).
+  [ -f "$out_dir/demo/pareto.svg" ] && cp "$out_dir/demo/pareto.svg" "$out_dir/pareto.svg"
+fi
+
+say ""
+say "gpu-check: $(( $(date +%s) - start )) s in all; report: $report"
+if ((${#failed[@]})); then
+  say "gpu-check: FAILED steps: ${failed[*]}"
+  exit 1
+fi
+say "gpu-check: every step passed"
