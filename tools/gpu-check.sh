@@ -78,7 +78,8 @@ if want build; then
   export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
   gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
   run configure 300 cmake -S "$root" -B "$bdir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSTASH_BUILD_BENCHMARKS=ON "${cmake_deps[@]}" ||
+      -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSTASH_BUILD_BENCHMARKS=ON "${cmake_deps[@]}" \
+      -DSTASH_GPU_PYTHON="$(command -v python3)" ||
     { say "configure failed: see above"; exit 1; }
   run build 600 cmake --build "$bdir" --parallel "$(nproc)" || { say "build failed"; exit 1; }
 fi

@@ -2,7 +2,8 @@
 
 This package is a thin ctypes layer over stash's C libraries:
 
-- ``libstash.so``, the C API (``stash.h``): :func:`version`, :func:`status_string`;
+- ``libstash.so``, the C API (``stash.h``): :func:`version`, :func:`status_string`, and
+  the prefetch engine (:mod:`stash._engine`, used by :func:`stash.torch.offload`);
 - ``libstash_torch.so``, the PyTorch pluggable allocator: :mod:`stash.torch`.
 
 The libraries are found through ``STASH_LIB_DIR`` (directories separated by ``:``),

@@ -24,8 +24,18 @@ int stashdbl_probe(void);
 
 /* Restores the initial state: no faults, no violations, virtual clock at 0, default
  * device memory (80 GiB total) and bandwidths (h2d = d2h = 50 GB/s, both at once 50 each),
- * all streams resumed. Allocations and streams that exist stay valid. */
+ * all streams resumed, foreign memory as STASHDBL_FOREIGN_IS_DEVICE said at load.
+ * Allocations and streams that exist stay valid. */
 void stashdbl_reset(void);
+
+/* Foreign memory as device memory, for host frameworks standing in for a device (PyTorch's
+ * CPU build handing its tensors to stash as device blocks). Memory the double did not
+ * allocate or register is pageable host memory by default; with `on` nonzero it counts as
+ * device memory: copy kinds are checked against that, async copies between it and pinned
+ * memory are asynchronous, memsets accept it, cudaPointerGetAttributes reports
+ * cudaMemoryTypeDevice. The initial value is 1 when the environment has
+ * STASHDBL_FOREIGN_IS_DEVICE=1 as the library loads, else 0. Returns the previous value. */
+int stashdbl_set_foreign_is_device(int on);
 
 /* Device memory size reported by cudaMemGetInfo / cudaGetDeviceProperties and enforced by
  * cudaMalloc/cudaMallocAsync (cudaErrorMemoryAllocation past it). */

@@ -5,7 +5,9 @@
 // must agree with it: a kind that names device memory where the pointer is not inside a
 // live device block, or host memory where it is, fails with cudaErrorInvalidValue (the
 // real runtime leaves that undefined; a test double should catch it). A device range
-// running past its block fails the same way. cudaMemcpyDefault accepts any pair.
+// running past its block fails the same way. cudaMemcpyDefault accepts any pair. Memory
+// outside the double's blocks is pageable host memory, or device memory under the opt-in
+// of Note [Foreign memory as device memory] (memory.h).
 // Synchronous copies and memsets run on the legacy default stream and the host waits
 // for them. cudaMemcpyAsync whose host side is pageable (not from cudaHostAlloc or
 // cudaHostRegister) is synchronous with the host, as on real CUDA; so is cudaMemset
@@ -89,11 +91,12 @@ cudaError_t memset(void* ptr, int value, size_t count, cudaStream_t stream, bool
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
   if (count == 0) return cudaSuccess;
   const Side side = locate(st.memory, ptr, count);
-  if (side.bad || !side.loc.block) return fail(cudaErrorInvalidValue);  // not device-visible
+  // Pageable host memory is not device-visible; foreign memory is under the opt-in.
+  if (side.bad || (!side.loc.block && !side.loc.device())) return fail(cudaErrorInvalidValue);
   OpSpec spec;
   spec.api = api;
   spec.accesses = {{ptr, count, true}};
-  spec.keep.push_back(side.loc.block);
+  if (side.loc.block) spec.keep.push_back(side.loc.block);
   spec.run = [ptr, value, count] { std::memset(ptr, value, count); };
   const Enqueued e = enqueue(st, *s, std::move(spec));
   if (sync_api) {

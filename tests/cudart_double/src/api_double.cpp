@@ -19,6 +19,7 @@ STASHDBL_EXPORT void stashdbl_reset(void) {
   st.link.reset();
   st.host_now = 0.0;
   st.memory.set_total(MemoryTable::kDefaultTotal);
+  st.memory.set_foreign_is_device(st.foreign_is_device_default);
   auto rewind = [](Stream& s) {
     s.last_end = 0.0;
     s.paused = false;
@@ -27,6 +28,14 @@ STASHDBL_EXPORT void stashdbl_reset(void) {
   for (auto& [h, s] : st.streams) rewind(*s);
   for (auto& s : st.graveyard) rewind(*s);
   wake_all_workers(st);
+}
+
+STASHDBL_EXPORT int stashdbl_set_foreign_is_device(int on) {
+  State& st = state();
+  std::lock_guard<std::mutex> lk(st.mu);
+  const bool was = st.memory.foreign_is_device();
+  st.memory.set_foreign_is_device(on != 0);
+  return was ? 1 : 0;
 }
 
 STASHDBL_EXPORT void stashdbl_set_device_memory(size_t total_bytes) {

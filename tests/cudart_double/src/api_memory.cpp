@@ -204,14 +204,14 @@ STASHDBL_EXPORT cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr
   std::lock_guard<std::mutex> lk(st.mu);
   BlockRef b = st.memory.containing(ptr, 1);
   *attributes = cudaPointerAttributes{};
-  if (!b) {
+  if (!b && !st.memory.foreign_is_device()) {
     attributes->type = cudaMemoryTypeUnregistered;
     attributes->device = cudaInvalidDeviceId;
     return cudaSuccess;
   }
   attributes->device = 0;
   attributes->devicePointer = const_cast<void*>(ptr);
-  if (b->kind == MemKind::kDevice) {
+  if (!b || b->kind == MemKind::kDevice) {  // !b: foreign memory counted as device memory
     attributes->type = cudaMemoryTypeDevice;
   } else {
     attributes->type = cudaMemoryTypeHost;

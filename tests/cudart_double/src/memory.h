@@ -10,6 +10,20 @@
 // paused stream still has a copy from the block therefore neither crashes the worker nor
 // hangs the host; the checker reports the race instead (the free is a write of the block).
 //
+// Note [Foreign memory as device memory]
+// A host framework can stand in for a device on the double: PyTorch's CPU build allocates
+// its tensors with its own host allocator, and stash's bindings hand those pointers to the
+// engine as "device" blocks (offload copies them device-to-host into pinned memory,
+// prefetch copies back into a tensor the framework allocated). By default such memory is
+// pageable host memory, and a device-to-host copy from it fails the kind check (Note [Copy
+// kinds]). With the opt-in (STASHDBL_FOREIGN_IS_DEVICE=1 in the environment when the
+// library loads, or stashdbl_set_foreign_is_device), every address outside the double's
+// blocks counts as device memory instead: copies from and to it are device-side, async
+// copies between it and pinned memory are asynchronous, and cudaPointerGetAttributes
+// reports cudaMemoryTypeDevice. What the double allocated keeps its kind; the option has
+// no notion of foreign block bounds (nothing is known about them), so range checks apply
+// only to the double's own blocks. Only cudaMemGetInfo accounting ignores foreign memory.
+//
 // Note [Device memory accounting]
 // cudaMemGetInfo reports free = total - (cudaMalloc bytes + bytes reserved by the default
 // pool). Bytes are counted as requested (no rounding). The default pool (cudaMallocAsync)
@@ -43,8 +57,9 @@ using BlockRef = std::shared_ptr<Block>;
 
 // Where a range lives, for copies and memsets.
 struct Location {
-  BlockRef block;  // null: pageable (unregistered) host memory
-  bool device() const { return block && block->kind == MemKind::kDevice; }
+  BlockRef block;               // null: memory the double did not allocate or register
+  bool foreign_device = false;  // no block, and foreign memory counts as device memory
+  bool device() const { return block ? block->kind == MemKind::kDevice : foreign_device; }
   bool pinned() const { return block && block->kind != MemKind::kDevice; }
 };
 
@@ -76,7 +91,17 @@ class MemoryTable {
   BlockRef containing(const void* p, size_t n) const;
   // True when any block overlaps [p, p + n).
   bool overlaps(const void* p, size_t n) const;
-  Location locate(const void* p, size_t n) const { return {containing(p, n)}; }
+  Location locate(const void* p, size_t n) const {
+    Location loc{containing(p, n)};
+    loc.foreign_device = !loc.block && foreign_is_device_;
+    return loc;
+  }
+
+  // Note [Foreign memory as device memory]: memory outside every block is pageable host
+  // memory by default; with this on, it is device memory (for host frameworks standing in
+  // for a device, such as PyTorch's CPU build handing its tensors to stash).
+  bool foreign_is_device() const { return foreign_is_device_; }
+  void set_foreign_is_device(bool on) { foreign_is_device_ = on; }
 
   size_t total() const { return total_; }
   void set_total(size_t t) { total_ = t; }
@@ -96,6 +121,7 @@ class MemoryTable {
   size_t total_ = kDefaultTotal;
   size_t malloc_bytes_ = 0;
   PoolStats pool_;
+  bool foreign_is_device_ = false;
 
  public:
   static constexpr size_t kDefaultTotal = size_t{80} << 30;

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -10,7 +11,18 @@
 
 namespace stash::dbl {
 
-State::State() { host_clock.tick(kHostAgent); }
+namespace {
+// Note [Foreign memory as device memory] (memory.h): the opt-in from the environment.
+bool foreign_is_device_from_env() {
+  const char* v = std::getenv("STASHDBL_FOREIGN_IS_DEVICE");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+}  // namespace
+
+State::State() : foreign_is_device_default(foreign_is_device_from_env()) {
+  host_clock.tick(kHostAgent);
+  memory.set_foreign_is_device(foreign_is_device_default);
+}
 State::~State() = default;
 
 State& state() {

@@ -52,6 +52,8 @@ struct State {
 
   Checker checker;
   MemoryTable memory;
+  // STASHDBL_FOREIGN_IS_DEVICE=1 at load; what stashdbl_reset restores.
+  const bool foreign_is_device_default;
 
   std::unique_ptr<Stream> legacy;  // created on first use
   std::unordered_map<const void*, std::unique_ptr<Stream>> streams;

@@ -1,5 +1,7 @@
 // Entry points outside streams: fault injection, kernel launches, memory accounting and
 // the default pool, device queries, errors, pointer attributes, bad arguments.
+#include <dlfcn.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -241,6 +243,65 @@ TEST(ApiCommon, ErrorNamesAndStrings) {
                "cudaErrorNoKernelImageForDevice");
   EXPECT_STREQ(cudaGetErrorName(cudaErrorStreamCaptureUnsupported),
                "cudaErrorStreamCaptureUnsupported");
+}
+
+// Note [Foreign memory as device memory]: PyTorch's CPU tensors handed to the engine as
+// device blocks. Off (the default), a device-to-host copy from plain host memory breaks
+// the kind rule; on, it is a device-side, asynchronous copy, and so is the way back.
+TEST_F(Api, ForeignMemoryCountsAsDeviceOnlyWhenOptedIn) {
+  using set_fn = int (*)(int);
+  const auto set_foreign = reinterpret_cast<set_fn>(
+      dlsym(RTLD_DEFAULT, "stashdbl_set_foreign_is_device"));
+  ASSERT_NE(set_foreign, nullptr) << "the double exports stashdbl_set_foreign_is_device";
+  StreamOwner s(cudaStreamNonBlocking);
+  PinnedBuffer pinned(4096);
+  DeviceBuffer d(4096);
+  std::vector<unsigned char> framework(4096, 7);  // "device" memory of a host framework
+  std::vector<unsigned char> plain(4096, 0);
+
+  EXPECT_EQ(set_foreign(0), 0) << "off unless STASHDBL_FOREIGN_IS_DEVICE=1 at load";
+  EXPECT_EQ(cudaMemcpyAsync(pinned.p, framework.data(), 4096, cudaMemcpyDeviceToHost, s),
+            cudaErrorInvalidValue);
+  cudaGetLastError();
+
+  EXPECT_EQ(set_foreign(1), 0);
+  cudaPointerAttributes a{};
+  CUDA_OK(cudaPointerGetAttributes(&a, framework.data()));
+  EXPECT_EQ(a.type, cudaMemoryTypeDevice);
+  CUDA_OK(cudaPointerGetAttributes(&a, pinned.p));
+  EXPECT_EQ(a.type, cudaMemoryTypeHost) << "the double's own blocks keep their kind";
+  // Asynchronous, as a device-to-pinned copy is: nothing moves while the stream is paused.
+  std::memset(pinned.p, 0, 4096);
+  CUDA_OK(dbl().stream_pause(s));
+  CUDA_OK(cudaMemcpyAsync(pinned.p, framework.data(), 4096, cudaMemcpyDeviceToHost, s));
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady);
+  EXPECT_EQ(pinned.get()[0], 0);
+  CUDA_OK(dbl().stream_resume(s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  EXPECT_EQ(pinned.get()[4095], 7);
+  // Back into other foreign memory (a tensor the framework allocated for the prefetch).
+  CUDA_OK(cudaMemcpyAsync(plain.data(), pinned.p, 4096, cudaMemcpyHostToDevice, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  EXPECT_EQ(plain, framework);
+  // The kind rule still holds, now with foreign memory on the device side.
+  EXPECT_EQ(cudaMemcpyAsync(pinned.p, framework.data(), 4096, cudaMemcpyHostToHost, s),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpyAsync(framework.data(), pinned.p, 4096, cudaMemcpyDeviceToHost, s),
+            cudaErrorInvalidValue);
+  cudaGetLastError();
+  CUDA_OK(cudaMemcpyAsync(d.p, framework.data(), 4096, cudaMemcpyDeviceToDevice, s));
+  CUDA_OK(cudaMemsetAsync(plain.data(), 1, 16, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  EXPECT_EQ(plain[15], 1);
+
+  EXPECT_EQ(set_foreign(0), 1) << "returns the previous value";
+  CUDA_OK(cudaPointerGetAttributes(&a, framework.data()));
+  EXPECT_EQ(a.type, cudaMemoryTypeUnregistered);
+  EXPECT_EQ(cudaMemsetAsync(plain.data(), 1, 16, s), cudaErrorInvalidValue);
+  cudaGetLastError();
+  set_foreign(1);
+  dbl().reset();
+  EXPECT_EQ(set_foreign(0), 0) << "reset restores the value from load";
 }
 
 TEST(ApiCommon, PointerAttributes) {

@@ -5,11 +5,14 @@
 - :func:`record`: the record pass; writes a stash.profile/1 skeleton of a model's blocks.
 - :class:`nvtx_ranges`: wraps blocks in the ``stash:layer:<i>:fwd|bwd`` NVTX ranges that
   ``stash profile`` attributes kernel times to.
+- :func:`offload`: applies a plan to the blocks through the prefetch engine (saved-tensor
+  hooks: offload in forward, prefetch one block ahead in backward, whole-block recompute).
 """
 
 from ._allocator import allocator_stats, release_cached, reset_peak, set_budget, use_allocator
 from ._nvtx import nvtx_ranges
+from ._offload import OffloadHandle, offload
 from ._record import record
 
-__all__ = ["allocator_stats", "nvtx_ranges", "record", "release_cached", "reset_peak",
-           "set_budget", "use_allocator"]
+__all__ = ["OffloadHandle", "allocator_stats", "nvtx_ranges", "offload", "record",
+           "release_cached", "reset_peak", "set_budget", "use_allocator"]

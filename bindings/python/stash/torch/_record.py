@@ -4,7 +4,7 @@ Note [What the record pass counts]
 A forward pass over the blocks runs under torch.autograd.graph.saved_tensors_hooks; the
 pack hook sees every tensor autograd saves, in the order it saves them, which is the
 order the offload hooks see them in too (tensors are identified by that order within a
-block, matching the profile). For each one:
+block, matching the profile; both number them with _saved.SaveOrder). For each one:
 - parameters and buffers (of any of the blocks) are skipped: they stay resident anyway
   and belong to fixed_bytes;
 - tensors are keyed by their storage, so several views of one storage (a transpose, the
@@ -24,30 +24,7 @@ import os
 import torch
 
 from .. import profile as _profile
-
-
-def _storage(t):
-    """(key, nbytes) of a tensor's storage, on torch 1.13 and 2.x."""
-    if hasattr(t, "untyped_storage"):
-        s = t.untyped_storage()
-    else:
-        s = t.storage()
-    return s.data_ptr(), s.nbytes()
-
-
-def _tensors_in(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for y in x:
-            yield from _tensors_in(y)
-    elif isinstance(x, dict):
-        for y in x.values():
-            yield from _tensors_in(y)
-
-
-def _call(block, x):
-    return block(*x) if isinstance(x, tuple) else block(x)
+from ._saved import SaveOrder, call_block, resident_storages, storage_of, tensors_in
 
 
 def _pinnable_bytes():
@@ -73,13 +50,13 @@ def _fixed_bytes(blocks):
     seen, total = set(), 0
     for block in blocks:
         for p in block.parameters():
-            key, n = _storage(p)
+            key, n = storage_of(p)
             if key in seen:
                 continue
             seen.add(key)
             total += n * (2 if p.requires_grad else 1)  # the parameter and its gradient
         for b in block.buffers():
-            key, n = _storage(b)
+            key, n = storage_of(b)
             if key not in seen:
                 seen.add(key)
                 total += n
@@ -102,10 +79,7 @@ def record(blocks, sample_inputs, path=None, *, names=None, link=None, fixed_byt
         raise ValueError("stash.torch.record: no blocks")
     if names is not None and len(names) != len(blocks):
         raise ValueError("stash.torch.record: one name per block")
-    resident = set()
-    for block in blocks:
-        for t in list(block.parameters()) + list(block.buffers()):
-            resident.add(_storage(t)[0])
+    resident = resident_storages(blocks)
 
     layers = []
     earlier = set()  # storages that existed before the current block ran
@@ -114,30 +88,28 @@ def record(blocks, sample_inputs, path=None, *, names=None, link=None, fixed_byt
     outputs = []
     x = sample_inputs
     with torch.enable_grad():
-        for t in _tensors_in(x):
-            earlier.add(_storage(t)[0])
+        for t in tensors_in(x):
+            earlier.add(storage_of(t)[0])
         for i, block in enumerate(blocks):
-            inputs = {_storage(t)[0] for t in _tensors_in(x)}
-            tensors, index = [], {}
+            order = SaveOrder(resident, (storage_of(t)[0] for t in tensors_in(x)), earlier)
+            tensors = []
 
-            def pack(t, tensors=tensors, index=index, inputs=inputs):
-                key, nbytes = _storage(t)
-                if key in resident or key in index or nbytes == 0:
-                    return t
-                index[key] = len(tensors)
-                is_input = key in inputs
-                tensors.append({
-                    "name": "input" if is_input else f"saved.{len(tensors)}",
-                    "bytes": int(nbytes),
-                    "recompute_ms": 0.0,
-                    "offloadable": True,
-                    "recomputable": key not in earlier,
-                    "must_keep": False,
-                })
+            def pack(t, order=order, tensors=tensors):
+                seen = order.see(t)
+                if seen is not None and seen[1]:
+                    e = order.entries[seen[0]]
+                    tensors.append({
+                        "name": "input" if e["is_input"] else f"saved.{len(tensors)}",
+                        "bytes": e["bytes"],
+                        "recompute_ms": 0.0,
+                        "offloadable": True,
+                        "recomputable": e["recomputable"],
+                        "must_keep": False,
+                    })
                 return t
 
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = _call(block, x)
+                out = call_block(block, x)
             # An input that two inputs share gets "input" once; later ones are renamed.
             seen_names = set()
             for t in tensors:
@@ -154,9 +126,9 @@ def record(blocks, sample_inputs, path=None, *, names=None, link=None, fixed_byt
                 "bwd_temp_bytes": 0,
                 "tensors": tensors,
             })
-            earlier.update(index)
-            for t in _tensors_in(out):
-                earlier.add(_storage(t)[0])
+            earlier.update(order.index)
+            for t in tensors_in(out):
+                earlier.add(storage_of(t)[0])
             outputs.append(out)
             x = out
         del x, outputs

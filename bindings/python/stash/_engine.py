@@ -1,0 +1,347 @@
+"""The prefetch engine (stash.h, "Prefetch engine") through ctypes.
+
+:class:`Engine` owns one stash_engine_t configured with the caller's allocator: the device
+blocks it is handed and the ones it prefetches into belong to the caller (for PyTorch,
+torch's own allocator), and it gives them back through the release callback. Every
+failed call raises :class:`stash.StashError` with ``stash_last_error()``.
+
+Plans: :func:`plan_actions` reads a stash.plan/1 document (path or dict) or a list of
+per-layer action lists into the per-layer action lists :meth:`Engine.set_plan` takes.
+"""
+
+import ctypes
+import json
+import os
+
+from ._lib import PoolStats, StashError, load, status_string
+
+KEEP, RECOMPUTE, OFFLOAD = 0, 1, 2
+ACTION_NAMES = {"keep": KEEP, "recompute": RECOMPUTE, "offload": OFFLOAD}
+ACTION_OF = {v: k for k, v in ACTION_NAMES.items()}
+
+STATE_NAMES = {-1: "not_offered", 0: "on_device", 1: "offloading", 2: "on_host",
+               3: "prefetching", 4: "ready", 5: "released"}
+
+STASH_ERROR_UNKNOWN_TENSOR = 102
+
+# int (*)(void** out, size_t bytes, stash_stream_t stream, void* user)
+DeviceAllocFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                                 ctypes.c_void_p, ctypes.c_void_p)
+# void (*)(void* ptr, size_t bytes, stash_stream_t stream, void* user)
+DeviceReleaseFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                   ctypes.c_void_p)
+
+
+class EngineConfig(ctypes.Structure):
+    """stash_engine_config_t; filled by stash_engine_config_init."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("version", ctypes.c_uint),
+        ("compute_stream", ctypes.c_void_p),
+        ("lookahead", ctypes.c_int),
+        ("max_in_flight_bytes", ctypes.c_size_t),
+        ("max_in_flight_count", ctypes.c_size_t),
+        ("pinned_cap_bytes", ctypes.c_size_t),
+        ("pinned_reserve_bytes", ctypes.c_size_t),
+        ("on_pinned_exhausted", ctypes.c_int),
+        ("pinned_wait_timeout_ms", ctypes.c_uint),
+        ("device_pool", ctypes.c_void_p),
+        ("device_alloc", DeviceAllocFn),
+        ("device_release", DeviceReleaseFn),
+        ("device_user", ctypes.c_void_p),
+        ("timing", ctypes.c_int),
+        ("max_micro_batches", ctypes.c_uint),
+    ]
+
+
+_STAT_FIELDS = (
+    "offloaded_count", "offloaded_bytes", "prefetched_count", "prefetched_bytes",
+    "kept_on_device_count", "kept_on_device_bytes", "keep_count", "recompute_count",
+    "failed_count", "released_count", "in_flight_count", "in_flight_bytes",
+    "peak_in_flight_count", "peak_in_flight_bytes", "cap_waits", "release_callbacks")
+
+
+class EngineStats(ctypes.Structure):
+    """stash_engine_stats_t; filled by stash_engine_stats_init."""
+    _fields_ = ([("struct_size", ctypes.c_size_t)]
+                + [(name, ctypes.c_uint64) for name in _STAT_FIELDS]
+                + [("pinned", PoolStats)])
+
+    def as_dict(self):
+        d = {name: int(getattr(self, name)) for name in _STAT_FIELDS}
+        d["pinned"] = self.pinned.as_dict()
+        return d
+
+
+class TensorKey(ctypes.Structure):
+    _fields_ = [("micro_batch", ctypes.c_uint32), ("layer", ctypes.c_uint32),
+                ("index", ctypes.c_uint32)]
+
+
+class Overlap(ctypes.Structure):
+    _fields_ = [("layer", ctypes.c_int), ("copy_ms", ctypes.c_double),
+                ("hidden_ms", ctypes.c_double), ("exposed_ms", ctypes.c_double)]
+
+    def as_dict(self):
+        return {"layer": self.layer, "copy_ms": self.copy_ms, "hidden_ms": self.hidden_ms,
+                "exposed_ms": self.exposed_ms}
+
+
+def _lib():
+    lib = load("libstash.so")
+    if getattr(lib, "_stash_engine_typed", False):
+        return lib
+    P, S, I, U32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint32
+    sigs = {
+        "stash_last_error": ([], ctypes.c_char_p),
+        "stash_engine_config_init": ([ctypes.POINTER(EngineConfig)], None),
+        "stash_engine_create": ([ctypes.POINTER(EngineConfig), ctypes.POINTER(P)], I),
+        "stash_engine_destroy": ([P], None),
+        "stash_engine_load_plan": ([P, ctypes.c_char_p], I),
+        "stash_engine_set_plan": ([P, S, ctypes.POINTER(S), ctypes.POINTER(I)], I),
+        "stash_engine_action": ([P, U32, U32, ctypes.POINTER(I)], I),
+        "stash_engine_forward_begin": ([P, U32, U32], I),
+        "stash_engine_forward_end": ([P, U32, U32], I),
+        "stash_engine_backward_begin": ([P, U32, U32], I),
+        "stash_engine_backward_end": ([P, U32, U32], I),
+        "stash_engine_offload": ([P, TensorKey, P, S, P], I),
+        "stash_engine_acquire": ([P, TensorKey, P, ctypes.POINTER(P)], I),
+        "stash_engine_release": ([P, TensorKey], I),
+        "stash_engine_tensor_state": ([P, TensorKey, ctypes.POINTER(I), ctypes.POINTER(I)], I),
+        "stash_engine_synchronize": ([P], I),
+        "stash_engine_stats_init": ([ctypes.POINTER(EngineStats)], None),
+        "stash_engine_stats": ([P, ctypes.POINTER(EngineStats)], I),
+        "stash_engine_write_trace": ([P, ctypes.c_char_p], I),
+        "stash_engine_overlap": ([P, ctypes.POINTER(Overlap), ctypes.POINTER(Overlap), S,
+                                  ctypes.POINTER(S)], I),
+        "stash_engine_streams": ([P, ctypes.POINTER(P), ctypes.POINTER(P)], I),
+    }
+    for name, (args, res) in sigs.items():
+        f = getattr(lib, name)
+        f.argtypes = args
+        f.restype = res
+    lib._stash_engine_typed = True
+    return lib
+
+
+def _check(status, what):
+    if status != 0:
+        msg = _lib().stash_last_error().decode(errors="replace")
+        name = status_string(status)
+        text = msg if msg.startswith(what) else f"{what}: {msg or name}"
+        raise StashError(f"{text} ({name}, status {status})", status)
+
+
+def plan_actions(plan):
+    """Per-layer action lists (ints KEEP/RECOMPUTE/OFFLOAD) from a stash.plan/1 document (a
+    path or the parsed dict) or from a list of per-layer lists of actions ("keep",
+    "recompute", "offload", or the ints). Raises StashError naming the bad field."""
+    if isinstance(plan, (str, os.PathLike)):
+        try:
+            with open(plan) as f:
+                plan = json.load(f)
+        except (OSError, ValueError) as e:
+            raise StashError(f"cannot read plan {os.fspath(plan)!r}: {e}") from e
+    if isinstance(plan, dict):
+        if plan.get("schema") != "stash.plan/1":
+            raise StashError(f"plan: schema is {plan.get('schema')!r}, expected 'stash.plan/1'")
+        layers = plan.get("layers")
+        if not isinstance(layers, list):
+            raise StashError("plan: layers must be a list")
+        out = []
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, dict) or not isinstance(layer.get("tensors"), list):
+                raise StashError(f"plan: layers[{i}].tensors must be a list")
+            if "index" in layer and layer["index"] != i:
+                raise StashError(f"plan: layers[{i}].index is {layer['index']}, expected {i}")
+            actions = []
+            for j, t in enumerate(layer["tensors"]):
+                a = t.get("action") if isinstance(t, dict) else None
+                if a not in ACTION_NAMES:
+                    raise StashError(f"plan: layers[{i}].tensors[{j}].action is {a!r}, expected "
+                                     "keep, recompute or offload")
+                actions.append(ACTION_NAMES[a])
+            out.append(actions)
+        return out
+    if isinstance(plan, (list, tuple)):
+        out = []
+        for i, layer in enumerate(plan):
+            actions = []
+            for j, a in enumerate(layer):
+                v = ACTION_NAMES.get(a) if isinstance(a, str) else a
+                if v not in ACTION_OF or isinstance(v, bool):
+                    raise StashError(f"plan[{i}][{j}] is {a!r}, expected keep, recompute or "
+                                     "offload")
+                actions.append(v)
+            out.append(actions)
+        return out
+    raise StashError(f"plan: expected a stash.plan/1 path or dict, or per-layer action lists; "
+                     f"got {type(plan).__name__}")
+
+
+class Engine:
+    """One stash_engine_t with the caller's allocator.
+
+    alloc(bytes, stream) -> int pointer (0 on failure) and release(ptr, bytes, stream) are
+    Python callables; the engine calls them inside engine calls, on the calling thread
+    (never a CUDA callback thread), and they must not call the engine. stream arguments
+    are cudaStream_t values as ints (None for the legacy default stream)."""
+
+    def __init__(self, alloc, release, compute_stream=None, *, lookahead=1,
+                 pinned_cap_bytes=0, max_in_flight_bytes=0, max_in_flight_count=0,
+                 timing=True, max_micro_batches=8):
+        lib = _lib()
+        self._handle = None
+        cfg = EngineConfig()
+        lib.stash_engine_config_init(ctypes.byref(cfg))
+        cfg.compute_stream = compute_stream
+        cfg.lookahead = int(lookahead)
+        cfg.pinned_cap_bytes = int(pinned_cap_bytes)
+        cfg.max_in_flight_bytes = int(max_in_flight_bytes)
+        cfg.max_in_flight_count = int(max_in_flight_count)
+        cfg.timing = 1 if timing else 0
+        cfg.max_micro_batches = int(max_micro_batches)
+        self.callback_errors = []  # exceptions raised inside callbacks (C cannot take them)
+
+        def c_alloc(out, nbytes, stream, _user):
+            try:
+                ptr = alloc(int(nbytes), stream)
+            except BaseException as e:  # noqa: BLE001 -- must not unwind through C
+                self.callback_errors.append(e)
+                return 1
+            if not ptr:
+                return 1
+            out[0] = ptr
+            return 0
+
+        def c_release(ptr, nbytes, stream, _user):
+            try:
+                release(ptr, int(nbytes), stream)
+            except BaseException as e:  # noqa: BLE001 -- must not unwind through C
+                self.callback_errors.append(e)
+
+        # The CFUNCTYPE objects must outlive the engine: C holds only their addresses.
+        self._c_alloc = DeviceAllocFn(c_alloc)
+        self._c_release = DeviceReleaseFn(c_release)
+        cfg.device_alloc = self._c_alloc
+        cfg.device_release = self._c_release
+        handle = ctypes.c_void_p()
+        self._check(lib.stash_engine_create(ctypes.byref(cfg), ctypes.byref(handle)),
+                    "stash_engine_create")
+        self._handle = handle
+        self.timing = bool(timing)
+
+    def _check(self, status, what):
+        if self.callback_errors:
+            errors, self.callback_errors = self.callback_errors, []
+            raise StashError(f"{what}: a device allocator callback failed: {errors[0]!r}",
+                             status) from errors[0]
+        _check(status, what)
+
+    def _live(self):
+        if self._handle is None:
+            raise StashError("the engine was closed")
+        return self._handle
+
+    def close(self):
+        """Waits for the engine's copies, hands back every block it holds (through the
+        release callback) and destroys it. Idempotent."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            _lib().stash_engine_destroy(handle)
+
+    def set_plan(self, layers):
+        """layers: per-layer lists of KEEP/RECOMPUTE/OFFLOAD."""
+        counts = (ctypes.c_size_t * len(layers))(*[len(l) for l in layers])
+        flat = [a for l in layers for a in l]
+        actions = (ctypes.c_int * max(1, len(flat)))(*flat)
+        self._check(_lib().stash_engine_set_plan(self._live(), len(layers), counts, actions),
+                    "stash_engine_set_plan")
+
+    def load_plan(self, path):
+        self._check(_lib().stash_engine_load_plan(self._live(), os.fsencode(path)),
+                    "stash_engine_load_plan")
+
+    def action(self, layer, index):
+        out = ctypes.c_int()
+        self._check(_lib().stash_engine_action(self._live(), layer, index, ctypes.byref(out)),
+                    f"stash_engine_action(layer {layer}, index {index})")
+        return out.value
+
+    def forward_begin(self, mb, layer):
+        self._check(_lib().stash_engine_forward_begin(self._live(), mb, layer),
+                    f"stash_engine_forward_begin(micro-batch {mb}, layer {layer})")
+
+    def forward_end(self, mb, layer):
+        self._check(_lib().stash_engine_forward_end(self._live(), mb, layer),
+                    f"stash_engine_forward_end(micro-batch {mb}, layer {layer})")
+
+    def backward_begin(self, mb, layer):
+        self._check(_lib().stash_engine_backward_begin(self._live(), mb, layer),
+                    f"stash_engine_backward_begin(micro-batch {mb}, layer {layer})")
+
+    def backward_end(self, mb, layer):
+        self._check(_lib().stash_engine_backward_end(self._live(), mb, layer),
+                    f"stash_engine_backward_end(micro-batch {mb}, layer {layer})")
+
+    def offload(self, key, ptr, nbytes, producer_stream):
+        self._check(_lib().stash_engine_offload(self._live(), TensorKey(*key), ptr, nbytes,
+                                                producer_stream),
+                    f"stash_engine_offload{tuple(key)}")
+
+    def acquire(self, key, consumer_stream):
+        out = ctypes.c_void_p()
+        self._check(_lib().stash_engine_acquire(self._live(), TensorKey(*key), consumer_stream,
+                                                ctypes.byref(out)),
+                    f"stash_engine_acquire{tuple(key)}")
+        return out.value
+
+    def release(self, key):
+        self._check(_lib().stash_engine_release(self._live(), TensorKey(*key)),
+                    f"stash_engine_release{tuple(key)}")
+
+    def tensor_state(self, key):
+        """(state name, error status) of a tensor."""
+        state, error = ctypes.c_int(), ctypes.c_int()
+        self._check(_lib().stash_engine_tensor_state(self._live(), TensorKey(*key),
+                                                     ctypes.byref(state), ctypes.byref(error)),
+                    f"stash_engine_tensor_state{tuple(key)}")
+        return STATE_NAMES.get(state.value, str(state.value)), error.value
+
+    def synchronize(self):
+        self._check(_lib().stash_engine_synchronize(self._live()), "stash_engine_synchronize")
+
+    def stats(self):
+        """stash_engine_stats_t as a dict (the pinned pool's under "pinned")."""
+        s = EngineStats()
+        _lib().stash_engine_stats_init(ctypes.byref(s))
+        self._check(_lib().stash_engine_stats(self._live(), ctypes.byref(s)), "stash_engine_stats")
+        return s.as_dict()
+
+    def write_trace(self, path):
+        self._check(_lib().stash_engine_write_trace(self._live(), os.fsencode(path)),
+                    f"stash_engine_write_trace({os.fspath(path)!r})")
+
+    def overlap(self):
+        """{"total": {...}, "layers": [{layer, copy_ms, hidden_ms, exposed_ms}, ...]}."""
+        total, n = Overlap(), ctypes.c_size_t()
+        lib, h = _lib(), self._live()
+        self._check(lib.stash_engine_overlap(h, ctypes.byref(total), None, 0, ctypes.byref(n)),
+                    "stash_engine_overlap")
+        per = (Overlap * max(1, n.value))()
+        self._check(lib.stash_engine_overlap(h, ctypes.byref(total), per, n.value,
+                                             ctypes.byref(n)), "stash_engine_overlap")
+        return {"total": total.as_dict(), "layers": [per[i].as_dict() for i in range(n.value)]}
+
+    def streams(self):
+        """(d2h, h2d) cudaStream_t values of the engine's own streams."""
+        d2h, h2d = ctypes.c_void_p(), ctypes.c_void_p()
+        self._check(_lib().stash_engine_streams(self._live(), ctypes.byref(d2h),
+                                                ctypes.byref(h2d)), "stash_engine_streams")
+        return d2h.value, h2d.value
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 -- interpreter teardown
+            pass
