@@ -1,0 +1,80 @@
+// scope_timer.cpp: CUDA-event timing of profiler scopes (scope_timer.h).
+#include "kernels/workload/driver/scope_timer.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/workload/driver/model_detail.h"
+
+namespace stash::workload {
+
+scope_timer::~scope_timer() {
+  for (pair& p : open_) {
+    if (p.begin) cudaEventDestroy(p.begin);
+    if (p.end) cudaEventDestroy(p.end);
+  }
+  for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+}
+
+cudaEvent_t scope_timer::take() {
+  if (!spare_.empty()) {
+    cudaEvent_t e = spare_.back();
+    spare_.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  detail::check_cuda(cudaEventCreate(&e), "cudaEventCreate(scope timer)");
+  return e;
+}
+
+std::size_t scope_timer::begin() {
+  pair p;
+  p.begin = take();
+  detail::check_cuda(cudaEventRecord(p.begin, stream_), "cudaEventRecord(scope begin)");
+  open_.push_back(p);
+  return open_.size() - 1;
+}
+
+void scope_timer::end(std::size_t handle, stash_scope_kind_t kind, int layer, int tensor) noexcept {
+  if (handle >= open_.size()) return;
+  pair& p = open_[handle];
+  p.kind = kind;
+  p.layer = layer;
+  p.tensor = tensor;
+  try {
+    p.end = take();
+  } catch (...) {
+    return;  // the pair stays unclosed: harvest drops it (a missing sample, not a wrong one)
+  }
+  p.closed = cudaEventRecord(p.end, stream_) == cudaSuccess;
+  if (!p.closed) (void)cudaGetLastError();
+}
+
+void scope_timer::harvest() {
+  for (pair& p : open_) {
+    float ms = 0;
+    if (p.closed && cudaEventElapsedTime(&ms, p.begin, p.end) == cudaSuccess)
+      samples_[{p.kind, p.layer, p.tensor}].push_back(ms);
+    else
+      (void)cudaGetLastError();
+    if (p.begin) spare_.push_back(p.begin);
+    if (p.end) spare_.push_back(p.end);
+  }
+  open_.clear();
+}
+
+double scope_timer::median_ms(stash_scope_kind_t kind, int layer, int tensor) const {
+  auto it = samples_.find({kind, layer, tensor});
+  if (it == samples_.end() || it->second.empty()) return -1;
+  std::vector<double> v = it->second;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+std::size_t scope_timer::sample_count(stash_scope_kind_t kind, int layer, int tensor) const {
+  auto it = samples_.find({kind, layer, tensor});
+  return it == samples_.end() ? 0 : it->second.size();
+}
+
+}  // namespace stash::workload

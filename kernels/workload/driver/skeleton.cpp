@@ -1,0 +1,107 @@
+// skeleton.cpp: the workload's profile skeleton (skeleton.h).
+#include "kernels/workload/driver/skeleton.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+namespace stash::workload {
+
+planner::LinkProfile assumed_link() {
+  planner::LinkProfile l;
+  l.h2d_gbps = 55.0;
+  l.d2h_gbps = 55.0;
+  l.bidir_gbps = 100.0;
+  l.local_ranks = 1;
+  return l;
+}
+
+void device_facts(std::string* name, std::uint64_t* memory_bytes) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  cudaDeviceProp prop{};
+  if (err == cudaSuccess) err = cudaGetDeviceProperties(&prop, dev);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(std::string("stash workload: no CUDA device: ") +
+                             cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+  }
+  *name = prop.name;
+  *memory_bytes = prop.totalGlobalMem;
+}
+
+std::uint64_t host_pinnable_bytes() {
+  std::uint64_t avail_kib = 0;
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t value = 0;
+  std::string unit;
+  while (in >> key >> value >> unit) {
+    if (key == "MemAvailable:") {
+      avail_kib = value;
+      break;
+    }
+  }
+  int ranks = 1;
+  if (const char* env = std::getenv("LOCAL_WORLD_SIZE"); env && std::atoi(env) > 0)
+    ranks = std::atoi(env);
+  return static_cast<std::uint64_t>(0.8 * static_cast<double>(avail_kib) * 1024.0) / ranks;
+}
+
+planner::Profile make_skeleton(const model_config& c, backend_kind kind, const skeleton_options& o,
+                               std::size_t pool_alignment) {
+  if (const std::string p = c.problem(); !p.empty())
+    throw std::invalid_argument("stash workload: " + p);
+  const memory_layout m = layout_of(c, kind, pool_alignment);
+  planner::Profile p;
+  p.source = planner::ProfileSource::measured;
+  p.device_name = o.device_name;
+  p.device_memory_bytes = o.device_memory_bytes;
+  p.link = o.link ? *o.link : assumed_link();
+  p.pinnable_bytes = o.pinnable_bytes ? o.pinnable_bytes : host_pinnable_bytes();
+  p.fixed_bytes = m.fixed_bytes();
+  const std::string signature = "mlp_block:" + std::to_string(c.hidden) + ":" +
+                                std::to_string(c.ffn()) + ":" + std::to_string(c.tokens());
+  for (int l = 0; l < c.layers; ++l) {
+    planner::LayerProfile lp;
+    lp.name = "blocks." + std::to_string(l);
+    lp.signature = signature;
+    lp.bwd_temp_bytes = m.bwd_temp_bytes();
+    for (int j = 0; j < kSavedPerBlock; ++j) {
+      planner::TensorProfile t;
+      t.name = saved_name(j);
+      t.bytes = m.saved_bytes[j];
+      t.recomputable = j != kInput;
+      lp.tensors.push_back(t);
+    }
+    p.layers.push_back(std::move(lp));
+  }
+  // Round-trip through the validator: a skeleton that `stash plan` would refuse is a bug here.
+  return planner::profile_from_json(planner::profile_to_json(p));
+}
+
+nlohmann::json skeleton_json(const planner::Profile& p, const model_config& c, backend_kind kind,
+                             bool link_measured) {
+  nlohmann::json j = planner::profile_to_json(p);
+  j["workload"] = {{"kind", "stash built-in MLP block (kernels/workload/backend.h)"},
+                   {"backend", to_string(kind)},
+                   {"layers", c.layers},
+                   {"hidden", c.hidden},
+                   {"seq", c.seq},
+                   {"batch", c.batch},
+                   {"ffn_mult", c.ffn_mult},
+                   {"micro_batches", c.micro_batches},
+                   {"seed", c.seed},
+                   {"link", link_measured ? "measured"
+                                          : "assumed (PCIe Gen5 x16: 55/55/100 GB/s); measure "
+                                            "with stash bench link --profile"},
+                   {"times", "0 in a skeleton: filled by stash profile / stash_profiler_stop"}};
+  return j;
+}
+
+}  // namespace stash::workload
