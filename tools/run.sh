@@ -1,37 +1,23 @@
 #!/usr/bin/env bash
-# The main job (README). `stash demo` (profile the built-in CUDA workload, plan at several
-# budgets, run each plan with the engine) does not exist yet; until it does, this runs the
-# most complete end-to-end path stash has today, on a shipped analytic profile:
-#   profile-model -> plan (greedy, ilp, and the LP lower bound) -> check -> simulate
-#   (Perfetto trace) -> pareto (CSV + SVG)
-# Everything it prints is PREDICTED by the planner's models; nothing runs on a GPU.
-#   tools/run.sh [OUT_DIR]      (default out/)
+# The main job (README): `stash demo`.
+#   tools/run.sh [OUT_DIR] [stash demo options...]     (default OUT_DIR: out/)
+# With a GPU (and the CUDA backend built): measures the link, profiles the built-in training
+# workload with CUPTI, plans at the keep-all peak x 1.0, 0.85, 0.7, 0.55 and at the smallest
+# feasible budget, runs every plan with the prefetch engine (gradients checked bit for bit
+# against keep-all) and prints measured against predicted figures.
+# Without one: the same plans on a shipped analytic profile, planned and simulated only;
+# every figure is labelled "predicted (no GPU found)".
+# Writes OUT_DIR/: profile.json, plan-*.json, trace-*.json (open in ui.perfetto.dev),
+# pareto.csv, pareto.svg (and, measured: link.json, skeleton.json). docs/workload.md has
+# the details.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/out}
+out=$root/out
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+  out=$1
+  shift
+fi
 "$root/tools/deps.sh"
 "$root/tools/build.sh" "$root/build" >/dev/null
-stash="$root/build/tools/stash"
 mkdir -p "$out"
-
-echo "stash run: the demo is not built yet; running plan -> simulate -> pareto on an analytic profile."
-echo "           All figures below are predicted (no GPU run)."
-profile="$out/llama3-8b_h200.json"
-"$stash" profile-model --arch llama3-8b --batch 4 --seq 4096 --device h200 -o "$profile"
-
-# Budget: 70% of the keep-all peak, as the targets in the issues use.
-budget=70%
-for solver in greedy ilp; do
-  echo
-  echo "== stash plan --solver $solver --budget $budget (of the keep-all peak)"
-  "$stash" plan --profile "$profile" --budget "$budget" --solver "$solver" -o "$out/plan-$solver.json"
-done
-echo
-echo "== stash check"
-"$stash" check --profile "$profile" --plan "$out/plan-greedy.json"
-echo
-echo "== stash simulate (trace: $out/trace.json, open in ui.perfetto.dev)"
-"$stash" simulate --profile "$profile" --plan "$out/plan-greedy.json" --trace "$out/trace.json"
-echo
-echo "== stash pareto (curve: $out/pareto.csv, $out/pareto.svg)"
-"$stash" pareto --profile "$profile" -o "$out/pareto.csv" --svg "$out/pareto.svg"
+exec "$root/build/tools/stash" demo --out "$out" "$@"
