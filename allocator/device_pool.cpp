@@ -223,6 +223,13 @@ bool device_pool::owns(const void* p) noexcept {
   return l == block_map::lookup::in_use || l == block_map::lookup::pending;
 }
 
+bool device_pool::stream_of(const void* p, cudaStream_t* out) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (map_.find(p) != block_map::lookup::in_use) return false;
+  *out = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(map_.block_tag(p)));
+  return true;
+}
+
 status device_pool::out_of_memory(size_t requested, const char* why) noexcept {
   const pool_stats st = map_.stats();
   return fail(status::out_of_memory,

@@ -73,6 +73,8 @@ class device_pool {
   pool_stats stats() noexcept;
   void reset_peak() noexcept;
   bool owns(const void* p) noexcept;
+  // The stream a block in use was allocated for; false if p is not the start of one.
+  bool stream_of(const void* p, cudaStream_t* out) noexcept;
   const device_pool_config& config() const noexcept { return config_; }
 
  private:

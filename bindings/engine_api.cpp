@@ -241,6 +241,8 @@ STASH_API stash_status_t stash_engine_stats(stash_engine_t* e, stash_engine_stat
     full.peak_in_flight_bytes = s.peak_in_flight_bytes;
     full.cap_waits = s.cap_waits;
     full.release_callbacks = s.release_callbacks;
+    full.ordered_handback_count = s.ordered_handback_count;
+    full.ordered_handback_bytes = s.ordered_handback_bytes;
     status st = api::copy_stats(s.pinned, &full.pinned, fn);
     if (st != status::ok) return st;
     full.struct_size = out->struct_size;

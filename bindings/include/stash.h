@@ -37,11 +37,11 @@ extern "C" {
  * Version (since 0.1.0)
  * ------------------------------------------------------------------------------------- */
 #define STASH_VERSION_MAJOR 0
-#define STASH_VERSION_MINOR 1
+#define STASH_VERSION_MINOR 2
 #define STASH_VERSION_PATCH 0
 #define STASH_VERSION_NUMBER \
   (STASH_VERSION_MAJOR * 10000 + STASH_VERSION_MINOR * 100 + STASH_VERSION_PATCH)
-#define STASH_VERSION_STRING "0.1.0"
+#define STASH_VERSION_STRING "0.2.0"
 
 /* The library's STASH_VERSION_NUMBER, which may differ from the header's when a program
  * runs against a newer libstash.so. */
@@ -321,8 +321,11 @@ STASH_API stash_status_t stash_profiler_stop(const char* skeleton_path, const ch
  * activation the plan says keep, recompute or offload. The caller reports layer
  * boundaries and hands over each saved tensor when it is produced; the engine then
  *  - copies offload tensors to pinned host memory on its own stream "stash d2h", after an
- *    event recorded on the producer stream, and frees the device block stream-ordered once
- *    the copy is done (to a stash device pool, or through the caller's release callback);
+ *    event recorded on the producer stream, and hands the device block back (to a stash
+ *    device pool, or through the caller's release callback) as soon as it is free for the
+ *    compute stream: right after forward_begin(i+2) or the loss turn enqueues the compute
+ *    stream's wait for its copy (blocks allocated and produced on the compute stream), or
+ *    once the copy is seen complete. The host never waits for a copy to free memory;
  *  - keeps no more than one layer's copies in flight: forward of layer i+2 waits for
  *    layer i's copies (a device-side wait on the compute stream; the host never blocks);
  *  - when backward of layer i+1 begins, starts the host-to-device copies of layer i's
@@ -510,6 +513,9 @@ typedef struct stash_engine_stats_t {
   uint64_t cap_waits;                          /* host waits under the in-flight cap */
   uint64_t release_callbacks;                  /* blocks given to device_release */
   stash_pool_stats_t pinned;                   /* the engine's pinned pool */
+  /* since 0.2.0: offloaded blocks handed back in compute-stream order, right after the
+   * compute stream's wait for their copies, rather than once the host saw the copy end */
+  uint64_t ordered_handback_count, ordered_handback_bytes;
 } stash_engine_stats_t;
 
 /* Sets struct_size (and pinned.struct_size); the other fields to 0. NULL: no-op. */

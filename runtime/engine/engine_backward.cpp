@@ -60,6 +60,7 @@ status prefetch_engine::forward_begin(std::uint32_t mb, std::uint32_t layer) noe
     st = timed_wait(trace_.get(), config_.compute, s->layer_copies[layer - 2],
                     static_cast<int>(layer - 2), mb, "d2h");
     if (st != status::ok) return st;
+    hand_back_through(s->layer_copies_seq[layer - 2]);  // Note [Handing offloaded blocks back]
   }
   if (trace_) {
     cudaEvent_t& mark = s->compute_begin[2 * layer + kFwd];
@@ -196,6 +197,7 @@ status prefetch_engine::backward_begin(std::uint32_t mb, std::uint32_t layer) no
       st = timed_wait(trace_.get(), config_.compute, s->layer_copies[l], static_cast<int>(l),
                       mb, "d2h");
       if (st != status::ok) return st;
+      hand_back_through(s->layer_copies_seq[l]);
       break;
     }
   }

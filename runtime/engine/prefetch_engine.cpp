@@ -93,6 +93,7 @@ status prefetch_engine::set_plan(engine_plan plan) noexcept {
     for (micro_batch_slot& s : slots_) {
       s.tensors.assign(n, tensor_record{});
       s.layer_copies.assign(L, nullptr);
+      s.layer_copies_seq.assign(L, 0);
       s.compute_begin.assign(2 * L, nullptr);
       s.prefetch_issued.assign(L, 0);
     }
@@ -125,6 +126,7 @@ void prefetch_engine::reset_slot(micro_batch_slot& s) noexcept {
     r = tensor_record{};
   }
   for (cudaEvent_t& ev : s.layer_copies) events_.give(std::exchange(ev, nullptr));
+  std::fill(s.layer_copies_seq.begin(), s.layer_copies_seq.end(), 0);
   for (cudaEvent_t& ev : s.compute_begin) {
     if (ev && trace_) trace_->drop_mark(ev);
     ev = nullptr;
@@ -269,10 +271,14 @@ status prefetch_engine::offload(tensor_key k, void* device, std::size_t bytes,
     return tensor_fail(*r, why);
   }
   if (timed) trace_->stop(op, d2h_.get());  // a failed record costs the span, not the data
+  const std::uint64_t seq = ++d2h_seq_;
   err = cuda::event_record(done, d2h_.get());
   if (err == cudaSuccess) {
     cudaEvent_t& layer_ev = s->layer_copies[k.layer];
-    if (layer_ev || events_.take(&layer_ev) == status::ok) err = cuda::event_record(layer_ev, d2h_.get());
+    if (layer_ev || events_.take(&layer_ev) == status::ok) {
+      err = cuda::event_record(layer_ev, d2h_.get());
+      if (err == cudaSuccess) s->layer_copies_seq[k.layer] = seq;
+    }
   }
   if (err != cudaSuccess) {
     // The copy is enqueued but cannot be tracked: wait for it here (cold, rare) so that the
@@ -284,20 +290,16 @@ status prefetch_engine::offload(tensor_key k, void* device, std::size_t bytes,
     pinned_in_use_ -= bytes;
     return tensor_fail(*r, why);
   }
-  // Hand the device block back, stream-ordered after the copy (Note [Engine streams...]).
+  // The device block goes back once the copy is done: Note [Handing offloaded blocks back].
   in_flight_copy c;
   c.slot = static_cast<std::size_t>(s - slots_.data());
   c.generation = s->generation;
   c.flat = flat;
   c.done = done;
+  c.device = device;
   c.bytes = bytes;
   c.producer = producer;
-  if (config_.pool) {
-    cudaStream_t d2h = d2h_.get();
-    config_.pool->deallocate(device, &d2h, 1);
-  } else {
-    c.device = device;  // retire() calls the release callback once the copy is done
-  }
+  c.seq = seq;
   in_flight_.push(c);
   r->state = tensor_state::offloading;
   r->owns_device = false;
@@ -372,11 +374,36 @@ void prefetch_engine::retire_front() noexcept {
   }
   events_.give(c.done);
   if (c.device) {
-    config_.release(c.device, c.bytes, c.producer, config_.user);
-    ++stats_.release_callbacks;
+    // The copy is complete: nothing pending uses the block on any stream.
+    if (config_.pool) {
+      config_.pool->deallocate(c.device, nullptr, 0);
+    } else {
+      config_.release(c.device, c.bytes, c.producer, config_.user);
+      ++stats_.release_callbacks;
+    }
   }
   --stats_.in_flight_count;
   stats_.in_flight_bytes -= c.bytes;
+}
+
+void prefetch_engine::hand_back_through(std::uint64_t seq) noexcept {
+  cudaStream_t compute = config_.compute;
+  in_flight_.for_each([&](in_flight_copy& c) {
+    if (c.seq > seq) return false;  // FIFO: later copies are not covered by the wait
+    if (!c.device || c.producer != compute) return true;
+    if (config_.pool) {
+      cudaStream_t owner = nullptr;
+      if (!config_.pool->stream_of(c.device, &owner) || owner != compute) return true;
+      if (config_.pool->deallocate(c.device, nullptr, 0) != status::ok) return true;
+    } else {
+      config_.release(c.device, c.bytes, compute, config_.user);
+      ++stats_.release_callbacks;
+    }
+    c.device = nullptr;
+    ++stats_.ordered_handback_count;
+    stats_.ordered_handback_bytes += c.bytes;
+    return true;
+  });
 }
 
 status prefetch_engine::free_device(void* p, std::size_t bytes, cudaStream_t stream,

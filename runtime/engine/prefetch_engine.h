@@ -6,11 +6,10 @@
 // The engine owns two non-blocking streams, "stash d2h" and "stash h2d", named for nsys.
 //  * offload(k, ptr, bytes, producer): an event on `producer` after the work enqueued so
 //    far; the D2H stream waits on it and copies into a pinned block. The device block is
-//    then freed stream-ordered: to stash's device pool at once, guarded by an event on the
-//    D2H stream (the pool hands it out again only after the copy), or, in release-callback
-//    mode, by calling the caller's release function from a later engine call on the
-//    caller's thread, once the copy is observed complete (never from a CUDA host-function
-//    thread: a Python caller would deadlock on the GIL).
+//    then handed back (to stash's device pool, or through the caller's release function,
+//    always from an engine call on the caller's thread, never from a CUDA host-function
+//    thread: a Python caller would deadlock on the GIL) as Note [Handing offloaded blocks
+//    back] says.
 //  * forward_begin(mb, i): the compute stream waits on the event recorded after layer
 //    i-2's latest D2H, so no more than one layer's offloads are in flight (the planner's
 //    peak assumes it): an overrun costs time on the compute stream, never memory, and the
@@ -30,6 +29,27 @@
 //  * release(k): the consumer block goes back to the pool (guarded by the H2D stream and a
 //    consumer other than the compute stream) or to the release callback; the pinned block
 //    goes back to the pinned pool guarded by the D2H and H2D streams that used it.
+//
+// Note [Handing offloaded blocks back]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The planner's peak assumes an offloaded block is free memory once its copy is done. Two
+// ways to make that true, whichever comes first:
+//  * in compute-stream order: forward_begin(i) enqueues the compute stream's wait for
+//    layer i-2's copies, and the loss turn its wait for all of them. Every copy up to that
+//    layer's latest (the D2H stream is FIFO, so whatever was enqueued before it, of any
+//    micro-batch) is then finished *for all work enqueued on the compute stream from now
+//    on*, so each such block is handed back right there, with no event, as memory of the
+//    compute stream: to the device pool when the block is the compute stream's (its free
+//    list takes it back at once), or release(ptr, bytes, compute stream). Only blocks whose
+//    producer is the compute stream qualify.
+//  * when the copy is observed complete (cudaEventQuery at every engine call, or the
+//    in-flight cap's wait): any remaining block goes back with no pending work at all.
+// The first is what keeps the measured peak at the planned one. Host code runs ahead of
+// the GPU by design, so "observed complete" comes late: a first version handed pool blocks
+// back guarded by the D2H event, the pool could reuse them only after polling that event,
+// and with the host a few layers ahead every offload plan ran at the keep-all peak (the
+// built-in workload's measured peak showed it; docs/workload.md). Compute-order handback
+// needs no host wait and is exactly the planner's rule.
 //
 // Note [In-flight cap]
 // The cap (bytes, count) bounds pinned memory in transit on the D2H stream. An offload
@@ -111,6 +131,9 @@ struct engine_stats {
   std::uint64_t peak_in_flight_count = 0, peak_in_flight_bytes = 0;
   std::uint64_t cap_waits = 0;             // host waits imposed by the in-flight cap
   std::uint64_t release_callbacks = 0;     // device blocks handed to the caller's release
+  // Offloaded blocks handed back in compute-stream order (Note [Handing offloaded blocks
+  // back]) rather than when their copy was observed complete.
+  std::uint64_t ordered_handback_count = 0, ordered_handback_bytes = 0;
   pool_stats pinned;
 };
 
@@ -169,6 +192,7 @@ class prefetch_engine {
   status make_room(std::size_t bytes) noexcept;
   void retire(bool block) noexcept;
   void retire_front() noexcept;
+  void hand_back_through(std::uint64_t seq) noexcept;
   status free_device(void* p, std::size_t bytes, cudaStream_t stream,
                      const cudaStream_t* users, std::size_t n_users) noexcept;
   status alloc_device(std::size_t bytes, void** out) noexcept;
@@ -184,6 +208,7 @@ class prefetch_engine {
   std::vector<micro_batch_slot> slots_;
   in_flight_queue in_flight_;
   engine_stats stats_;
+  std::uint64_t d2h_seq_ = 0;        // D2H copies enqueued so far (in_flight_copy::seq)
   std::uint64_t pinned_in_use_ = 0;  // bytes of pinned blocks the engine holds (trace counter)
   std::unique_ptr<engine_trace> trace_;
 };

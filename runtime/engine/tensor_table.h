@@ -71,6 +71,7 @@ struct micro_batch_slot {
   std::size_t live = 0;   // offered and not yet released
   std::vector<tensor_record> tensors;    // plan.total()
   std::vector<cudaEvent_t> layer_copies; // per layer: after its latest D2H (or null)
+  std::vector<std::uint64_t> layer_copies_seq;  // per layer: the D2H seq that event follows
   std::vector<cudaEvent_t> compute_begin;  // per layer x {fwd, bwd}: timing begin event
   std::vector<char> prefetch_issued;       // per layer
 };
@@ -82,9 +83,10 @@ struct in_flight_copy {
   std::uint32_t generation = 0;
   std::size_t flat = 0;
   cudaEvent_t done = nullptr;
-  void* device = nullptr;  // release-callback mode: handed back once the copy is done
+  void* device = nullptr;  // the offloaded block, until handed back (Note [Handing...])
   std::size_t bytes = 0;
   cudaStream_t producer = nullptr;
+  std::uint64_t seq = 0;   // position on the D2H stream (1, 2, ...)
 };
 
 // A fixed-capacity FIFO.
@@ -102,6 +104,12 @@ class in_flight_queue {
   void push(const in_flight_copy& c) noexcept {
     items_[tail_] = c;
     tail_ = (tail_ + 1) % items_.size();
+  }
+  // Oldest first; stops when f returns false.
+  template <class F>
+  void for_each(F&& f) noexcept {
+    for (std::size_t i = head_; i != tail_; i = (i + 1) % items_.size())
+      if (!f(items_[i])) return;
   }
 
  private:

@@ -20,7 +20,7 @@ def test_on_the_test_double():
 
 
 def test_libstash_version():
-    assert stash.version() == "0.1.0"
+    assert stash.version() == "0.2.0"
     assert stash.status_string(2) == "out of memory"
 
 

@@ -59,16 +59,20 @@ _STAT_FIELDS = (
     "kept_on_device_count", "kept_on_device_bytes", "keep_count", "recompute_count",
     "failed_count", "released_count", "in_flight_count", "in_flight_bytes",
     "peak_in_flight_count", "peak_in_flight_bytes", "cap_waits", "release_callbacks")
+# After `pinned` (appended in 0.2.0; stash_engine_stats_init writes the whole C struct, so
+# this mirror must match it field for field).
+_STAT_FIELDS_2 = ("ordered_handback_count", "ordered_handback_bytes")
 
 
 class EngineStats(ctypes.Structure):
     """stash_engine_stats_t; filled by stash_engine_stats_init."""
     _fields_ = ([("struct_size", ctypes.c_size_t)]
                 + [(name, ctypes.c_uint64) for name in _STAT_FIELDS]
-                + [("pinned", PoolStats)])
+                + [("pinned", PoolStats)]
+                + [(name, ctypes.c_uint64) for name in _STAT_FIELDS_2])
 
     def as_dict(self):
-        d = {name: int(getattr(self, name)) for name in _STAT_FIELDS}
+        d = {name: int(getattr(self, name)) for name in _STAT_FIELDS + _STAT_FIELDS_2}
         d["pinned"] = self.pinned.as_dict()
         return d
 

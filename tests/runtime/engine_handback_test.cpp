@@ -1,0 +1,149 @@
+// Note [Handing offloaded blocks back] (prefetch_engine.h): an offloaded block is free for
+// the compute stream right after the compute stream's wait for its copy is enqueued, with
+// no host wait. The D2H stream is paused so that every copy is pending while the host
+// goes on, exactly the situation of a host running ahead of a GPU.
+#include <cstring>
+#include <vector>
+
+#include "engine_fixture.h"
+
+namespace stash::test {
+namespace {
+
+constexpr size_t kBytes = size_t{1} << 20;
+
+class HandbackTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    if (!on_double()) GTEST_SKIP() << "pausing a stream needs the double";
+  }
+  // Offers layer `l`'s one tensor: a pool block filled with `data`, produced on `producer`.
+  void* offer(uint32_t l, const std::vector<uint8_t>& data, cudaStream_t producer) {
+    EXPECT_EQ(engine_->forward_begin(0, l), status::ok) << last_error();
+    void* p = nullptr;
+    EXPECT_EQ(pool_->allocate(kBytes, producer, &p), status::ok) << last_error();
+    // From pinned memory, so that the copy is truly asynchronous on the producer stream.
+    void* pinned = nullptr;
+    EXPECT_EQ(cudaHostAlloc(&pinned, kBytes, cudaHostAllocDefault), cudaSuccess);
+    std::memcpy(pinned, data.data(), kBytes);
+    EXPECT_EQ(cudaMemcpyAsync(p, pinned, kBytes, cudaMemcpyHostToDevice, producer), cudaSuccess);
+    staging_.push_back(pinned);
+    EXPECT_EQ(engine_->offload({0, l, 0}, p, kBytes, producer), status::ok) << last_error();
+    EXPECT_EQ(engine_->forward_end(0, l), status::ok) << last_error();
+    return p;
+  }
+  // Backward over every layer; each tensor must come back as it went.
+  void backward_and_check(const std::vector<std::vector<uint8_t>>& data) {
+    for (uint32_t l = static_cast<uint32_t>(data.size()); l-- > 0;) {
+      ASSERT_EQ(engine_->backward_begin(0, l), status::ok) << last_error();
+      void* p = nullptr;
+      ASSERT_EQ(engine_->acquire({0, l, 0}, compute_, &p), status::ok) << last_error();
+      EXPECT_EQ(differing(read(p, kBytes), data[l]), 0u) << "layer " << l;
+      ASSERT_EQ(engine_->release({0, l, 0}), status::ok) << last_error();
+      ASSERT_EQ(engine_->backward_end(0, l), status::ok) << last_error();
+    }
+  }
+  void TearDown() override {
+    if (engine_) engine_->synchronize();
+    cudaDeviceSynchronize();
+    for (void* p : staging_) cudaFreeHost(p);
+    EngineTest::TearDown();
+  }
+  std::vector<void*> staging_;
+};
+
+TEST_F(HandbackTest, PoolReusesAnOffloadedBlockBeforeItsCopyIsSeenComplete) {
+  make(config(), plan_of({"o", "o", "o", "o"}));
+  ASSERT_EQ(double_api().stream_pause(engine_->d2h_stream()), cudaSuccess);
+  std::vector<std::vector<uint8_t>> data;
+  for (uint32_t l = 0; l < 4; ++l) data.push_back(random_bytes(kBytes, 100 + l));
+
+  void* a = offer(0, data[0], compute_);
+  offer(1, data[1], compute_);
+  EXPECT_EQ(engine_->stats().ordered_handback_count, 0u);
+  // forward_begin(2) enqueues the compute stream's wait for layer 0's (paused) copy and
+  // hands layer 0's block back to the compute stream's free list: the next allocation of
+  // that size on the compute stream gets it, while the copy has not even started.
+  void* c = offer(2, data[2], compute_);
+  EXPECT_EQ(c, a) << "the compute stream did not get layer 0's block back";
+  const engine::engine_stats st = engine_->stats();
+  EXPECT_EQ(st.ordered_handback_count, 1u);
+  EXPECT_EQ(st.ordered_handback_bytes, kBytes);
+  EXPECT_EQ(st.in_flight_count, 3u);  // nothing was observed complete
+
+  offer(3, data[3], compute_);
+  ASSERT_EQ(double_api().stream_resume(engine_->d2h_stream()), cudaSuccess);
+  // Layer 2's data was written into layer 0's old block on the compute stream after the
+  // wait: if the handback had not been ordered, layer 0's copy would read layer 2's bytes
+  // (and the checker would report the write racing the copy's read).
+  backward_and_check(data);
+  EXPECT_TRUE(violations().empty()) << violations().front();
+}
+
+struct callbacks {
+  device_pool* pool = nullptr;
+  cudaStream_t compute = nullptr;
+  std::vector<std::pair<void*, cudaStream_t>> released;
+  static int alloc(void** out, size_t bytes, cudaStream_t s, void* user) {
+    auto* self = static_cast<callbacks*>(user);
+    return self->pool->allocate(bytes, s, out) == status::ok ? 0 : 1;
+  }
+  static void release(void* p, size_t, cudaStream_t s, void* user) {
+    auto* self = static_cast<callbacks*>(user);
+    self->released.emplace_back(p, s);
+    self->pool->deallocate(p, nullptr, 0);  // s's later work is ordered after the copy
+  }
+};
+
+TEST_F(HandbackTest, ReleaseCallbackRunsOnTheComputeStreamsOrder) {
+  callbacks cb;
+  cb.pool = pool_.get();
+  cb.compute = compute_;
+  engine_config c = config();
+  c.pool = nullptr;
+  c.alloc = &callbacks::alloc;
+  c.release = &callbacks::release;
+  c.user = &cb;
+  make(c, plan_of({"o", "o", "o"}));
+  ASSERT_EQ(double_api().stream_pause(engine_->d2h_stream()), cudaSuccess);
+  std::vector<std::vector<uint8_t>> data;
+  for (uint32_t l = 0; l < 3; ++l) data.push_back(random_bytes(kBytes, 200 + l));
+  void* a = offer(0, data[0], compute_);
+  offer(1, data[1], compute_);
+  EXPECT_TRUE(cb.released.empty());
+  void* b2 = offer(2, data[2], compute_);
+  ASSERT_EQ(cb.released.size(), 1u);
+  EXPECT_EQ(cb.released[0].first, a);
+  EXPECT_EQ(cb.released[0].second, compute_);  // free for work enqueued there from now on
+  EXPECT_EQ(b2, a);
+  ASSERT_EQ(double_api().stream_resume(engine_->d2h_stream()), cudaSuccess);
+  backward_and_check(data);
+  EXPECT_TRUE(violations().empty()) << violations().front();
+}
+
+TEST_F(HandbackTest, BlocksOfAnotherStreamWaitForTheirCopy) {
+  // Produced on a side stream: the compute stream's wait orders nothing on that stream,
+  // so the block goes back only once its copy is seen complete.
+  cudaStream_t side = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  make(config(), plan_of({"o", "o", "o"}));
+  ASSERT_EQ(double_api().stream_pause(engine_->d2h_stream()), cudaSuccess);
+  std::vector<std::vector<uint8_t>> data;
+  for (uint32_t l = 0; l < 3; ++l) data.push_back(random_bytes(kBytes, 300 + l));
+  offer(0, data[0], side);
+  offer(1, data[1], side);
+  ASSERT_EQ(cudaStreamSynchronize(side), cudaSuccess);
+  offer(2, data[2], compute_);
+  EXPECT_EQ(engine_->stats().ordered_handback_count, 0u);
+  const size_t in_use = pool_->stats().current_bytes;
+  ASSERT_EQ(double_api().stream_resume(engine_->d2h_stream()), cudaSuccess);
+  ASSERT_EQ(engine_->synchronize(), status::ok);
+  EXPECT_EQ(pool_->stats().current_bytes, in_use - 3 * kBytes);  // all copies seen complete
+  backward_and_check(data);
+  EXPECT_TRUE(violations().empty()) << violations().front();
+  cudaStreamDestroy(side);
+}
+
+}  // namespace
+}  // namespace stash::test
