@@ -7,11 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define STASH_HD __host__ __device__ __forceinline__
-#else
-#define STASH_HD inline
-#endif
+#include "kernels/hd.h"
 
 namespace stash::kernels {
 

@@ -28,6 +28,12 @@
 // cuda_backend: cuBLAS (sgemm, workspace from a caller-owned device block set with
 //   cublasSetWorkspace, so measured peaks count it) plus the kernels in workload_kernels.cu.
 //   GPU only.
+// Both implement the protected do_* hooks (the non-virtual-interface idiom): each public op
+// validates its arguments in one place, backend.cpp (sizes, null pointers; the errors name
+// the backend and the op), and then calls its do_* hook, which does only what is specific to
+// the backend. Backend-specific checks (cuda_backend's workspace, the enqueue and launch
+// results) stay in the implementations. Decorators (virtual_cost.cpp, the tests'
+// checked_backend.h) override do_* and forward to the wrapped backend's public op.
 // Every op is deterministic: the same inputs give the same bits on the same backend, which
 // is what makes "gradients with offload equal gradients without" a bitwise check.
 #pragma once
@@ -46,44 +52,69 @@ class backend {
   virtual const char* name() const noexcept = 0;
 
   // All ops enqueue on `s` (or compute now, host_backend immediate mode). Pointers are device
-  // memory (host memory for host_backend). Errors: std::runtime_error naming the op.
+  // memory (host memory for host_backend). Each op checks its arguments first (backend.cpp;
+  // Note [Two backends]), then calls its do_* hook. Errors: std::runtime_error naming the op
+  // ("stash workload <name()> backend: <op>: <what>" for bad arguments).
 
   // C[m][n] = op(A) op(B) + beta * C, row-major, op = transpose when trans_* is true.
   // A is [m][k] (or [k][m] when trans_a), B is [k][n] (or [n][k] when trans_b). With
   // beta == 0, C is written without being read (it may hold garbage), as in BLAS.
-  virtual void gemm(cudaStream_t s, bool trans_a, bool trans_b, int m, int n, int k,
-                    const float* A, const float* B, float beta, float* C) = 0;
+  void gemm(cudaStream_t s, bool trans_a, bool trans_b, int m, int n, int k, const float* A,
+            const float* B, float beta, float* C);
   // C[r][c] += bias[c].
-  virtual void add_bias(cudaStream_t s, int rows, int cols, const float* bias, float* C) = 0;
+  void add_bias(cudaStream_t s, int rows, int cols, const float* bias, float* C);
   // db[c] += sum_r dC[r][c].
-  virtual void bias_grad(cudaStream_t s, int rows, int cols, const float* dC, float* db) = 0;
+  void bias_grad(cudaStream_t s, int rows, int cols, const float* dC, float* db);
   // stats[r] = {mean, rstd} of x[r][*] (eps 1e-5).
-  virtual void layernorm_stats(cudaStream_t s, int rows, int cols, const float* x,
-                               float* stats) = 0;
+  void layernorm_stats(cudaStream_t s, int rows, int cols, const float* x, float* stats);
   // u[r][c] = (x[r][c] - mean) * rstd * gamma[c] + beta[c].
-  virtual void layernorm_apply(cudaStream_t s, int rows, int cols, const float* x,
-                               const float* stats, const float* gamma, const float* beta,
-                               float* u) = 0;
+  void layernorm_apply(cudaStream_t s, int rows, int cols, const float* x, const float* stats,
+                       const float* gamma, const float* beta, float* u);
   // dx += layernorm backward of du; dgamma, dbeta += their gradients.
-  virtual void layernorm_backward(cudaStream_t s, int rows, int cols, const float* du,
-                                  const float* x, const float* stats, const float* gamma,
-                                  float* dx, float* dgamma, float* dbeta) = 0;
+  void layernorm_backward(cudaStream_t s, int rows, int cols, const float* du, const float* x,
+                          const float* stats, const float* gamma, float* dx, float* dgamma,
+                          float* dbeta);
   // a = gelu(h), n elements.
-  virtual void gelu(cudaStream_t s, std::size_t n, const float* h, float* a) = 0;
+  void gelu(cudaStream_t s, std::size_t n, const float* h, float* a);
   // dh = da * gelu'(h).
-  virtual void gelu_backward(cudaStream_t s, std::size_t n, const float* da, const float* h,
-                             float* dh) = 0;
+  void gelu_backward(cudaStream_t s, std::size_t n, const float* da, const float* h, float* dh);
   // out = x + y.
-  virtual void add(cudaStream_t s, std::size_t n, const float* x, const float* y,
-                   float* out) = 0;
+  void add(cudaStream_t s, std::size_t n, const float* x, const float* y, float* out);
   // loss[0] = 0.5 * mean((out - target)^2); dout = (out - target) / n.
-  virtual void mse_loss(cudaStream_t s, std::size_t n, const float* out, const float* target,
-                        float* loss, float* dout) = 0;
+  void mse_loss(cudaStream_t s, std::size_t n, const float* out, const float* target,
+                float* loss, float* dout);
   // w -= lr * g.
-  virtual void sgd(cudaStream_t s, std::size_t n, float lr, const float* g, float* w) = 0;
+  void sgd(cudaStream_t s, std::size_t n, float lr, const float* g, float* w);
   // Zeroes `bytes` at p: cudaMemsetAsync on `s` (cuda_backend, host_backend stream mode);
   // host_backend immediate mode, whose pointers are plain host memory, memsets now.
-  virtual void zero(cudaStream_t s, void* p, std::size_t bytes) = 0;
+  void zero(cudaStream_t s, void* p, std::size_t bytes);
+
+ protected:
+  // The ops' implementations, called with arguments the public op has validated; same
+  // parameters and meaning as the op of the same name.
+  virtual void do_gemm(cudaStream_t s, bool trans_a, bool trans_b, int m, int n, int k,
+                       const float* A, const float* B, float beta, float* C) = 0;
+  virtual void do_add_bias(cudaStream_t s, int rows, int cols, const float* bias,
+                           float* C) = 0;
+  virtual void do_bias_grad(cudaStream_t s, int rows, int cols, const float* dC,
+                            float* db) = 0;
+  virtual void do_layernorm_stats(cudaStream_t s, int rows, int cols, const float* x,
+                                  float* stats) = 0;
+  virtual void do_layernorm_apply(cudaStream_t s, int rows, int cols, const float* x,
+                                  const float* stats, const float* gamma, const float* beta,
+                                  float* u) = 0;
+  virtual void do_layernorm_backward(cudaStream_t s, int rows, int cols, const float* du,
+                                     const float* x, const float* stats, const float* gamma,
+                                     float* dx, float* dgamma, float* dbeta) = 0;
+  virtual void do_gelu(cudaStream_t s, std::size_t n, const float* h, float* a) = 0;
+  virtual void do_gelu_backward(cudaStream_t s, std::size_t n, const float* da,
+                                const float* h, float* dh) = 0;
+  virtual void do_add(cudaStream_t s, std::size_t n, const float* x, const float* y,
+                      float* out) = 0;
+  virtual void do_mse_loss(cudaStream_t s, std::size_t n, const float* out,
+                           const float* target, float* loss, float* dout) = 0;
+  virtual void do_sgd(cudaStream_t s, std::size_t n, float lr, const float* g, float* w) = 0;
+  virtual void do_zero(cudaStream_t s, void* p, std::size_t bytes) = 0;
 };
 
 enum class host_mode { immediate, stream };

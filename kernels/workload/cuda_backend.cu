@@ -56,13 +56,6 @@ void check_cublas(cublasStatus_t st, const char* op, const char* call) {
   }
 }
 
-void check_dims(const char* op, long long a, long long b) {
-  if (a < 0 || b < 0) fail(op, "negative size");
-}
-void check_ptr(const char* op, std::size_t elems, const void* p, const char* name) {
-  if (elems != 0 && p == nullptr) fail(op, std::string("null pointer for ") + name);
-}
-
 class cuda_backend final : public backend {
  public:
   cuda_backend(void* workspace, std::size_t bytes) {
@@ -103,13 +96,11 @@ class cuda_backend final : public backend {
 
   const char* name() const noexcept override { return "cuda"; }
 
-  void gemm(cudaStream_t s, bool trans_a, bool trans_b, int m, int n, int k, const float* A,
-            const float* B, float beta, float* C) override {
+ private:
+  // The arguments are valid here: backend.cpp checked them (Note [Two backends]).
+  void do_gemm(cudaStream_t s, bool trans_a, bool trans_b, int m, int n, int k, const float* A,
+               const float* B, float beta, float* C) override {
     constexpr const char* op = "gemm";
-    if (m < 0 || n < 0 || k < 0) fail(op, "negative size");
-    check_ptr(op, std::size_t(m) * k, A, "A");
-    check_ptr(op, std::size_t(k) * n, B, "B");
-    check_ptr(op, std::size_t(m) * n, C, "C");
     if (m == 0 || n == 0) return;
     if (k == 0) {
       empty_product(s, std::size_t(m) * n, beta, C);
@@ -124,112 +115,62 @@ class cuda_backend final : public backend {
                  op, "cublasSgemm");
   }
 
-  void add_bias(cudaStream_t s, int rows, int cols, const float* bias, float* C) override {
-    constexpr const char* op = "add_bias";
-    check_dims(op, rows, cols);
-    check_ptr(op, std::size_t(rows) * cols, bias, "bias");
-    check_ptr(op, std::size_t(rows) * cols, C, "C");
-    check_cuda(kernels::add_bias(s, rows, cols, bias, C), op);
+  void do_add_bias(cudaStream_t s, int rows, int cols, const float* bias, float* C) override {
+    check_cuda(kernels::add_bias(s, rows, cols, bias, C), "add_bias");
   }
 
-  void bias_grad(cudaStream_t s, int rows, int cols, const float* dC, float* db) override {
-    constexpr const char* op = "bias_grad";
-    check_dims(op, rows, cols);
-    check_ptr(op, std::size_t(rows) * cols, dC, "dC");
-    check_ptr(op, std::size_t(cols), db, "db");
-    check_cuda(kernels::bias_grad(s, rows, cols, dC, db), op);
+  void do_bias_grad(cudaStream_t s, int rows, int cols, const float* dC, float* db) override {
+    check_cuda(kernels::bias_grad(s, rows, cols, dC, db), "bias_grad");
   }
 
-  void layernorm_stats(cudaStream_t s, int rows, int cols, const float* x,
-                       float* stats) override {
-    constexpr const char* op = "layernorm_stats";
-    check_dims(op, rows, cols);
-    if (rows > 0 && cols == 0) fail(op, "a row needs at least one column");
-    check_ptr(op, std::size_t(rows) * cols, x, "x");
-    check_ptr(op, std::size_t(rows), stats, "stats");
-    check_cuda(kernels::layernorm_stats(s, rows, cols, x, stats), op);
+  void do_layernorm_stats(cudaStream_t s, int rows, int cols, const float* x,
+                          float* stats) override {
+    check_cuda(kernels::layernorm_stats(s, rows, cols, x, stats), "layernorm_stats");
   }
 
-  void layernorm_apply(cudaStream_t s, int rows, int cols, const float* x, const float* stats,
-                       const float* gamma, const float* beta, float* u) override {
-    constexpr const char* op = "layernorm_apply";
-    check_dims(op, rows, cols);
-    const std::size_t n = std::size_t(rows) * cols;
-    check_ptr(op, n, x, "x");
-    check_ptr(op, n, stats, "stats");
-    check_ptr(op, n, gamma, "gamma");
-    check_ptr(op, n, beta, "beta");
-    check_ptr(op, n, u, "u");
-    check_cuda(kernels::layernorm_apply(s, rows, cols, x, stats, gamma, beta, u), op);
+  void do_layernorm_apply(cudaStream_t s, int rows, int cols, const float* x,
+                          const float* stats, const float* gamma, const float* beta,
+                          float* u) override {
+    check_cuda(kernels::layernorm_apply(s, rows, cols, x, stats, gamma, beta, u),
+               "layernorm_apply");
   }
 
-  void layernorm_backward(cudaStream_t s, int rows, int cols, const float* du, const float* x,
-                          const float* stats, const float* gamma, float* dx, float* dgamma,
-                          float* dbeta) override {
-    constexpr const char* op = "layernorm_backward";
-    check_dims(op, rows, cols);
-    const std::size_t n = std::size_t(rows) * cols;
-    check_ptr(op, n, du, "du");
-    check_ptr(op, n, x, "x");
-    check_ptr(op, n, stats, "stats");
-    check_ptr(op, n, gamma, "gamma");
-    check_ptr(op, n, dx, "dx");
-    check_ptr(op, n, dgamma, "dgamma");
-    check_ptr(op, n, dbeta, "dbeta");
+  void do_layernorm_backward(cudaStream_t s, int rows, int cols, const float* du,
+                             const float* x, const float* stats, const float* gamma, float* dx,
+                             float* dgamma, float* dbeta) override {
     check_cuda(
-        kernels::layernorm_backward(s, rows, cols, du, x, stats, gamma, dx, dgamma, dbeta), op);
+        kernels::layernorm_backward(s, rows, cols, du, x, stats, gamma, dx, dgamma, dbeta),
+        "layernorm_backward");
   }
 
-  void gelu(cudaStream_t s, std::size_t n, const float* h, float* a) override {
-    constexpr const char* op = "gelu";
-    check_ptr(op, n, h, "h");
-    check_ptr(op, n, a, "a");
-    check_cuda(kernels::gelu(s, n, h, a), op);
+  void do_gelu(cudaStream_t s, std::size_t n, const float* h, float* a) override {
+    check_cuda(kernels::gelu(s, n, h, a), "gelu");
   }
 
-  void gelu_backward(cudaStream_t s, std::size_t n, const float* da, const float* h,
-                     float* dh) override {
-    constexpr const char* op = "gelu_backward";
-    check_ptr(op, n, da, "da");
-    check_ptr(op, n, h, "h");
-    check_ptr(op, n, dh, "dh");
-    check_cuda(kernels::gelu_backward(s, n, da, h, dh), op);
+  void do_gelu_backward(cudaStream_t s, std::size_t n, const float* da, const float* h,
+                        float* dh) override {
+    check_cuda(kernels::gelu_backward(s, n, da, h, dh), "gelu_backward");
   }
 
-  void add(cudaStream_t s, std::size_t n, const float* x, const float* y, float* out) override {
-    constexpr const char* op = "add";
-    check_ptr(op, n, x, "x");
-    check_ptr(op, n, y, "y");
-    check_ptr(op, n, out, "out");
-    check_cuda(kernels::add(s, n, x, y, out), op);
+  void do_add(cudaStream_t s, std::size_t n, const float* x, const float* y,
+              float* out) override {
+    check_cuda(kernels::add(s, n, x, y, out), "add");
   }
 
-  void mse_loss(cudaStream_t s, std::size_t n, const float* out, const float* target,
-                float* loss, float* dout) override {
-    constexpr const char* op = "mse_loss";
-    if (n == 0) fail(op, "the mean of zero elements is undefined");
-    check_ptr(op, n, out, "out");
-    check_ptr(op, n, target, "target");
-    check_ptr(op, 1, loss, "loss");
-    check_ptr(op, n, dout, "dout");
-    check_cuda(kernels::mse_loss(s, n, out, target, loss, dout, scratch_), op);
+  void do_mse_loss(cudaStream_t s, std::size_t n, const float* out, const float* target,
+                   float* loss, float* dout) override {
+    check_cuda(kernels::mse_loss(s, n, out, target, loss, dout, scratch_), "mse_loss");
   }
 
-  void sgd(cudaStream_t s, std::size_t n, float lr, const float* g, float* w) override {
-    constexpr const char* op = "sgd";
-    check_ptr(op, n, g, "g");
-    check_ptr(op, n, w, "w");
-    check_cuda(kernels::sgd(s, n, lr, g, w), op);
+  void do_sgd(cudaStream_t s, std::size_t n, float lr, const float* g, float* w) override {
+    check_cuda(kernels::sgd(s, n, lr, g, w), "sgd");
   }
 
-  void zero(cudaStream_t s, void* p, std::size_t bytes) override {
-    constexpr const char* op = "zero";
-    check_ptr(op, bytes, p, "p");
+  void do_zero(cudaStream_t s, void* p, std::size_t bytes) override {
     if (bytes == 0) return;
-    check_cuda(cudaMemsetAsync(p, 0, bytes, s), op);
+    check_cuda(cudaMemsetAsync(p, 0, bytes, s), "zero");
   }
 
- private:
   // C = beta C for k == 0, by BLAS semantics (beta == 0 writes zeros without reading C, as
   // the host reference does). Done here rather than trusting sgemm's k == 0 path, which the
   // cuBLAS documentation leaves unspecified.

@@ -21,11 +21,7 @@
 #include <cstddef>
 #include <math.h>
 
-#if defined(__CUDACC__)
-#define STASH_HD __host__ __device__ __forceinline__
-#else
-#define STASH_HD inline
-#endif
+#include "kernels/hd.h"
 
 namespace stash::workload {
 

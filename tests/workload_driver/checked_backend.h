@@ -33,65 +33,69 @@ class checked_backend final : public workload::backend {
 
   const char* name() const noexcept override { return inner_->name(); }
 
-  void gemm(cudaStream_t s, bool ta, bool tb, int m, int n, int k, const float* A, const float* B,
-            float beta, float* C) override {
+ private:
+  // The public ops (backend.cpp) have checked the arguments; the inner backend's public ops
+  // check them again, harmlessly.
+  void do_gemm(cudaStream_t s, bool ta, bool tb, int m, int n, int k, const float* A,
+               const float* B, float beta, float* C) override {
     s = note(s, "gemm", {{A, fl(m) * k}, {B, fl(k) * n}}, {{C, fl(m) * n}}, beta != 0);
     inner_->gemm(s, ta, tb, m, n, k, A, B, beta, C);
   }
-  void add_bias(cudaStream_t s, int rows, int cols, const float* bias, float* C) override {
+  void do_add_bias(cudaStream_t s, int rows, int cols, const float* bias, float* C) override {
     s = note(s, "add_bias", {{bias, fl(cols)}}, {{C, fl(rows) * cols}}, true);
     inner_->add_bias(s, rows, cols, bias, C);
   }
-  void bias_grad(cudaStream_t s, int rows, int cols, const float* dC, float* db) override {
+  void do_bias_grad(cudaStream_t s, int rows, int cols, const float* dC, float* db) override {
     s = note(s, "bias_grad", {{dC, fl(rows) * cols}}, {{db, fl(cols)}}, true);
     inner_->bias_grad(s, rows, cols, dC, db);
   }
-  void layernorm_stats(cudaStream_t s, int rows, int cols, const float* x, float* st) override {
+  void do_layernorm_stats(cudaStream_t s, int rows, int cols, const float* x,
+                          float* st) override {
     s = note(s, "layernorm_stats", {{x, fl(rows) * cols}}, {{st, fl(rows) * 2}}, false);
     inner_->layernorm_stats(s, rows, cols, x, st);
   }
-  void layernorm_apply(cudaStream_t s, int rows, int cols, const float* x, const float* st,
-                       const float* gamma, const float* beta, float* u) override {
+  void do_layernorm_apply(cudaStream_t s, int rows, int cols, const float* x, const float* st,
+                          const float* gamma, const float* beta, float* u) override {
     s = note(s, "layernorm_apply",
              {{x, fl(rows) * cols}, {st, fl(rows) * 2}, {gamma, fl(cols)}, {beta, fl(cols)}},
              {{u, fl(rows) * cols}}, false);
     inner_->layernorm_apply(s, rows, cols, x, st, gamma, beta, u);
   }
-  void layernorm_backward(cudaStream_t s, int rows, int cols, const float* du, const float* x,
-                          const float* st, const float* gamma, float* dx, float* dgamma,
-                          float* dbeta) override {
+  void do_layernorm_backward(cudaStream_t s, int rows, int cols, const float* du, const float* x,
+                             const float* st, const float* gamma, float* dx, float* dgamma,
+                             float* dbeta) override {
     s = note(s, "layernorm_backward",
              {{du, fl(rows) * cols}, {x, fl(rows) * cols}, {st, fl(rows) * 2}, {gamma, fl(cols)}},
              {{dx, fl(rows) * cols}, {dgamma, fl(cols)}, {dbeta, fl(cols)}}, true);
     inner_->layernorm_backward(s, rows, cols, du, x, st, gamma, dx, dgamma, dbeta);
   }
-  void gelu(cudaStream_t s, std::size_t n, const float* h, float* a) override {
+  void do_gelu(cudaStream_t s, std::size_t n, const float* h, float* a) override {
     s = note(s, "gelu", {{h, n}}, {{a, n}}, false);
     inner_->gelu(s, n, h, a);
   }
-  void gelu_backward(cudaStream_t s, std::size_t n, const float* da, const float* h,
-                     float* dh) override {
+  void do_gelu_backward(cudaStream_t s, std::size_t n, const float* da, const float* h,
+                        float* dh) override {
     s = note(s, "gelu_backward", {{da, n}, {h, n}}, {{dh, n}}, false);
     inner_->gelu_backward(s, n, da, h, dh);
   }
-  void add(cudaStream_t s, std::size_t n, const float* x, const float* y, float* out) override {
+  void do_add(cudaStream_t s, std::size_t n, const float* x, const float* y,
+              float* out) override {
     s = note(s, "add", {{x, n}, {y, n}}, {{out, n}}, false);
     inner_->add(s, n, x, y, out);
   }
-  void mse_loss(cudaStream_t s, std::size_t n, const float* out, const float* target, float* loss,
-                float* dout) override {
+  void do_mse_loss(cudaStream_t s, std::size_t n, const float* out, const float* target,
+                   float* loss, float* dout) override {
     s = note(s, "mse_loss", {{out, n}, {target, n}}, {{loss, 1}, {dout, n}}, false);
     inner_->mse_loss(s, n, out, target, loss, dout);
   }
-  void sgd(cudaStream_t s, std::size_t n, float lr, const float* g, float* w) override {
+  void do_sgd(cudaStream_t s, std::size_t n, float lr, const float* g, float* w) override {
     s = note(s, "sgd", {{g, n}}, {{w, n}}, true);
     inner_->sgd(s, n, lr, g, w);
   }
-  void zero(cudaStream_t s, void* p, std::size_t bytes) override {
+  void do_zero(cudaStream_t s, void* p, std::size_t bytes) override {
     inner_->zero(s, p, bytes);  // a cudaMemsetAsync: the double records it itself
   }
 
- private:
   struct range {
     const void* p;
     std::size_t floats;
