@@ -9,14 +9,19 @@
 # registry, then carried along), unpacked into .carry/prefix; without .carry the build
 # uses whatever the machine has installed.
 # Environment: STASH_GPU_ARCH (default: the first GPU's compute capability, e.g. 90-real),
-# STASH_GPU_CHECK_STEPS (default: all of "build tests bench demo").
+# STASH_GPU_CHECK_STEPS (default: all of "build tests bench demo"), STASH_GPU_BUILD_DIR
+# (default build-gpu/).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 start=$(date +%s)
 report=${1:-${OUT:+$OUT/gpu-check.txt}}
 report=${report:-$root/out/gpu-check.txt}
-out_dir=$(dirname "$report")
+mkdir -p "$(dirname "$report")"
+# Everything the steps write goes to out_dir; the report and a few files worth looking at
+# are copied next to the report at the end (the device tool brings back at most 8 files).
+out_dir="$root/out/gpu-check"
+rm -rf "$out_dir"
 mkdir -p "$out_dir"
 : >"$report"
 steps=${STASH_GPU_CHECK_STEPS:-build tests bench demo}
@@ -72,7 +77,7 @@ if [ -z "$arch" ] && command -v nvidia-smi >/dev/null; then
   [ -n "$cc" ] && arch="${cc}-real"
 fi
 arch=${arch:-90-real}
-bdir="$root/build-gpu"
+bdir=${STASH_GPU_BUILD_DIR:-$root/build-gpu}
 
 if want build; then
   export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
@@ -100,13 +105,17 @@ fi
 
 if want demo; then
   run "stash demo" 300 "$stash" demo --out "$out_dir/demo"
-  # The demo's Pareto figure, next to the report (the device tool returns one level of
-  # folders only).
-  [ -f "$out_dir/demo/pareto.svg" ] && cp "$out_dir/demo/pareto.svg" "$out_dir/pareto.svg"
 fi
 
+# Next to the report: the figures' sources (at most 7 files besides the report).
+keep=("$out_dir/link.json" "$out_dir/copy.json" "$out_dir/demo/profile.json"
+      "$out_dir/demo/pareto.svg" "$out_dir/demo/trace-70.json" "$out_dir/demo/plan-70.json")
+for f in "${keep[@]}"; do
+  [ -f "$f" ] && [ "$(dirname "$f")" != "$(dirname "$report")" ] && cp "$f" "$(dirname "$report")/"
+done
+
 say ""
-say "gpu-check: $(( $(date +%s) - start )) s in all; report: $report"
+say "gpu-check: $(( $(date +%s) - start )) s in all; report: $report; everything: $out_dir"
 if ((${#failed[@]})); then
   say "gpu-check: FAILED steps: ${failed[*]}"
   exit 1
