@@ -55,3 +55,48 @@ class Scale(nn.Module):
 
     def forward(self, x):
         return x * self.w
+
+
+class DropoutMLP(nn.Module):
+    """A pre-norm MLP with dropout on its hidden activations: a recompute of it must draw
+    the mask its forward drew (the forward's RNG state restored)."""
+
+    def __init__(self, d=16, ff=32, p=0.25):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, ff)
+        self.drop = nn.Dropout(p)
+        self.fc2 = nn.Linear(ff, d)
+
+    def forward(self, x):
+        return x + self.fc2(self.drop(torch.relu(self.fc1(self.ln(x)))))
+
+
+class Masked(nn.Module):
+    """Takes a keyword tensor (a mask shared by every block, which needs no gradient) and
+    a non-tensor argument: a recompute must hand both back as the forward got them."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x, *, mask, scale=1.0):
+        return torch.tanh(self.lin(x) * mask) * scale + x
+
+
+class Unsteady(nn.Module):
+    """Saves a differently shaped tensor on even calls than on odd ones: control flow that
+    depends on something other than its inputs, parameters and RNG state, so that a
+    recompute (the second call) does not save what the forward saved."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        h = self.lin(x)
+        if self.calls % 2 == 0:
+            h = h[..., : h.shape[-1] // 2]
+        return h.exp().tanh()

@@ -4,11 +4,13 @@ ctest `python.offload_gpu` (label gpu) runs this file alone, in its own process 
 allocator must be chosen before the first CUDA tensor), with the real runtime. Without a
 device it skips with the marker ctest's SKIP_REGULAR_EXPRESSION looks for.
 
-Three runs of the same training steps from the same seed: without stash, with a plan that
-offloads every block but the last, and with one that recomputes every block but the last
-whole (keeping its input). Losses must match the run without stash, and the peak of
-stash's device pool must fall by what the plan takes off the device, less what is in
-flight (one block's offload, the one-block-ahead prefetch and the block in backward).
+Four runs of the same training steps from the same seed: without stash, with a plan that
+offloads every block but the last, with one that recomputes every block but the last
+whole (keeping its input), and with one that mixes keep, offload and recompute inside
+each block (Note [Selective recompute]). Losses must match the run without stash, and
+the peak of stash's device pool must fall by what the plan takes off the device, less
+what is in flight (one block's offload, the one-block-ahead prefetch and the block in
+backward).
 """
 
 import pytest
@@ -61,19 +63,18 @@ def _train(blocks, batches, allocator):
     return losses, allocator.allocator_stats(0)["peak_bytes"] - base
 
 
-def _saved_bytes(blocks):
-    """Per-block saved bytes and the input's, from the record pass."""
+def _tensor_bytes(blocks):
+    """Bytes of each tensor a block saves, in save order, from the record pass."""
     x = torch.randn(B, T, D, device="cuda", requires_grad=True)
     doc = stash.torch.record(blocks, x)
-    layer = doc["layers"][0]
-    return sum(t["bytes"] for t in layer["tensors"]), layer["tensors"][0]["bytes"], \
-        len(layer["tensors"])
+    return [t["bytes"] for t in doc["layers"][0]["tensors"]]
 
 
 def test_offload_and_recompute_lower_the_peak(allocator):
     batches = _batches()
     blocks = _model()
-    per_block, input_bytes, n_saved = _saved_bytes(blocks)
+    sizes = _tensor_bytes(blocks)
+    per_block, input_bytes, n_saved = sum(sizes), sizes[0], len(sizes)
     # Warm-up so that the optimizer state and cuBLAS workspaces exist in every run alike.
     _train(blocks, batches[:1], allocator)
     blocks = _model()
@@ -104,10 +105,45 @@ def test_offload_and_recompute_lower_the_peak(allocator):
     with stash.torch.offload(blocks, recompute_plan) as h:
         got, peak_recompute = _train(blocks, batches, allocator)
         s = h.stats()
-    assert s["hooks"]["recomputed_blocks"] == (N - 1) * STEPS
+    assert s["hooks"]["recompute_forwards"] == (N - 1) * STEPS
+    assert s["hooks"]["recompute_count"] == (N - 1) * (n_saved - 1) * STEPS
     assert s["hooks"]["recompute_kept_count"] == 0
     torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=0)
     # Only the inputs of N-1 blocks stay; one block is rebuilt at a time in backward.
     saved = peak_plain - peak_recompute
     assert saved >= 0.5 * (N - 2) * (per_block - input_bytes), \
         (peak_plain, peak_recompute, per_block)
+
+    # Partial: in every block but the last, the attention probabilities (the largest
+    # tensor) and every third tensor recomputed, the next ones offloaded, the rest (the
+    # input among them) kept.
+    largest = max(range(n_saved), key=lambda j: sizes[j])
+    layer = ["recompute" if j == largest or j % 3 == 1 else "offload" if j % 3 == 2
+             else "keep" for j in range(n_saved)]
+    layer[0] = "keep"
+    partial_plan = [layer] * (N - 1) + [["keep"] * n_saved]
+    off_bytes = sum(b for b, a in zip(sizes, layer) if a == "offload")
+    rec_bytes = sum(b for b, a in zip(sizes, layer) if a == "recompute")
+    blocks = _model()
+    with stash.torch.offload(blocks, partial_plan, max_in_flight_bytes=per_block) as h:
+        got, peak_partial = _train(blocks, batches, allocator)
+        s = h.stats()
+    n_rec = layer.count("recompute")
+    assert s["hooks"]["recompute_count"] == (N - 1) * n_rec * STEPS
+    assert s["recompute_count"] == (N - 1) * n_rec * STEPS
+    assert s["hooks"]["recompute_forwards"] == (N - 1) * STEPS
+    # A Block saves nothing again after the first save of its last tensor but that tensor
+    # (relu's output, for fc2): with that tensor not recomputed, every replay stops short.
+    if layer[-1] != "recompute":
+        assert s["hooks"]["recompute_stopped_early"] == (N - 1) * STEPS
+    assert s["hooks"]["recompute_captured"] >= s["hooks"]["recompute_count"]
+    assert s["hooks"]["recompute_kept_count"] == 0
+    assert s["offloaded_count"] + s["hooks"]["not_on_device_count"] == \
+        (N - 1) * layer.count("offload") * STEPS
+    assert s["prefetched_count"] == s["offloaded_count"] and s["failed_count"] == 0
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=0)
+    # What leaves the device per block, less the three blocks' worth in flight, in
+    # backward or being rebuilt.
+    saved = peak_plain - peak_partial
+    assert saved >= 0.5 * (N - 1 - 3) * (off_bytes + rec_bytes), \
+        (peak_plain, peak_partial, off_bytes, rec_bytes)

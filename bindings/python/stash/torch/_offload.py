@@ -7,11 +7,12 @@ parameters and buffers pass through unnumbered, views of one storage share one i
 block's input comes first), so tensor (layer i, index j) of a plan made from a recorded
 profile is the tensor the hook sees. Keys are (micro-batch, block, index).
 - Every numbered tensor is handed to the engine (stash_engine_offload), as the C API asks.
-  Keep and recompute tensors pass through: the hook returns the tensor itself.
+  Keep tensors pass through: the hook returns the tensor itself. Recompute tensors get a
+  placeholder (Note [Selective recompute]); their storage is freed when the forward ends.
 - An offload tensor's storage goes to the engine: its data pointer and the storage's bytes.
-  The hook keeps a reference to the storage until the engine's release callback says the
-  device-to-host copy is complete; dropping it then lets torch's allocator reuse the
-  memory. The hook returns only a small record (key, dtype, shape, strides, offset).
+  The hook keeps a reference to the storage until the engine's release callback hands it
+  back (Note [Stream order with torch's allocator]); dropping it then lets torch's
+  allocator reuse the memory. The hook returns only a small record (key, dtype, shape, strides, offset).
 - The storages a block saves are held until that block's forward ends, even when their
   copy finished earlier, because saved tensors are numbered by storage address: a freed
   address handed to a later tensor of the same block would look like a view of the first.
@@ -35,9 +36,12 @@ is called; run the blocks on it.
 - Offload: the producer is the current stream at pack time; the engine records an event
   there and its D2H stream waits on it, so the copy reads finished data. torch's
   allocator believes only the compute stream uses the block; that is safe because our
-  reference keeps it allocated until the copy has been observed complete (the engine
-  calls release only then, from an engine call on the Python thread, never from a CUDA
-  callback thread, where taking the GIL could deadlock).
+  reference keeps it allocated until the engine releases it: right after it enqueued the
+  compute stream's wait for the copy (engine 0.2, Note [Handing offloaded blocks back] in
+  prefetch_engine.h; the block is the compute stream's, so torch reuses it only for work
+  ordered after that wait), or, for a block produced on another stream, once the copy
+  was observed complete. Release runs from an engine call on the Python thread, never
+  from a CUDA callback thread, where taking the GIL could deadlock.
 - Prefetch: the buffer is allocated with the compute stream current, so torch's
   allocator treats it as that stream's memory from the allocation on. The engine records
   an event on the compute stream after the allocation and the H2D stream waits on it, so
@@ -48,33 +52,79 @@ is called; run the blocks on it.
 - A prefetch never acquired is released by the engine after it makes the compute stream
   wait for its H2D, so dropping the buffer cannot let the compute stream reuse memory
   the H2D still writes.
-- Host-visible memory: torch's allocator decides reuse on the host, at allocation time,
-  and an offloaded storage returns to it only when the host has seen its copy complete
-  (the engine polls at each call). A host that runs far ahead of the GPU therefore holds
-  more offloaded storages than the planner's one layer in flight. max_in_flight_bytes
-  (about one block's offloaded bytes) bounds that: an offload past the cap makes the
-  host wait for older copies, which are then given back.
+- Host-visible memory: torch's allocator decides reuse on the host, at allocation time.
+  A storage produced on the compute stream returns to it when forward_begin(i+2)
+  enqueues the wait for its copy, with no host wait; one produced elsewhere only when
+  the host has seen its copy complete (the engine polls at each call), so a host far
+  ahead of the GPU holds more of those than the planner's one layer in flight.
+  max_in_flight_bytes (about one block's offloaded bytes) bounds copies in transit: an
+  offload past the cap makes the host wait for older copies.
 CPU (torch's CPU build on the test double, STASHDBL_FOREIGN_IS_DEVICE=1): torch ops are
 synchronous on the host and have no streams. The engine gets a stream of its own as the
 compute stream (created through the libcudart that libstash loaded); unpack acquires on
 it and synchronizes it from the host before handing the tensor to autograd. Offload
-needs no wait: the tensor is complete when the pack hook sees it.
+needs no wait: the tensor is complete when the pack hook sees it. The engine hands blocks
+back as free for work enqueued on a stream from then on (offloaded sources right after
+the compute stream's wait for their copy; prefetches never acquired, e.g. by a backward
+stopped by an error, after its wait for their copy), while torch frees host memory at
+once: the release callback synchronizes that stream from the host first.
 
-Note [Recompute on torch without selective checkpointing]
-A block whose plan recomputes all of its recomputable tensors runs its forward under the
-reentrant torch.utils.checkpoint: it saves only its inputs (which the plan keeps or
-offloads; they are the block's non-recomputable tensors, matched to the plan's
-non-recompute indices in argument order) and recomputes the rest in backward, with the
-RNG state restored. Actions alone do not say which tensors are recomputable, so the
-first recompute of each such block numbers what the block saves (as record does) and
-checks it: the same count as the plan, and the non-recompute indices are exactly the
-tensors that come from the inputs. If the plan keeps or offloads a recomputable tensor
-the block is recomputed whole no more: from the next step it runs normally, its
-recompute tensors are kept and counted (stats()["hooks"]["recompute_kept_*"]), with a
-one-time warning. The same happens for a block that takes keyword arguments, an input
-the checkpoint cannot save, or no input that requires grad (the reentrant checkpoint
-would cut the parameters' gradients). torch's selective activation checkpointing (2.4)
-could recompute part of a block; it is not used yet.
+Note [Selective recompute]
+stash recomputes exactly the tensors the plan marks recompute, in the manner of torch's
+non-reentrant checkpoint (2.x, with early stop), on torch 1.13 and 2.x alike.
+- Forward: the pack hook returns a Placeholder (frame, save position) for each save of a
+  recompute storage, so autograd holds no reference and the storage is freed when the
+  block's forward ends (held until then, as every saved storage: numbering is by
+  address). A Frame per block forward and micro-batch records what the recompute needs:
+  the block's own forward, its inputs as slots (a storage the plan offloads is rebuilt
+  over the fetched buffer, with the input's dtype, shape, strides and offset, so a view
+  comes back a view; anything else, kept inputs and inputs the block does not save, is
+  held detached), the CPU and CUDA RNG states and the autocast modes at the start of the
+  forward, and every save in order (index, first, dtype, shape, device; None for the
+  parameters'). The input and whatever existed before the block are not recomputable:
+  a plan that recomputes one keeps it, counted, with one warning. A saved view of an
+  offloaded storage has that storage's index: it is offloaded with it, never recomputed.
+- Backward: the first unpack of a placeholder whose tensor is not captured replays the
+  block: inputs restored (offloaded ones acquired from the engine; the engine has them
+  prefetched, since the block's backward began), detached so that the replay's graph
+  does not reach the outer one, with the forward's requires_grad (which decides what
+  autograd saves); RNG and autocast as in the forward; grad enabled; under a nested
+  saved_tensors_hooks that numbers saves with SaveOrder as the forward did. Each save is
+  checked against the forward's (a block that saves something else the second time,
+  e.g. control flow on a call counter, raises a StashError naming both); the saves whose
+  placeholders autograd still holds are captured (detached); after the last of them the
+  hook raises StopRecompute, which ends the replay, so it costs the forward's prefix up
+  to the last recompute tensor, not the whole block. Its own graph keeps nothing (its
+  pack hook returns None) and dies with the replay. Later unpacks take their tensor
+  from the capture, which drops it: a recomputed tensor lives until its node ran.
+- A replay holds every storage it sees until it ends (numbering again), so its peak is
+  the block's forward peak up to the stop; the planner counts one block rebuilt at a
+  time in backward.
+- retain_graph: a placeholder unpacked twice (a second backward through the graph)
+  finds nothing captured and replays again; offloaded inputs stay fetched (their
+  buffers live with the frame). Several micro-batches have their own frames. A forward
+  under no_grad or inference mode saves nothing and makes no frame. Captures left over
+  (a save a partial backward did not reach) go with the frame, which dies with the last
+  placeholder, i.e. with the graph.
+- Whole blocks (every tensor but the input recomputed) take the same path. The reentrant
+  torch.utils.checkpoint used before ran the forward without grad (nothing saved, not
+  even for the forward's duration) but needs an input that requires grad (else the
+  parameters' gradients are cut), cannot take keyword or non-tensor arguments, refuses
+  torch.autograd.grad, runs a nested backward (which DDP's hooks see at odd times) and
+  recomputes past the last save; torch itself recommends the non-reentrant form. The
+  planner already counts a block's own tensors as resident during its forward.
+- A replay runs the block's code again, as torch's checkpoint does: a module that
+  updates state in forward (BatchNorm's running statistics, a call counter) updates it
+  again; one whose saves depend on that state fails the check above.
+- CUDA: the replay runs on the stream autograd runs the unpacking node on, as the rest
+  of the block's backward; fetched inputs are acquired for that stream (_fetch). A held
+  input modified in place since the forward (its version counter moved) is refused:
+  the replay would not see the values the forward saw.
+- Why not torch's selective activation checkpointing (2.4+): it caches the tensors its
+  policy keeps outside saved-tensor hooks, so they could not be offloaded, and its policy
+  decides per op call whether to keep that op's outputs, while a plan decides per saved
+  storage in save order; the two do not map one to one (one storage is saved by several
+  ops, an op's outputs may be saved by none). It does not exist on 1.13 either.
 """
 
 import contextlib
@@ -84,12 +134,13 @@ import threading
 import warnings
 
 import torch
-import torch.utils.checkpoint
 
-from .._engine import OFFLOAD, RECOMPUTE, Engine, plan_actions
+from .._engine import KEEP, OFFLOAD, RECOMPUTE, Engine, plan_actions
 from .._engine import _lib as engine_lib
 from .._lib import StashError, parse_bytes
 from ._boundary import at_backward_end, mark_backward
+from ._recompute import (FetchedInput, ForwardState, Frame, HeldInput, Placeholder, Replay,
+                         map_tensors)
 from ._saved import SaveOrder, resident_storages, storage_of, tensors_in
 
 __all__ = ["offload", "OffloadHandle"]
@@ -114,6 +165,10 @@ class _Fetched:
 
     def __init__(self, step, key):
         self.step, self.key, self.flat = step, key, None
+
+
+_INPUT_SLOTS = (HeldInput, FetchedInput)
+_RECOMPUTE = object()  # fetched[j] of a storage the plan recomputes: saves get placeholders
 
 
 class _Packed:
@@ -212,9 +267,9 @@ class OffloadHandle:
         self._warned = set()
         self._hook_error = None
         self._lock = threading.Lock()
-        # Note [Recompute on torch without selective checkpointing]: None: not checked yet.
-        self._whole = [None if RECOMPUTE in a else False for a in self.actions]
-        self._hooks = {"recomputed_blocks": 0, "recompute_kept_count": 0,
+        self._hooks = {"recompute_count": 0, "recompute_bytes": 0, "recompute_forwards": 0,
+                       "recompute_stopped_early": 0, "recompute_replayed_saves": 0,
+                       "recompute_captured": 0, "recompute_kept_count": 0,
                        "recompute_kept_bytes": 0, "not_on_device_count": 0,
                        "abandoned_micro_batches": 0}
         if self._cuda:
@@ -262,7 +317,13 @@ class OffloadHandle:
             self._buffers[buf.data_ptr()] = buf
         return buf.data_ptr()
 
-    def _release(self, ptr, _nbytes, _stream):
+    def _release(self, ptr, _nbytes, stream):
+        if not self._cuda:
+            # The engine hands a block back as free for work enqueued on `stream` from now
+            # on (the compute stream, right after its wait for the block's copy), not
+            # after the host saw the copy end. torch's CPU allocator frees at once, so the
+            # host waits here (Note [Stream order with torch's allocator]).
+            self._cudart.stream_synchronize(stream if stream else self._cpu_stream)
         # The lock guards the two maps against a backward on autograd's device thread and
         # a forward on the main thread; nothing under it calls the engine (whose mutex a
         # caller of this callback holds), so it cannot deadlock.
@@ -300,35 +361,6 @@ class OffloadHandle:
                              "each per micro-batch")
         return step
 
-    def _whole_block_ok(self, i, args, kwargs, resident):
-        """Note [Recompute on torch without selective checkpointing]: whether block i can
-        run under the reentrant checkpoint now, and the plan indices its inputs take."""
-        if self._whole[i] is False:
-            return None
-        kept = [j for j, a in enumerate(self.actions[i]) if a != RECOMPUTE]
-        why = None
-        inputs = list(tensors_in(args))
-        keys = {storage_of(t)[0] for t in inputs if storage_of(t)[1] and
-                storage_of(t)[0] not in resident}
-        if kwargs:
-            why = "it takes keyword arguments"
-        elif any(not isinstance(a, torch.Tensor) for a in args):
-            why = "it takes arguments that are not tensors"
-        elif not any(t.requires_grad for t in inputs):
-            why = "no input requires grad (a reentrant checkpoint would cut its gradients)"
-        elif len(keys) != len(kept):
-            why = (f"the plan keeps or offloads {len(kept)} of its tensors, but only its "
-                   f"{len(keys)} input storage(s) would be saved under a checkpoint: the plan "
-                   "keeps or offloads recomputable tensors")
-        if why:
-            self._whole[i] = False
-            self._warn_once(("whole", i), (
-                f"block {i} is not recomputed ({why}); its recompute tensors are kept on the "
-                "device and counted in stats()['hooks']. Selective recompute is not "
-                "supported yet."))
-            return None
-        return kept
-
     def _wrap(self, i, forward):
         def wrapped(*args, **kwargs):
             if not torch.is_grad_enabled() or self.engine is None:
@@ -337,6 +369,16 @@ class OffloadHandle:
         wrapped.__wrapped__ = forward
         return wrapped
 
+    def _cuda_rng_devices(self, args, kwargs):
+        """Devices whose RNG state a recompute must restore: the blocks' and the inputs'
+        (torch's checkpoint takes the inputs' too). None before CUDA is initialized."""
+        if not torch.cuda.is_initialized():
+            return []
+        devices = {t.get_device() for t in tensors_in((args, kwargs)) if t.is_cuda}
+        if self._cuda:
+            devices.add(self.device.index)
+        return sorted(devices)
+
     def _forward(self, i, forward, args, kwargs):
         step = self._begin_step(i)
         mb, engine = step.mb, self.engine
@@ -344,9 +386,12 @@ class OffloadHandle:
         inputs = {storage_of(t)[0] for t in tensors_in((args, kwargs))}
         order = SaveOrder(step.resident, inputs, inputs)
         held = []  # every storage the block saves, until its forward ends (Note [Offload hooks])
-        fetched = {}
-        whole = self._whole_block_ok(i, args, kwargs, step.resident)
-        n_plan = len(self.actions[i])
+        fetched = {}  # index -> _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
+        actions = self.actions[i]
+        n_plan = len(actions)
+        # Note [Selective recompute]: taken before the block runs (its dropout draws next).
+        frame = (Frame(i, step, forward, ForwardState(self._cuda_rng_devices(args, kwargs)))
+                 if RECOMPUTE in actions else None)
 
         def pack(t):
             try:
@@ -360,53 +405,52 @@ class OffloadHandle:
         def pack_one(t):
             seen = order.see(t)
             if seen is None:
+                if frame is not None:
+                    frame.place(None)
                 return t
             j, first = seen
-            if whole is not None:
-                if j >= len(whole):
-                    raise StashError(f"stash.torch.offload: block {i} saved more inputs under "
-                                     f"recompute than the {len(whole)} the plan keeps or offloads")
-                j = whole[j]
-            elif j >= n_plan:
+            if j >= n_plan:
                 raise StashError(f"stash.torch.offload: block {i} saves more than the "
                                  f"{n_plan} tensors the plan lists for layer {i}")
-            key = (mb, i, j)
+            pos = None if frame is None else frame.place(
+                (j, first, t.dtype, tuple(t.shape), t.device))
             if first:
                 held.append(t)
-                action = self.actions[i][j]
+                action = actions[j]
+                ptr, nbytes = storage_of(t)
+                if action == RECOMPUTE and not order.entries[j]["recomputable"]:
+                    self._recompute_kept(i, j, nbytes)
+                    action = KEEP
                 if action == OFFLOAD and (t.device != self.device or t.layout != torch.strided):
                     # A host scalar in a CUDA model, a sparse tensor: nothing to copy.
                     self._hooks["not_on_device_count"] += 1
                     fetched[j] = None
                     return t
-                ptr, nbytes = storage_of(t)
-                self._hand_over(step, key, ptr, nbytes, t if action == OFFLOAD else None)
-                if action != OFFLOAD:
-                    if action == RECOMPUTE:
-                        self._hooks["recompute_kept_count"] += 1
-                        self._hooks["recompute_kept_bytes"] += nbytes
+                self._hand_over(step, (mb, i, j), ptr, nbytes, t if action == OFFLOAD else None)
+                if action == OFFLOAD:
+                    fetched[j] = _Fetched(step, (mb, i, j))
+                elif action == RECOMPUTE:
+                    self._hooks["recompute_count"] += 1
+                    self._hooks["recompute_bytes"] += nbytes
+                    fetched[j] = _RECOMPUTE
+                else:
                     fetched[j] = None
-                    return t
-                fetched[j] = _Fetched(step, key)
             f = fetched[j]
-            return t if f is None else _Packed(f, t)
+            if f is None:
+                return t
+            if f is _RECOMPUTE:
+                return frame.placeholder(pos)
+            return _Packed(f, t)
 
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
-                if whole is not None:
-                    out = torch.utils.checkpoint.checkpoint(
-                        self._recompute(i, forward), *args, use_reentrant=True,
-                        preserve_rng_state=True)
-                    self._hooks["recomputed_blocks"] += 1
-                else:
-                    out = forward(*args, **kwargs)
-            if whole is None and len(order) != n_plan:
+                out = forward(*args, **kwargs)
+            if len(order) != n_plan:
                 raise StashError(f"stash.torch.offload: block {i} saved {len(order)} tensors, "
                                  f"but the plan lists {n_plan} for layer {i}; make the plan "
                                  "from this model's record pass (stash.torch.record)")
-            if whole is not None and len(order) != len(whole):
-                raise StashError(f"stash.torch.offload: block {i} saved {len(order)} inputs "
-                                 f"under recompute, but the plan keeps or offloads {len(whole)}")
+            if frame is not None and frame.wanted:
+                frame.args, frame.kwargs = self._input_slots(args, kwargs, order, fetched)
             engine.forward_end(mb, i)
         except RuntimeError as e:
             error, self._hook_error = self._hook_error, None
@@ -417,6 +461,25 @@ class OffloadHandle:
             held.clear()
         step.next_block = i + 1
         return mark_backward(out, lambda: self._backward_boundary(step, i))
+
+    def _recompute_kept(self, i, j, nbytes):
+        self._hooks["recompute_kept_count"] += 1
+        self._hooks["recompute_kept_bytes"] += nbytes
+        self._warn_once(("input", i, j), (
+            f"the plan recomputes tensor {j} of block {i}, which existed before the block "
+            "ran (its input): nothing in the block can produce it again, so it is kept on "
+            "the device (counted in stats()['hooks']['recompute_kept_count']). Make the "
+            "plan from this model's record pass, which marks it not recomputable."))
+
+    @staticmethod
+    def _input_slots(args, kwargs, order, fetched):
+        """Note [Selective recompute]: the block's inputs as its recompute takes them back,
+        by the action of the storage each one is in."""
+        def slot(t):
+            j = order.index.get(storage_of(t)[0])
+            f = fetched.get(j) if j is not None else None
+            return FetchedInput(f, t) if isinstance(f, _Fetched) else HeldInput(t)
+        return map_tensors(args, slot), map_tensors(kwargs, slot)
 
     def _hand_over(self, step, key, ptr, nbytes, source):
         """stash_engine_offload of one tensor; `source` (offload tensors) is held until the
@@ -446,47 +509,19 @@ class OffloadHandle:
             return torch.cuda.current_stream(self.device).cuda_stream
         return self._cpu_stream
 
-    def _recompute(self, i, forward):
-        """The function the checkpoint runs: as is in forward (no grad), and in backward's
-        recompute also checked against the plan once (Note [Recompute on torch ...])."""
-        def run(*args):
-            if not torch.is_grad_enabled() or self._whole[i] is True:
-                return forward(*args)
-            resident = resident_storages(self.blocks)
-            inputs = {storage_of(t)[0] for t in tensors_in(args)}
-            order = SaveOrder(resident, inputs, inputs)
-
-            def count(t):
-                order.see(t)
-                return t
-
-            with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
-                out = forward(*args)
-            n_plan = len(self.actions[i])
-            if len(order) != n_plan:
-                raise StashError(f"stash.torch.offload: block {i} saved {len(order)} tensors "
-                                 f"when recomputed, but the plan lists {n_plan} for layer {i}")
-            fixed = [j for j, e in enumerate(order.entries) if not e["recomputable"]]
-            planned = [j for j, a in enumerate(self.actions[i]) if a != RECOMPUTE]
-            if fixed == planned:
-                self._whole[i] = True
-            else:
-                self._whole[i] = False
-                self._warn_once(("whole", i), (
-                    f"the plan keeps or offloads recomputable tensors of block {i} (indices "
-                    f"{sorted(set(planned) - set(fixed))}) and recomputes others; it is "
-                    "recomputed whole only in this step. From the next step its recompute "
-                    "tensors are kept on the device and counted in stats()['hooks']. "
-                    "Selective recompute is not supported yet."))
-            return out
-        return run
-
     # --- backward ------------------------------------------------------------------------
 
     def _unpack(self, packed):
         if isinstance(packed, torch.Tensor):
             return packed
-        f = packed.fetched
+        if isinstance(packed, Placeholder):
+            return self._unpack_recomputed(packed)
+        flat = self._fetch(packed.fetched)
+        return flat.view(packed.dtype).as_strided(packed.size, packed.stride, packed.offset)
+
+    def _fetch(self, f):
+        """The uint8 tensor over an offloaded storage, fetched from the engine the first
+        time one of its views (or a recompute's input) needs it."""
         if f.flat is None:
             step = f.step
             if step.abandoned:
@@ -498,6 +533,9 @@ class OffloadHandle:
                 raise StashError(f"stash.torch.offload: tensor {f.key} was given back when an "
                                  "earlier backward pass through this graph ended without "
                                  "using it")
+            if self.engine is None:
+                raise StashError("stash.torch.offload: backward after the handle was closed; "
+                                 "the offloaded tensors of its forward are gone")
             consumer = self._producer()
             ptr = self.engine.acquire(f.key, consumer)
             if not self._cuda:
@@ -516,7 +554,64 @@ class OffloadHandle:
             f.flat = flat
             step.live.discard(f.key)
             self.engine.release(f.key)
-        return f.flat.view(packed.dtype).as_strided(packed.size, packed.stride, packed.offset)
+        return f.flat
+
+    def _unpack_recomputed(self, ph):
+        """Note [Selective recompute]: the captured tensor of a placeholder, after a replay
+        of its block when this backward has not run one (the first unpack of the block's
+        placeholders, or the first of a later backward through a retained graph)."""
+        frame = ph.frame
+        t = frame.captured.pop(ph.pos, None)
+        if t is None:
+            self._replay(frame)
+            t = frame.captured.pop(ph.pos, None)
+            if t is None:  # Replay captures every live placeholder or raises
+                raise StashError(f"stash.torch.offload: recompute of block {frame.layer} did "
+                                 f"not capture save {ph.pos}")
+        return t
+
+    def _replay(self, frame):
+        step = frame.step
+        if step.abandoned:
+            raise StashError(
+                f"stash.torch.offload: this backward belongs to a forward of micro-batch "
+                f"{step.mb} that a later forward of the same micro-batch replaced; use "
+                "handle.micro_batch(i) for forwards that wait for their backward")
+        if frame.args is None:
+            raise StashError(
+                f"stash.torch.offload: a recompute tensor of block {frame.layer} was needed "
+                "before the block's forward returned (a gradient taken inside its forward); "
+                "keep or offload what that gradient uses")
+        # Stale captures of an earlier backward (saves it did not reach) are replaced.
+        frame.captured.clear()
+        args = map_tensors(frame.args, lambda s: self._restore(frame, s), _INPUT_SLOTS)
+        kwargs = map_tensors(frame.kwargs, lambda s: self._restore(frame, s), _INPUT_SLOTS)
+        replay = Replay(frame, step.resident,
+                        {storage_of(t)[0] for t in tensors_in((args, kwargs))})
+        self._hooks["recompute_forwards"] += 1
+        try:
+            replay.run(args, kwargs)
+        finally:
+            self._hooks["recompute_replayed_saves"] += replay.pos
+            self._hooks["recompute_captured"] += replay.captured
+        if replay.pos < len(frame.saves):  # saves the forward made after the stop point
+            self._hooks["recompute_stopped_early"] += 1
+
+    def _restore(self, frame, slot):
+        """A block input for its replay: detached (the replay's graph must not reach the
+        graph that produced it) with the forward's requires_grad (which decides what
+        autograd saves, e.g. both operands of a product or only one)."""
+        if isinstance(slot, FetchedInput):
+            flat = self._fetch(slot.fetched)
+            t = flat.view(slot.dtype).as_strided(slot.size, slot.stride, slot.offset)
+        elif isinstance(slot, HeldInput):
+            if slot.t._version != slot.version:
+                raise StashError(
+                    f"stash.torch.offload: an input of block {frame.layer} (micro-batch "
+                    f"{frame.step.mb}) was modified in place after the block's forward; its "
+                    "recompute would not see the values the forward saw")
+            t = slot.t
+        return t.detach().requires_grad_(slot.requires_grad)
 
     def _backward_boundary(self, step, i):
         # Raised here rather than in the unpack hook: torch passes an exception of an
@@ -576,9 +671,14 @@ class OffloadHandle:
 
     def stats(self):
         """The engine's statistics (stash_engine_stats_t as a dict, the pinned pool under
-        "pinned") and the hooks' own under "hooks": blocks run under whole-block recompute,
-        recompute tensors kept instead, offload tensors not on the device, micro-batches
-        whose forward was dropped without a backward."""
+        "pinned") and the hooks' own under "hooks" (Note [Selective recompute]):
+        recompute_count/bytes: storages replaced by placeholders in forward;
+        recompute_forwards: replays run in backward, recompute_stopped_early: those that
+        stopped before the forward's last save, recompute_replayed_saves: saves they went
+        through (of the forward's, including parameters'), recompute_captured: saved tensors they captured (a storage saved
+        twice counts twice); recompute_kept_count/bytes: tensors the plan recomputes that
+        cannot be (an input), kept instead; offload tensors not on the device;
+        micro-batches whose forward was dropped without a backward."""
         d = self._live().stats()
         d["hooks"] = dict(self._hooks)
         return d
@@ -645,12 +745,15 @@ def offload(blocks, plan, *, device=None, lookahead=1, pinned_cap=None,
 
     While the handle is open, each block's forward under grad hands its saved tensors to
     the engine: offload tensors are copied to pinned host memory in forward and prefetched
-    one block ahead in backward; keep tensors stay; blocks the plan recomputes whole run
-    under checkpoint (Note [Recompute on torch without selective checkpointing]). Run the
+    one block ahead in backward; keep tensors stay; recompute tensors are freed after the
+    forward and recomputed in backward by a replay of the block's forward that stops after
+    the last of them (Note [Selective recompute]). Run the
     blocks on the current CUDA stream at the time of this call (Note [Stream order with
     torch's allocator]). Use ``handle.micro_batch(i)`` when several forwards run before
     their backwards. Raises StashError when the plan does not match the blocks (layer
-    count here; tensor counts at the first forward) or the engine fails.
+    count here; tensor counts at the first forward; during backward, a block whose replay
+    saves other tensors than its forward did: torch 1.13 reports it as a RuntimeError
+    carrying the StashError's text) or the engine fails.
 
     device: where the blocks' activations live (default: the blocks' parameters'). pinned_cap
     (bytes or "8GiB"): the engine's pinned pool cap. max_in_flight_bytes (bytes or "1GiB";
