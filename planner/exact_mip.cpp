@@ -108,7 +108,8 @@ exact_result solve_exact(const Profile& p, std::uint64_t budget_bytes, const exa
   for (std::size_t i = 0; i < L; ++i) host.push_back({off[i], 1});
   mip.add_row("host", -kInf, static_cast<double>(p.pinnable_bytes) / unit, host);
 
-  double compute = 0;
+  // The step overhead is a constant like compute (Note [Step overhead] in plan.h).
+  double compute = p.step_overhead_ms;
   for (const auto& l : p.layers) compute += l.fwd_ms + l.bwd_ms;
   // Objective values come back in MiB (peak) or ms without compute (step); convert.
   const auto to_user = [&](double v) { return peak_mode ? v * unit : v + compute; };

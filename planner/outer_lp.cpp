@@ -203,7 +203,8 @@ outer_lp_result solve_outer_lp(const Profile& p, std::uint64_t budget_bytes) {
   out.feasible = true;
   double compute = 0;
   for (const auto& l : p.layers) compute += l.fwd_ms + l.bwd_ms;
-  out.step_lower_bound_ms = compute + lp.objective();
+  // The step overhead is a constant of every plan (Note [Step overhead] in plan.h).
+  out.step_lower_bound_ms = compute + lp.objective() + p.step_overhead_ms;
   const bool host_binds = std::fabs(lp.row_dual(host_row)) > 1e-9;
   for (std::size_t i = 0; i < L; ++i) {
     const layer_cols& c = cols[i];

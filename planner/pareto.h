@@ -18,7 +18,11 @@
 // (1, 0), i.e. the largest 1 - x - y (the "Kneedle" rule): below it memory savings start to
 // cost step time quickly, above it extra memory buys little. There is no knee when the curve
 // is flat (step(from) within 0.01% of step(to)) or nowhere below the chord by more than 1%
-// of the range (a straight or concave curve has no elbow worth naming).
+// of the range (a straight or concave curve has no elbow worth naming). Step times here
+// include the profile's step overhead: the normalised knee does not move with it, but the
+// flatness test is relative to the whole step. The sweep's bisection and the envelope
+// compare step times without it, so the budgets solved and the plans on the curve do not
+// depend on it (Note [Step overhead] in plan.h).
 #pragma once
 
 #include <cstdint>

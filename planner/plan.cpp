@@ -95,7 +95,11 @@ Evaluation evaluate(const Profile& p, const Decisions& d, std::uint64_t budget_b
     ev.exposed_copy_ms += std::max(0.0, o / d2h - p.layers[i + 1].fwd_ms) +
                           std::max(0.0, o / h2d - p.layers[i + 1].bwd_ms);
   }
-  ev.step_ms = ev.compute_ms + ev.recompute_ms + ev.exposed_copy_ms;
+  // Note [Step overhead]: layer_ms is the quantity the solvers compare; the overhead is
+  // added on top, never mixed into it.
+  ev.layer_ms = ev.compute_ms + ev.recompute_ms + ev.exposed_copy_ms;
+  ev.step_overhead_ms = p.step_overhead_ms;
+  ev.step_ms = ev.layer_ms + ev.step_overhead_ms;
 
   // Positions in time order: forward 0..L-1, then backward L-1..0. The first position
   // that reaches the maximum is reported as peak_at.

@@ -27,7 +27,9 @@ struct Fractions {  // byte fractions of a layer's saved bytes; k + r + o = 1
 
 // The canonical model's verdict on a set of decisions.
 struct Evaluation {
-  double step_ms = 0;
+  double step_ms = 0;          // layer_ms + step_overhead_ms
+  double layer_ms = 0;         // compute + recompute + exposed: what the solvers compare
+  double step_overhead_ms = 0; // the profile's, outside the layers (Note [Step overhead])
   double compute_ms = 0;       // sum of fwd + bwd
   double recompute_ms = 0;     // sum of R_i
   double exposed_copy_ms = 0;  // sum of the max(0, ...) copy terms
@@ -45,6 +47,17 @@ struct Evaluation {
 // Canonical cost model (issue "Planner"):
 //   step = sum_i (fwd_i + bwd_i + R_i)
 //        + sum_{i<L-1} [max(0, O_i/d2h - fwd_{i+1}) + max(0, O_i/h2d - bwd_{i+1})]
+//        + step_overhead
+// Note [Step overhead]
+// ~~~~~~~~~~~~~~~~~~~~
+// step_overhead_ms is the step's time outside every layer: the loss, the optimizer, input
+// uploads. It is the same for every set of decisions, so it never enters a solver: they
+// compare layer_ms (the first two lines, computed exactly as step_ms was before the field
+// existed), and plans, polish moves and Pareto samples are bit-for-bit those of a profile
+// without it. It is no copy window either: crediting the loss as time to hide the last
+// forward offloads would make it a decision variable. Reported step times, baselines, the
+// lower bound and the simulator's timeline all include it (the simulator runs it as one
+// compute span at the loss turn, after the turn barrier, simulator.h).
 //   forward_i  = fixed + sum_{l<i} K_l + O_{i-1} + A_i
 //   backward_i = fixed + sum_{l<i} K_l + A_i + O_{i-1} + bwd_temp_i
 //   peak = max_i max(forward_i, backward_i);  host: sum O_i <= pinnable_bytes.

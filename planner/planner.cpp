@@ -151,14 +151,15 @@ Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
   for (const auto& l : p.layers) tensors += l.tensors.size();
   if (valid && opt.polish && tensors <= kMultiStartTensors) {
     if (tensors <= kPairPolishTensors) polish_pairs(p, budget, d);
-    double best = evaluate(p, d, budget).step_ms;
+    // Solvers compare layer_ms, not step_ms (Note [Step overhead] in plan.h).
+    double best = evaluate(p, d, budget).layer_ms;
     for (Decisions alt : {keep_all(p), min_peak_greedy(p)}) {
       if (!repair(p, budget, alt)) continue;
       polish(p, budget, alt);
       if (tensors <= kPairPolishTensors) polish_pairs(p, budget, alt);
       const Evaluation e = evaluate(p, alt, budget);
-      if (e.valid && e.step_ms < best) {
-        best = e.step_ms;
+      if (e.valid && e.layer_ms < best) {
+        best = e.layer_ms;
         d = std::move(alt);
       }
     }
@@ -173,7 +174,7 @@ Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
       Decisions alt = solve_inner(p, lp, ilp);
       if (evaluate(p, alt, budget).valid || repair(p, budget, alt)) {
         if (opt.polish) polish(p, budget, alt);
-        if (evaluate(p, alt, budget).step_ms < evaluate(p, d, budget).step_ms) d = std::move(alt);
+        if (evaluate(p, alt, budget).layer_ms < evaluate(p, d, budget).layer_ms) d = std::move(alt);
       }
     }
     exact_options eo;
@@ -182,8 +183,8 @@ Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
     const exact_result r = solve_exact(p, budget, eo, valid ? &d : nullptr);
     if (r.found && evaluate(p, r.decisions, budget).valid) {
       const double before =
-          valid ? evaluate(p, d, budget).step_ms : std::numeric_limits<double>::infinity();
-      if (evaluate(p, r.decisions, budget).step_ms <= before) d = r.decisions;
+          valid ? evaluate(p, d, budget).layer_ms : std::numeric_limits<double>::infinity();
+      if (evaluate(p, r.decisions, budget).layer_ms <= before) d = r.decisions;
       valid = true;
     }
     plan.proved_optimal = r.proved_optimal;

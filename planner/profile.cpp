@@ -172,6 +172,9 @@ Profile profile_from_json(const json& j) {
   p.pinnable_bytes = get_size(host, "host", "pinnable_bytes");
   p.fixed_bytes = get_size(j, "", "fixed_bytes");
   if (p.fixed_bytes > (std::uint64_t{1} << 53)) fail("fixed_bytes", "exceeds 2^53 bytes");
+  // Optional (added after the first profiles shipped): absent means no time outside layers.
+  if (j.contains("step_overhead_ms"))
+    p.step_overhead_ms = get_number(j, "", "step_overhead_ms", false);
 
   const json& layers = field(j, "", "layers");
   if (!layers.is_array()) fail("layers", "must be an array, got " + type_name(layers));
@@ -205,17 +208,21 @@ json profile_to_json(const Profile& p) {
                       {"bwd_temp_bytes", l.bwd_temp_bytes},
                       {"tensors", std::move(ts)}});
   }
-  return {{"schema", kProfileSchema},
-          {"source", p.source == ProfileSource::analytic ? "analytic" : "measured"},
-          {"device", {{"name", p.device_name}, {"memory_bytes", p.device_memory_bytes}}},
-          {"link",
-           {{"h2d_gbps", p.link.h2d_gbps},
-            {"d2h_gbps", p.link.d2h_gbps},
-            {"bidir_gbps", p.link.bidir_gbps},
-            {"local_ranks", p.link.local_ranks}}},
-          {"host", {{"pinnable_bytes", p.pinnable_bytes}}},
-          {"fixed_bytes", p.fixed_bytes},
-          {"layers", std::move(layers)}};
+  json j = {{"schema", kProfileSchema},
+            {"source", p.source == ProfileSource::analytic ? "analytic" : "measured"},
+            {"device", {{"name", p.device_name}, {"memory_bytes", p.device_memory_bytes}}},
+            {"link",
+             {{"h2d_gbps", p.link.h2d_gbps},
+              {"d2h_gbps", p.link.d2h_gbps},
+              {"bidir_gbps", p.link.bidir_gbps},
+              {"local_ranks", p.link.local_ranks}}},
+            {"host", {{"pinnable_bytes", p.pinnable_bytes}}},
+            {"fixed_bytes", p.fixed_bytes},
+            {"layers", std::move(layers)}};
+  // Written only when it is not 0: the model is the same either way, and existing profiles
+  // keep their serialization and profile_sha256.
+  if (p.step_overhead_ms != 0) j["step_overhead_ms"] = p.step_overhead_ms;
+  return j;
 }
 
 Profile load_profile(const std::string& path) {

@@ -57,6 +57,10 @@ struct Profile {
   LinkProfile link;
   std::uint64_t pinnable_bytes = 0;  // per rank
   std::uint64_t fixed_bytes = 0;
+  // Per-step time outside every layer: the loss, the optimizer step, input uploads
+  // (optional "step_overhead_ms", default 0). A constant of the step: it adds to every
+  // step time and moves no plan decision (Note [Step overhead] in plan.h).
+  double step_overhead_ms = 0;
   std::vector<LayerProfile> layers;
 
   // Bandwidths in bytes per millisecond, as the cost model uses them.
@@ -67,10 +71,13 @@ struct Profile {
 // Parse and validate. Rejects any schema other than stash.profile/1, missing fields,
 // negative / fractional / non-numeric sizes, negative or non-finite times, empty layer
 // lists and duplicate tensor names within a layer; every message names the field.
+// "step_overhead_ms" is optional (absent: 0); when present it is a time like the others.
 Profile profile_from_json(const nlohmann::json& j);
 nlohmann::json profile_to_json(const Profile& p);
 // Reads a file; errors name the path. Bad JSON is an input_error with line/column.
 Profile load_profile(const std::string& path);
+// profile_to_json writes "step_overhead_ms" only when it is not 0, so a profile without
+// overhead serializes, and hashes, exactly as it did before the field existed.
 // Lowercase hex SHA-256 of the canonical serialization (profile_to_json(p).dump()).
 std::string profile_sha256(const Profile& p);
 

@@ -11,13 +11,16 @@ namespace stash::planner {
 
 namespace {
 
-enum class OpKind { forward, recompute, backward };
+// step_overhead: the profile's time outside the layers, at the turn (layer -1).
+enum class OpKind { forward, recompute, backward, step_overhead };
 
 struct ComputeOp {
   OpKind kind;
   int layer;
   double dur_ms;
 };
+
+constexpr const char* kStepOverheadSpan = "step overhead (loss, optimizer)";
 
 // One tensor's copy. Its rate can change while it runs (Note [Link model]); the current
 // segment started at seg_start_ms with seg_bytes left, so the finish time is recomputed
@@ -107,6 +110,7 @@ Replay::Replay(const Profile& p, const Decisions& d, const SimOptions& opt)
   if (offloads && (p.link.d2h_gbps <= 0 || p.link.h2d_gbps <= 0))
     throw input_error("simulate: the plan offloads but link.d2h_gbps / link.h2d_gbps is not positive");
   for (int i = 0; i < L_; ++i) ops_.push_back({OpKind::forward, i, p.layers[i].fwd_ms});
+  if (p.step_overhead_ms > 0) ops_.push_back({OpKind::step_overhead, -1, p.step_overhead_ms});
   for (int i = L_ - 1; i >= 0; --i) {
     if (layers_[i].recompute_ms > 0 || layers_[i].recomputed > 0)
       ops_.push_back({OpKind::recompute, i, layers_[i].recompute_ms});
@@ -116,14 +120,18 @@ Replay::Replay(const Profile& p, const Decisions& d, const SimOptions& opt)
 
 // Whether the next compute op's copy dependencies are met (Note [Runtime semantics the simulator replays]).
 bool Replay::ready(const ComputeOp& op) const {
+  const auto all_d2h_done = [&] {
+    for (int i = 0; i < L_; ++i)
+      if (layers_[i].d2h_pending > 0) return false;
+    return true;
+  };
   if (op.kind == OpKind::forward)
     return op.layer < 2 || layers_[op.layer - 2].d2h_pending == 0;
+  if (op.kind == OpKind::step_overhead) return !opt_.turn_barrier || all_d2h_done();
   const bool first_of_layer = op.kind == OpKind::recompute || next_op_ == 0 ||
                               ops_[next_op_ - 1].kind != OpKind::recompute;
   if (!first_of_layer) return true;
-  if (op.layer == L_ - 1 && opt_.turn_barrier)
-    for (int i = 0; i < L_; ++i)
-      if (layers_[i].d2h_pending > 0) return false;
+  if (op.layer == L_ - 1 && opt_.turn_barrier && !all_d2h_done()) return false;
   return layers_[op.layer].h2d_pending == 0;
 }
 
@@ -140,6 +148,8 @@ void Replay::start_op(double t) {
     };
     if (op.kind == OpKind::forward) {
       if (op.layer >= 2) consider(op.layer - 2, true);
+    } else if (op.kind == OpKind::step_overhead) {
+      for (int i = 0; i < L_; ++i) consider(i, true);  // only the barrier holds it
     } else {
       if (op.layer == L_ - 1 && opt_.turn_barrier)
         for (int i = 0; i < L_; ++i) consider(i, true);
@@ -151,6 +161,14 @@ void Replay::start_op(double t) {
     if (opt_.record_trace)
       r_.trace.add_span(kComputeTrack, std::string(d2h ? "wait d2h L" : "wait h2d L") +
                         std::to_string(layer), SpanKind::wait, prev_end_, wait, layer);
+  }
+  if (op.kind == OpKind::step_overhead) {
+    r_.step_overhead_ms += op.dur_ms;
+    if (opt_.record_trace)
+      r_.trace.add_span(kComputeTrack, kStepOverheadSpan, SpanKind::step_overhead, t, op.dur_ms);
+    busy_ = true;
+    op_end_ = t + op.dur_ms;
+    return;
   }
   const LayerProfile& lp = p_.layers[op.layer];
   const std::string label = phase(op.kind == OpKind::forward ? "forward" : "backward", op.layer);
@@ -175,6 +193,7 @@ void Replay::start_op(double t) {
       r_.compute_ms += op.dur_ms;
       break;
     }
+    case OpKind::step_overhead: break;  // handled above
   }
   if (opt_.record_trace)
     r_.trace.add_span(kComputeTrack, name + std::to_string(op.layer), kind, t, op.dur_ms,
@@ -185,6 +204,12 @@ void Replay::start_op(double t) {
 
 void Replay::finish_op(double t) {
   const ComputeOp& op = ops_[next_op_];
+  if (op.kind == OpKind::step_overhead) {
+    busy_ = false;
+    prev_end_ = t;
+    ++next_op_;
+    return;
+  }
   const LayerProfile& lp = p_.layers[op.layer];
   Layer& l = layers_[op.layer];
   if (op.kind == OpKind::forward) {

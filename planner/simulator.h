@@ -14,6 +14,17 @@
 //  * The loss turn is "forward of layer L": backward waits for every forward offload
 //    (turn_barrier). The canonical model charges max(0, O_{L-2}/d2h - fwd_{L-1}) in full,
 //    which is exactly this wait; without it the engine would be faster than the model.
+//  * The profile's step_overhead_ms (loss, optimizer, uploads: Note [Step overhead] in
+//    plan.h) runs as one compute span at the turn, after the barrier and before the first
+//    backward (its recompute included): the loss sits there, and the time outside the
+//    layers is measured as one figure, so the optimizer's share is not split off. Nothing
+//    overlaps it at depth 1 with the barrier (every D2H is done, no prefetch is issued
+//    yet), as nothing would before forward 0 or after backward 0 either, so the step time
+//    does not depend on where it is drawn. Waiting at the barrier first is the
+//    conservative choice (the engine's loss can run under the last D2H): hiding copies
+//    under it would make the overhead a copy window, which the canonical model, where it is
+//    a constant, does not have. Without the barrier it overlaps the last D2H. A zero
+//    overhead adds no span.
 //  * Prefetch of layer i is issued when the backward compute of layer i+depth begins, i.e.
 //    after that layer's recompute (prefetch_after_recompute): the canonical window for
 //    layer i's H2D is bwd_{i+1}, not R_{i+1} + bwd_{i+1}. Layers with i+depth > L-1 are
@@ -58,6 +69,8 @@
 //    max(0, O_i/h2d - bwd_{i+1}).
 //  * D2H and H2D are never active together (the turn barrier separates them), so the
 //    link's bidir sharing cannot bind and the copy times are bytes / bandwidth.
+//  * The step overhead starts after the barrier and ends before any prefetch is issued,
+//    so it adds exactly step_overhead_ms.
 //  * At the start of fwd_i the device holds fixed + sum_{l<i} K_l + O_{i-1} (in flight) +
 //    A_i; at the start of bwd_i it holds fixed + sum_{l<i} K_l + A_i + O_{i-1} (prefetch of
 //    layer i-1 just issued) + bwd_temp_i. Between these instants memory only falls.
@@ -88,6 +101,7 @@ struct SimResult {
   double step_ms = 0;
   double compute_ms = 0;       // sum of fwd + bwd
   double recompute_ms = 0;     // sum of R_i
+  double step_overhead_ms = 0; // the profile's, one compute span at the turn
   double exposed_copy_ms = 0;  // compute-stream waits for copies (d2h + h2d)
   double d2h_wait_ms = 0, h2d_wait_ms = 0;
   double link_shared_ms = 0;   // time both directions were active

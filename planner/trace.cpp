@@ -21,10 +21,11 @@ constexpr std::pair<SpanKind, const char*> kKindNames[] = {
     {SpanKind::forward, "forward"}, {SpanKind::recompute, "recompute"},
     {SpanKind::backward, "backward"}, {SpanKind::d2h, "d2h"},
     {SpanKind::h2d, "h2d"},         {SpanKind::wait, "wait"},
-    {SpanKind::other, "other"}};
+    {SpanKind::step_overhead, "step_overhead"}, {SpanKind::other, "other"}};
 
 bool is_compute(SpanKind k) {
-  return k == SpanKind::forward || k == SpanKind::recompute || k == SpanKind::backward;
+  return k == SpanKind::forward || k == SpanKind::recompute || k == SpanKind::backward ||
+         k == SpanKind::step_overhead;
 }
 bool is_copy(SpanKind k) { return k == SpanKind::d2h || k == SpanKind::h2d; }
 

@@ -10,7 +10,8 @@
 //     thread_sort_index; a track is a stream ("compute", "stash d2h", "stash h2d"), tids
 //     numbered from 1 in order of first use;
 //   * spans: complete events "ph":"X" with "ts"/"dur" in microseconds (doubles), "cat" =
-//     the SpanKind ("forward", "recompute", "backward", "d2h", "h2d", "wait", "other") and
+//     the SpanKind ("forward", "recompute", "backward", "d2h", "h2d", "wait",
+//     "step_overhead", "other") and
 //     "args" {layer, tensor, bytes} where known plus any numeric extras;
 //   * counters: "ph":"C" named "device bytes" and "pinned bytes" (any name is allowed), with
 //     args {"bytes": value}; a counter holds its value until its next sample.
@@ -28,7 +29,9 @@
 
 namespace stash::planner {
 
-enum class SpanKind { forward, recompute, backward, d2h, h2d, wait, other };
+// step_overhead: compute outside every layer (the loss, the optimizer; the simulator's
+// span for the profile's step_overhead_ms). It counts as compute in the overlap report.
+enum class SpanKind { forward, recompute, backward, d2h, h2d, wait, step_overhead, other };
 const char* to_string(SpanKind k);
 SpanKind span_kind_from_string(const std::string& s);  // unknown text -> other
 
@@ -93,7 +96,8 @@ TraceWriter trace_from_json(const nlohmann::json& j);
 // Per layer (the layer that owns the copied tensors) and in total:
 //   copy_ms    = summed duration of its d2h and h2d spans;
 //   hidden_ms  = the part of those spans that lies under compute spans (forward, recompute,
-//                backward) on the compute track, i.e. |copy ∩ ∪compute| per span;
+//                backward, step_overhead) on the compute track, i.e. |copy ∩ ∪compute| per
+//                span;
 //   exposed_ms = summed duration of wait spans on the compute track attributed to the layer:
 //                the time compute stood still for its copies.
 // copy_ms - hidden_ms can exceed exposed_ms (a copy may also run while compute waits for

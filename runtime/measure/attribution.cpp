@@ -104,6 +104,21 @@ measurement attribute(const activity_log& log) {
   calls.reserve(log.api_calls.size());
   for (const api_record& a : log.api_calls) calls[a.correlation_id] = &a;
 
+  // Note [Time outside the layers]: the steps begin at the outermost forwards of layer 0.
+  const auto in_layer = [&](std::optional<size_t> a) {
+    for (; a; a = scopes.parent(*a))
+      if (scopes.name(*a) && scopes.name(*a)->is_layer()) return true;
+    return false;
+  };
+  std::vector<std::uint64_t> step_begin;
+  for (size_t i = 0; i < scopes.size(); ++i) {
+    const std::optional<scope_name>& n = scopes.name(i);
+    if (n && n->kind == scope_kind::layer_forward && n->layer == 0 && !in_layer(scopes.parent(i)))
+      step_begin.push_back(scopes.at(i).begin_ns);
+  }
+  std::sort(step_begin.begin(), step_begin.end());
+  std::vector<std::vector<interval>> outside(step_begin.size());
+
   std::vector<std::vector<interval>> intervals(scopes.size());
   for (const kernel_record& k : log.kernels) {
     ++m.kernels;
@@ -117,11 +132,18 @@ measurement attribute(const activity_log& log) {
     // Note [Attribution by launch], steps 1 to 3.
     std::optional<size_t> s;
     if (auto e = external.find(k.correlation_id); e != external.end()) s = scopes.find(e->second);
+    const auto call = calls.find(k.correlation_id);
     if (s) {
       ++m.kernels_by_correlation;
-    } else if (auto c = calls.find(k.correlation_id); c != calls.end()) {
-      s = scopes.open_at(c->second->thread_id, c->second->start_ns);
+    } else if (call != calls.end()) {
+      s = scopes.open_at(call->second->thread_id, call->second->start_ns);
       if (s) ++m.kernels_by_launch_thread;
+    }
+    if (!step_begin.empty() && !in_layer(s)) {
+      const std::uint64_t launched = call != calls.end() ? call->second->start_ns : k.start_ns;
+      const auto after = std::upper_bound(step_begin.begin(), step_begin.end(), launched);
+      if (after != step_begin.begin())
+        outside[static_cast<size_t>(after - step_begin.begin()) - 1].emplace_back(k.start_ns, end);
     }
     if (!s) {
       ++m.kernels_outside_scopes;
@@ -132,6 +154,8 @@ measurement attribute(const activity_log& log) {
       intervals[*a].emplace_back(k.start_ns, end);
     }
   }
+
+  for (std::vector<interval>& v : outside) m.step_outside_ms.push_back(busy_ms(v));
 
   for (const memcpy_record& c : log.copies) {
     if (c.direction == copy_direction::h2d) m.h2d_bytes += c.bytes;

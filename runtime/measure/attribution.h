@@ -26,6 +26,23 @@
 // activation checkpointing) adds its kernels to the outer scope and yields no sample of
 // its own: the recomputed forward is part of that backward's time, and the layer's
 // forward samples stay those of the real forward.
+//
+// Note [Time outside the layers]
+// A training step also runs work in no layer: the loss, the optimizer, data and
+// gradient-zeroing kernels. The planner takes it as the profile's step_overhead_ms. A
+// kernel counts here when no layer scope encloses the scope it is attributed to (no scope
+// at all, a foreign range such as "optimizer", or a tensor scope outside any layer). Steps
+// are the outermost forward scopes of layer 0 (one per forward pass, so per micro-batch
+// under gradient accumulation, as the layers' samples are): step k is every such kernel
+// LAUNCHED (Note [Attribution by launch]; the kernel's start when its API record is missing)
+// from the k-th opening of layer 0's forward up to the next, the last step up to the end
+// of the log. Kernels launched before the first step (initialisation) belong to no step.
+// Each step's sample is the GPU busy time of its kernels (Note [Scope time is GPU busy
+// time]); every step yields one, 0 when it has none. Steps are periods, so work a step does
+// before its first forward (zeroing gradients) counts in the previous step's sample; at
+// the ends, the first step's such work belongs to no step and work after the last step (a
+// final evaluation, read-back) lands in the last sample. The median ignores both from
+// three steps on. Copies do not count, as for scopes.
 #pragma once
 
 #include "runtime/measure/measurement.h"

@@ -25,6 +25,8 @@ void measurement::merge(const measurement& o) {
     std::vector<double>& mine = tensors[k];
     mine.insert(mine.end(), v.begin(), v.end());
   }
+  step_outside_ms.insert(step_outside_ms.end(), o.step_outside_ms.begin(),
+                         o.step_outside_ms.end());
   kernels += o.kernels;
   kernels_by_correlation += o.kernels_by_correlation;
   kernels_by_launch_thread += o.kernels_by_launch_thread;
@@ -63,6 +65,7 @@ json measurement_to_json(const measurement& m) {
               {"unavailable_reason", m.unavailable_reason},
               {"layers", std::move(layers)},
               {"tensors", std::move(tensors)},
+              {"step_outside_ms", m.step_outside_ms},
               {"kernels", m.kernels},
               {"kernels_by_correlation", m.kernels_by_correlation},
               {"kernels_by_launch_thread", m.kernels_by_launch_thread},
@@ -103,7 +106,7 @@ double number(const json& v, const std::string& path) {
 
 std::vector<double> samples(const json& j, const std::string& path, const char* key) {
   const json& v = need(j, path, key);
-  const std::string p = path + "." + key;
+  const std::string p = path.empty() ? std::string(key) : path + "." + key;
   if (!v.is_array()) bad(p, "expected an array of milliseconds");
   std::vector<double> out;
   for (size_t i = 0; i < v.size(); ++i) out.push_back(number(v[i], p + "[" + std::to_string(i) + "]"));
@@ -137,6 +140,8 @@ measurement measurement_from_json(const json& j) {
     m.tensors[{layer.get<int>(), need(tensors[i], p, "name").get<std::string>()}] =
         samples(tensors[i], p, "ms");
   }
+  // Optional: measurements written before it existed have no per-step outside samples.
+  if (j.contains("step_outside_ms")) m.step_outside_ms = samples(j, "", "step_outside_ms");
   m.kernels = count(j, "kernels");
   m.kernels_by_correlation = count(j, "kernels_by_correlation");
   m.kernels_by_launch_thread = count(j, "kernels_by_launch_thread");

@@ -31,6 +31,10 @@ struct measurement {
   // (layer, tensor name) -> producer time samples; layer -1: the tensor scope had no
   // enclosing layer scope.
   std::map<std::pair<int, std::string>, std::vector<double>> tensors;
+  // Per step, the GPU busy time of kernels outside every layer scope (the loss, the
+  // optimizer, data kernels): Note [Time outside the layers] in attribution.h. One sample
+  // per outermost forward scope of layer 0; the profile's step_overhead_ms is the median.
+  std::vector<double> step_outside_ms;
 
   std::uint64_t kernels = 0;                 // kernel records seen
   std::uint64_t kernels_by_correlation = 0;  // attributed through an external id

@@ -18,6 +18,7 @@ json summary(const measurement& m) {
               {"kernels_outside_scopes", m.kernels_outside_scopes},
               {"kernel_ms", m.kernel_ms},
               {"outside_ms", m.outside_ms},
+              {"steps", m.step_outside_ms.size()},
               {"dropped_records", m.dropped_records},
               {"processes", m.processes},
               {"warnings", m.warnings}};
@@ -55,6 +56,7 @@ filled_profile fill_profile(const measurement& m, const planner::Profile* skelet
                     {"plannable", false},
                     {"layers", std::move(layers)},
                     {"measurement", summary(m)}};
+    if (!m.step_outside_ms.empty()) out.json["step_overhead_ms"] = median(m.step_outside_ms);
     if (link) out.json["link"] = link_to_json(*link);
     out.notes.push_back(
         "no skeleton given: per-layer times only; this profile cannot be planned yet "
@@ -92,6 +94,13 @@ filled_profile fill_profile(const measurement& m, const planner::Profile* skelet
   }
   for (const auto& [i, l] : m.layers) {
     if (i >= static_cast<int>(p.layers.size())) extra.push_back(i);
+  }
+  // Note [Time outside the layers] (attribution.h): one sample per step.
+  if (m.step_outside_ms.empty()) {
+    out.notes.push_back("no step measured (no forward scope of layer 0): step_overhead_ms stays "
+                        "the skeleton's");
+  } else {
+    p.step_overhead_ms = median(m.step_outside_ms);
   }
   if (!missing_fwd.empty()) {
     out.notes.push_back("no forward scope measured for layers " + list(missing_fwd) +

@@ -8,11 +8,13 @@
 //     (i is the position in the skeleton's layer list, counting from 0);
 //   - tensor t of layer i takes recompute_ms = the median producer time of the scope
 //     stash:tensor:<t.name> nested in layer i's forward (a recompute reruns its producer);
+//   - step_overhead_ms = the median over steps of the kernel time outside every layer
+//     scope (Note [Time outside the layers] in attribution.h);
 //   - source becomes "measured"; the link section is replaced when one is given;
 //   - the result is validated as stash.profile/1, so it is ready for `stash plan`.
 // Whatever the skeleton lists but the run did not measure keeps the skeleton's value and
-// is named in `notes`. Without a skeleton, the output has per-layer times only, is marked
-// "plannable": false, and notes say so.
+// is named in `notes`. Without a skeleton, the output has per-layer times (and the step
+// overhead) only, is marked "plannable": false, and notes say so.
 #pragma once
 
 #include <optional>

@@ -197,6 +197,51 @@ TEST(Attribution, MedianOverSteps) {
   EXPECT_DOUBLE_EQ(median({}), 0.0);
 }
 
+// Note [Time outside the layers]: per step (outermost forward of layer 0 to the next), the
+// busy time of kernels that no layer scope encloses, by launch time.
+TEST(Attribution, TimeOutsideTheLayersPerStep) {
+  log_builder b;
+  b.launch(1, 0.1, 0.5, 3.5);  // initialisation, before the first step: in no step
+  double t = 10;
+  const double loss[] = {2.0, 0.5, 0.5};  // a slow first step
+  for (double l : loss) {
+    b.push(1, "stash:layer:0:fwd", t);
+    b.launch(1, t + 0.1, t + 1, t + 2);  // layer work
+    b.pop(1, t + 0.2);
+    b.launch(1, t + 0.3, t + 2, t + 2 + l);  // the loss, in no scope
+    b.push(1, "stash:layer:0:bwd", t + 0.4);
+    b.launch(1, t + 0.5, t + 3, t + 4);
+    b.push(1, "stash:layer:0:fwd", t + 0.55);  // checkpointing rerun: not a new step
+    b.launch(1, t + 0.56, t + 4, t + 4.5);
+    b.pop(1, t + 0.57);
+    b.pop(1, t + 0.6);
+    b.push(1, "optimizer", t + 0.7);  // a foreign range outside the layers counts
+    b.launch(1, t + 0.8, t + 5, t + 5.25);
+    b.launch(1, t + 0.85, t + 5.1, t + 5.3);  // overlapping: busy time, counted once
+    b.pop(1, t + 0.9);
+    b.push(1, "stash:tensor:orphan", t + 0.92);  // a tensor scope in no layer counts too
+    b.launch(1, t + 0.93, t + 6, t + 6.125);
+    b.pop(1, t + 0.94);
+    t += 10;
+  }
+  // Launched with no API record: its start places it (in the last step).
+  b.launch(1, 0, t - 1, t - 0.75, false, false);
+  const measurement m = attribute(b.finish());
+  ASSERT_EQ(m.step_outside_ms.size(), 3u);
+  EXPECT_NEAR(m.step_outside_ms[0], 2.0 + 0.3 + 0.125, 1e-9);
+  EXPECT_NEAR(m.step_outside_ms[1], 0.5 + 0.3 + 0.125, 1e-9);
+  EXPECT_NEAR(m.step_outside_ms[2], 0.5 + 0.3 + 0.125 + 0.25, 1e-9);
+  EXPECT_NEAR(median(m.step_outside_ms), 1.175, 1e-9);  // the slow first step is ignored
+  ASSERT_EQ(m.layers.at(0).fwd_ms.size(), 3u);  // the rerun yields no forward sample either
+
+  log_builder none;  // no layer 0 forward: no steps, no samples
+  none.push(1, "stash:layer:1:fwd", 0);
+  none.launch(1, 0.1, 1, 2);
+  none.pop(1, 0.2);
+  none.launch(1, 0.3, 2, 3);
+  EXPECT_TRUE(attribute(none.finish()).step_outside_ms.empty());
+}
+
 TEST(ScopeTracker, InterleavedDomainsKeepTheRightScope) {
   log_builder b;
   b.push(1, "stash:layer:0:fwd", 0, /*domain=*/100);

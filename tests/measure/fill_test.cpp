@@ -143,6 +143,52 @@ TEST(Measurement, JsonRoundTripAndMerge) {
   EXPECT_THROW(measurement_from_json(bad), planner::input_error);
 }
 
+// Note [Time outside the layers]: the step overhead is the median of the per-step samples.
+TEST(FillProfile, StepOverheadIsTheMedianOfTheStepSamples) {
+  const planner::Profile sk = skeleton();
+  measurement m = sample_measurement();
+  m.step_outside_ms = {5.0, 0.3, 0.4, 0.35};  // a slow first step
+  const filled_profile f = fill_profile(m, &sk, std::nullopt);
+  const planner::Profile p = planner::profile_from_json(f.json);
+  EXPECT_DOUBLE_EQ(p.step_overhead_ms, 0.375);
+  EXPECT_DOUBLE_EQ(f.json["step_overhead_ms"].get<double>(), 0.375);
+  EXPECT_EQ(f.json["measurement"]["steps"], 4);
+  for (const std::string& n : f.notes)
+    EXPECT_EQ(n.find("no step measured"), std::string::npos) << n;
+  // Without a skeleton the figure is written too.
+  const filled_profile bare = fill_profile(m, nullptr, std::nullopt);
+  EXPECT_DOUBLE_EQ(bare.json["step_overhead_ms"].get<double>(), 0.375);
+  // No step measured: the skeleton's value stays, and a note says so.
+  planner::Profile with = sk;
+  with.step_overhead_ms = 1.5;
+  const filled_profile none = fill_profile(sample_measurement(), &with, std::nullopt);
+  EXPECT_DOUBLE_EQ(planner::profile_from_json(none.json).step_overhead_ms, 1.5);
+  bool note = false;
+  for (const std::string& n : none.notes) note |= n.find("no step measured") != std::string::npos;
+  EXPECT_TRUE(note);
+}
+
+TEST(Measurement, StepSamplesRoundTripMergeAndAreOptional) {
+  measurement a = sample_measurement();
+  a.step_outside_ms = {0.5, 0.25};
+  const measurement b = measurement_from_json(measurement_to_json(a));
+  EXPECT_EQ(b.step_outside_ms, a.step_outside_ms);
+  measurement merged = a;
+  merged.merge(b);
+  EXPECT_EQ(merged.step_outside_ms, (std::vector<double>{0.5, 0.25, 0.5, 0.25}));
+  json older = measurement_to_json(a);  // written before the field existed
+  older.erase("step_outside_ms");
+  EXPECT_TRUE(measurement_from_json(older).step_outside_ms.empty());
+  json bad = measurement_to_json(a);
+  bad["step_outside_ms"][1] = -1.0;
+  try {
+    measurement_from_json(bad);
+    ADD_FAILURE() << "a negative sample was accepted";
+  } catch (const planner::input_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("step_outside_ms[1]:", 0), 0u) << e.what();
+  }
+}
+
 TEST(LinkSection, ReadsBenchOutputAndRejectsBadFiles) {
   const std::string path = ::testing::TempDir() + "/link_section.json";
   {

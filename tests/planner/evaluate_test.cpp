@@ -94,6 +94,25 @@ TEST(Evaluate, OffloadExposedOnBothDirections) {
   EXPECT_EQ(e.peak_at, "backward[2]");
 }
 
+// Note [Step overhead]: a constant added to the step time, nothing else.
+TEST(Evaluate, StepOverheadAddsToTheStepOnly) {
+  Profile p = three_layers();
+  const Decisions d = {{O, R}, {K, R}, {K, K}};
+  const Evaluation without = evaluate(p, d, 116 * MiB);
+  EXPECT_EQ(without.layer_ms, without.step_ms);
+  EXPECT_EQ(without.step_overhead_ms, 0.0);
+  p.step_overhead_ms = 0.75;
+  const Evaluation with = evaluate(p, d, 116 * MiB);
+  EXPECT_EQ(with.layer_ms, without.step_ms);  // bit for bit: what the solvers compare
+  EXPECT_EQ(with.step_overhead_ms, 0.75);
+  EXPECT_NEAR(with.step_ms, 12.694304 + 0.75, 1e-12);
+  EXPECT_EQ(with.compute_ms, without.compute_ms);
+  EXPECT_EQ(with.exposed_copy_ms, without.exposed_copy_ms);  // not a copy window
+  EXPECT_EQ(with.peak_bytes, without.peak_bytes);
+  EXPECT_EQ(with.valid, without.valid);
+  EXPECT_DOUBLE_EQ(evaluate(p, keep_all(p), ~0ull).step_ms, 10.75);
+}
+
 TEST(Evaluate, KeepAllAndRecomputeAllBaselines) {
   const Profile p = three_layers();
   const Evaluation ka = evaluate(p, keep_all(p), 1ull << 40);

@@ -78,6 +78,31 @@ TEST(Pareto, SweepIsMonotoneValidAndSpansTheDefaults) {
   EXPECT_LT(c.knee, c.points.size() - 1);
 }
 
+// Note [Step overhead]: the same budgets are solved and the same plans land on the curve;
+// every step time moves by the overhead, and the knee stays where it was.
+TEST(Pareto, StepOverheadShiftsTheCurveAndSamplesTheSameBudgets) {
+  const Profile p = small_llama();
+  Profile q = p;
+  q.step_overhead_ms = 7.5;
+  ParetoOptions opt;
+  opt.max_points = 24;
+  const ParetoCurve a = pareto_sweep(p, opt), b = pareto_sweep(q, opt);
+  expect_curve_invariants(q, b, 24);
+  ASSERT_EQ(a.points.size(), b.points.size());
+  EXPECT_EQ(a.solver_calls, b.solver_calls);
+  EXPECT_NEAR(b.keep_all.step_ms, a.keep_all.step_ms + 7.5, 1e-9);
+  EXPECT_NEAR(b.recompute_all.step_ms, a.recompute_all.step_ms + 7.5, 1e-9);
+  for (std::size_t i = 0; i < a.points.size(); ++i) {
+    EXPECT_EQ(b.points[i].budget_bytes, a.points[i].budget_bytes) << i;
+    EXPECT_EQ(b.points[i].plan_budget_bytes, a.points[i].plan_budget_bytes) << i;
+    EXPECT_EQ(b.points[i].peak_bytes, a.points[i].peak_bytes) << i;
+    EXPECT_NEAR(b.points[i].step_ms, a.points[i].step_ms + 7.5, 1e-9 * b.points[i].step_ms);
+    EXPECT_NEAR(b.points[i].solved_step_ms, a.points[i].solved_step_ms + 7.5,
+                1e-9 * b.points[i].step_ms);
+  }
+  EXPECT_EQ(b.knee, a.knee);
+}
+
 TEST(Pareto, BisectsEveryChangeDownToTheResolution) {
   const Profile p = testing::llama_like(6, 3);
   ParetoOptions opt;

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "planner/profile.h"
@@ -154,6 +155,42 @@ TEST(Profile, RejectsBadTimesFlagsAndLinks) {
   EXPECT_EQ(at("/layers/0/tensors", json::object()).rfind("layers[0].tensors:", 0), 0u);
   EXPECT_EQ(at("/device", 3).rfind("device:", 0), 0u);
   EXPECT_EQ(at("/layers/0/tensors/0/name", "").rfind("layers[0].tensors[0].name:", 0), 0u);
+}
+
+// The optional per-step time outside the layers (Note [Step overhead] in plan.h).
+TEST(Profile, StepOverheadIsOptionalValidatedAndRoundTripped) {
+  EXPECT_EQ(profile_from_json(example()).step_overhead_ms, 0.0);
+  json j = example();
+  j["step_overhead_ms"] = 0.25;
+  const Profile p = profile_from_json(j);
+  EXPECT_EQ(p.step_overhead_ms, 0.25);
+  EXPECT_EQ(profile_to_json(p).at("step_overhead_ms"), 0.25);
+  EXPECT_EQ(profile_from_json(profile_to_json(p)).step_overhead_ms, 0.25);
+  const auto bad = [](json v) {
+    json k = example();
+    k["step_overhead_ms"] = v;
+    return error_of(k);
+  };
+  EXPECT_EQ(bad(-0.5).rfind("step_overhead_ms: must be non-negative", 0), 0u) << bad(-0.5);
+  EXPECT_EQ(bad("slow").rfind("step_overhead_ms: must be a number", 0), 0u);
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(bad(inf).rfind("step_overhead_ms: must be finite", 0), 0u);
+  EXPECT_EQ(bad(nullptr).rfind("step_overhead_ms:", 0), 0u);
+}
+
+// Profiles without an overhead keep the digest they had before the field existed (the
+// value below is what stash computed for example() then); an explicit 0 is the same model
+// and the same digest, and a non-zero overhead is a different one.
+TEST(Profile, StepOverheadLeavesExistingDigestsAlone) {
+  const std::string before = "b94b82f404557e953e299a35fc94656dedf08777cbd96cf7e60d1fe7619ff415";
+  EXPECT_EQ(profile_sha256(profile_from_json(example())), before);
+  json zero = example();
+  zero["step_overhead_ms"] = 0;
+  EXPECT_EQ(profile_sha256(profile_from_json(zero)), before);
+  EXPECT_FALSE(profile_to_json(profile_from_json(zero)).contains("step_overhead_ms"));
+  json some = example();
+  some["step_overhead_ms"] = 0.05;
+  EXPECT_NE(profile_sha256(profile_from_json(some)), before);
 }
 
 TEST(Profile, RejectsDuplicateTensorNames) {

@@ -84,6 +84,57 @@ TEST(Simulator, OverrunCostsTimeUnderTheIPlus2Rule) {
     }
 }
 
+// The step overhead (Note [Step overhead] in plan.h) is one compute span at the turn, after
+// the barrier. Layer 1 (= L-2) offloads 3 MiB under fwd_2 = 1 ms: the turn waits 3..5, the
+// overhead runs 5..5.5, bwd 2 5.5..7.5 issues the 3 ms prefetch (to 8.5), bwd 1 8.5..10.5,
+// bwd 0 10.5..12.5: the canonical 9 + (3 - 1) + (3 - 2) + 0.5.
+TEST(Simulator, StepOverheadIsOneComputeSpanAtTheTurn) {
+  Profile p = hand_profile({1, 1, 1}, {2, 2, 2});
+  for (int i = 0; i < 3; ++i) add_tensor(p, i, "x", 2 * MiB);
+  add_tensor(p, 1, "big", 3 * MiB);
+  Decisions d = keep_all(p);
+  d[1][1] = Action::offload;
+  const SimResult none = simulate(p, d);
+  for (const Span& s : none.trace.spans()) EXPECT_NE(s.kind, SpanKind::step_overhead);
+  p.step_overhead_ms = 0.5;
+  const SimResult r = simulate(p, d);
+  EXPECT_NEAR(r.step_ms, 12.5, 1e-12);
+  EXPECT_NEAR(r.step_ms, none.step_ms + 0.5, 1e-12);
+  EXPECT_NEAR(r.step_overhead_ms, 0.5, 1e-12);
+  EXPECT_NEAR(r.compute_ms, 9, 1e-12);  // fwd + bwd only
+  EXPECT_NEAR(waits(r, "wait d2h L1"), 2, 1e-12);
+  EXPECT_NEAR(waits(r, "wait h2d L1"), 1, 1e-12);
+  EXPECT_EQ(r.peak_bytes, none.peak_bytes);
+  EXPECT_EQ(r.peak_at, none.peak_at);
+  int spans = 0;
+  for (const Span& s : r.trace.spans()) {
+    if (s.kind != SpanKind::step_overhead) continue;
+    ++spans;
+    EXPECT_EQ(s.name, "step overhead (loss, optimizer)");
+    EXPECT_EQ(s.track, kComputeTrack);
+    EXPECT_EQ(s.layer, -1);
+    EXPECT_NEAR(s.start_ms, 5, 1e-12);
+    EXPECT_NEAR(s.dur_ms, 0.5, 1e-12);
+  }
+  EXPECT_EQ(spans, 1);
+  const Evaluation ev = evaluate(p, d, 1ull << 40);
+  EXPECT_NEAR(r.step_ms, ev.step_ms, 1e-12);
+  EXPECT_NEAR(r.exposed_copy_ms, ev.exposed_copy_ms, 1e-12);
+  // The trace reads back with its category.
+  const TraceWriter back = trace_from_json(r.trace.to_json());
+  bool found = false;
+  for (const Span& s : back.spans()) found |= s.kind == SpanKind::step_overhead;
+  EXPECT_TRUE(found);
+  // Without the barrier the overhead runs 3..3.5 under the D2H (2..5), which the overlap
+  // report counts as hidden; backward 2 follows at once and the prefetch runs 5..8.
+  SimOptions free_turn;
+  free_turn.turn_barrier = false;
+  const SimResult f = simulate(p, d, free_turn);
+  EXPECT_NEAR(f.step_ms, 12, 1e-12);
+  // Hidden: all 3 ms of D2H (under fwd 2, the overhead and bwd 2) and 0.5 ms of H2D.
+  EXPECT_NEAR(overlap_report(f.trace.spans()).total.hidden_ms, 3 + 0.5, 1e-12);
+}
+
 // Layer 1 (= L-2) offloads a and b (2 MiB each, 2 ms alone). Without the turn barrier the
 // prefetch of a (its D2H done at 4 ms) overlaps the D2H of b from 4 ms on. Sharing a
 // 1 MiB/ms bidir link halves both: b and a end at 8, b's prefetch runs alone 8..10, so
@@ -259,11 +310,15 @@ Decisions random_decisions(const Profile& p, std::mt19937_64& rng) {
 }
 
 TEST(SimulatorProperty, AgreesWithCanonicalModelAtDepthOne) {
-  std::mt19937_64 rng(20261129);
+  std::mt19937_64 rng(20261129), overhead_rng(5);
+  std::uniform_real_distribution<double> overhead(0.01, 20.0);
   int with_exposed = 0, with_recompute = 0;
   for (int trial = 0; trial < 600; ++trial) {
-    const Profile p = random_profile(rng);
+    Profile p = random_profile(rng);
     const Decisions d = random_decisions(p, rng);
+    // Two trials in three carry a step overhead, drawn from a generator of its own so the
+    // profiles and decisions are the ones this test has always used.
+    if (trial % 3 != 0) p.step_overhead_ms = overhead(overhead_rng);
     const Evaluation ev = evaluate(p, d, ~0ull);
     ASSERT_TRUE(ev.valid) << "trial " << trial << ": generator produced a rule break";
     SimOptions opt;
@@ -274,6 +329,7 @@ TEST(SimulatorProperty, AgreesWithCanonicalModelAtDepthOne) {
     ASSERT_NEAR(r.exposed_copy_ms, ev.exposed_copy_ms, tol) << "trial " << trial;
     ASSERT_NEAR(r.recompute_ms, ev.recompute_ms, tol) << "trial " << trial;
     ASSERT_NEAR(r.compute_ms, ev.compute_ms, tol) << "trial " << trial;
+    ASSERT_NEAR(r.step_overhead_ms, ev.step_overhead_ms, tol) << "trial " << trial;
     ASSERT_EQ(r.peak_bytes, ev.peak_bytes) << "trial " << trial;
     ASSERT_EQ(r.peak_at, ev.peak_at) << "trial " << trial;
     ASSERT_EQ(r.offloaded_bytes, ev.offloaded_bytes) << "trial " << trial;
@@ -288,10 +344,12 @@ TEST(SimulatorProperty, AgreesWithCanonicalModelAtDepthOne) {
 
 // Leaving the canonical assumptions moves the replay in the expected direction only.
 TEST(SimulatorProperty, RelaxationsNeverSlowAndDepthTradesMemoryForTime) {
-  std::mt19937_64 rng(7);
+  std::mt19937_64 rng(7), overhead_rng(11);
+  std::uniform_real_distribution<double> overhead(0.01, 20.0);
   for (int trial = 0; trial < 300; ++trial) {
-    const Profile p = random_profile(rng);
+    Profile p = random_profile(rng);
     const Decisions d = random_decisions(p, rng);
+    if (trial % 2) p.step_overhead_ms = overhead(overhead_rng);
     SimOptions opt;
     opt.record_trace = false;
     const SimResult base = simulate(p, d, opt);
@@ -348,6 +406,22 @@ TEST(SimulateCli, PrintsFiguresAndWritesTheTrace) {
   std::ifstream t(trace);
   const TraceWriter tw = trace_from_json(nlohmann::json::parse(t));
   EXPECT_FALSE(tw.spans().empty());
+  EXPECT_EQ(text.str().find("step overhead"), std::string::npos) << "no overhead, no mention";
+  // With a step overhead: the same plan, both figures up by it, and the compute line says so.
+  p.step_overhead_ms = 1.25;
+  std::ofstream(profile) << nlohmann::json(profile_to_json(p)).dump();
+  ASSERT_EQ(run("simulate --profile " + profile + " --plan " + plan), 0);
+  std::ifstream o2(out);
+  std::stringstream text2;
+  text2 << o2.rdbuf();
+  const std::size_t at2 = text2.str().find("  step ");
+  ASSERT_NE(at2, std::string::npos) << text2.str();
+  double sim2 = 0, canonical2 = 0;
+  ASSERT_EQ(std::sscanf(text2.str().c_str() + at2, " step %lf ms (canonical model %lf ms", &sim2,
+                        &canonical2), 2) << text2.str();
+  EXPECT_NEAR(sim2, sim_ms + 1.25, 2e-3);
+  EXPECT_NEAR(sim2, canonical2, 1e-3);
+  EXPECT_NE(text2.str().find("step overhead 1.250 ms"), std::string::npos) << text2.str();
   EXPECT_NE(run("simulate --profile " + profile + " --plan " + plan + " --lookahead 0"), 0);
   EXPECT_EQ(run("simulate --profile " + profile + " --plan /nonexistent.json"), 2);
   for (const auto& f : {profile, plan, trace, out}) std::remove(f.c_str());

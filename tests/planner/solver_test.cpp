@@ -118,6 +118,41 @@ TEST(Planner, LlamaLikeAtScaleIsValidAndNearTheBound) {
   }
 }
 
+// Note [Step overhead]: every solver's decisions are bit-for-bit those without it; the
+// predicted step, both baselines and the lower bound move by exactly the overhead.
+TEST(Planner, StepOverheadShiftsTimesAndChangesNoDecision) {
+  std::mt19937 rng(31);
+  int cases = 0;
+  for (int k = 0; k < 40; ++k) {
+    Profile p = k < 4 ? llama_like(6 + k, 13 + k) : random_profile(rng, 5, 5);
+    const std::uint64_t lo = min_feasible_budget(p), hi = keep_all_peak(p);
+    const std::uint64_t budget = lo + (hi - lo) / 3;
+    Profile q = p;
+    q.step_overhead_ms = 0.5 + k * 3.25;
+    const double c = q.step_overhead_ms;
+    for (solver_kind s : {solver_kind::greedy, solver_kind::ilp, solver_kind::exact}) {
+      if (s == solver_kind::exact && (k < 4 || k >= 20)) continue;  // small cases only
+      PlanOptions o = with(s);
+      o.time_limit_s = 5;
+      const Plan a = make_plan(p, budget, o);
+      const Plan b = make_plan(q, budget, o);
+      ASSERT_EQ(a.decisions(), b.decisions()) << "case " << k << " " << to_string(s);
+      EXPECT_NEAR(b.predicted.step_ms, a.predicted.step_ms + c, 1e-9 * b.predicted.step_ms);
+      EXPECT_NEAR(b.keep_all.step_ms, a.keep_all.step_ms + c, 1e-9 * b.keep_all.step_ms);
+      EXPECT_NEAR(b.recompute_all.step_ms, a.recompute_all.step_ms + c,
+                  1e-9 * b.recompute_all.step_ms);
+      EXPECT_NEAR(b.predicted.lower_bound_ms, a.predicted.lower_bound_ms + c,
+                  1e-9 * b.predicted.lower_bound_ms);
+      EXPECT_EQ(b.predicted.peak_bytes, a.predicted.peak_bytes);
+      EXPECT_EQ(b.binding_constraints, a.binding_constraints);
+      EXPECT_GE(b.predicted.gap, -1e-9);
+      EXPECT_LE(b.predicted.gap, a.predicted.gap + 1e-12);  // same gap over a larger step
+      ++cases;
+    }
+  }
+  EXPECT_GE(cases, 80);
+}
+
 TEST(Planner, GenerousBudgetKeepsEverything) {
   const Profile p = llama_like(8, 5);
   const Plan plan = make_plan(p, keep_all_peak(p), with(solver_kind::greedy));

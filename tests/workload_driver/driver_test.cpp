@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -13,7 +14,9 @@
 #include "checked_backend.h"
 #include "double_api.h"
 #include "kernels/workload/driver/session.h"
+#include "kernels/workload/driver/scope_timer.h"
 #include "kernels/workload/driver/skeleton.h"
+#include "kernels/workload/driver/virtual_cost.h"
 #include "planner/plan.h"
 #include "planner/planner.h"
 #include "planner/profile.h"
@@ -338,6 +341,55 @@ TEST_F(WorkloadDriverTest, RunsOnTheCallersStream) {
   EXPECT_EQ(cudaStreamQuery(mine), cudaSuccess)
       << "the session must not destroy the caller's stream";
   cudaStreamDestroy(mine);
+}
+
+// Note [Event timing of the step overhead] (scope_timer.h): per step, the events around it
+// minus its layer scopes, per micro-batch. On the double's virtual clock the layers' medians
+// plus that figure rebuild the measured step exactly; on a GPU launch gaps blur it.
+TEST_F(WorkloadDriverTest, ScopeTimerMeasuresTheTimeOutsideTheLayers) {
+  for (int micro : {1, 2}) {
+    model_config c = small_config();
+    c.micro_batches = micro;
+    wrap_fn wrap;
+    if (on_double())
+      wrap = [](std::unique_ptr<workload::backend> b) {
+        return workload::with_virtual_cost(std::move(b));
+      };
+    session s(c, kind_, {}, std::move(wrap));
+    s.set_plan(plan_of({"kkkkk", "kkkkk", "kkkkk"}));
+    workload::scope_timer timer(s.stream());
+    s.workload().set_scope_timer(&timer);
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+    ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+    std::vector<float> step_ms;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(cudaEventRecord(e0, s.stream()), cudaSuccess);
+      s.workload().step();
+      ASSERT_EQ(cudaEventRecord(e1, s.stream()), cudaSuccess);
+      (void)s.workload().last_loss();
+      float ms = 0;
+      ASSERT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+      step_ms.push_back(ms);
+      timer.harvest();
+    }
+    s.workload().set_scope_timer(nullptr);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    EXPECT_EQ(timer.step_count(), 3u);
+    EXPECT_EQ(timer.sample_count(STASH_SCOPE_FORWARD, 0, -1), std::size_t(3 * micro));
+    const double overhead = timer.step_overhead_median_ms();
+    EXPECT_GE(overhead, 0.0);
+    if (!on_double()) continue;
+    EXPECT_GT(overhead, 0.0) << "the loss, the update and the uploads take virtual time";
+    double layers = 0;
+    for (int l = 0; l < c.layers; ++l)
+      layers += timer.median_ms(STASH_SCOPE_FORWARD, l, -1) +
+                timer.median_ms(STASH_SCOPE_BACKWARD, l, -1);
+    std::sort(step_ms.begin(), step_ms.end());
+    EXPECT_NEAR(micro * (layers + overhead), step_ms[1], 1e-3 * step_ms[1])
+        << micro << " micro-batch(es)";
+  }
 }
 
 TEST_F(WorkloadDriverTest, RefusesPlansThatDoNotFit) {

@@ -388,11 +388,16 @@ planner::Profile profile_workload(const workload::model_config& c, workload::bac
     for (int j = 1; j < workload::kSavedPerBlock; ++j)
       lp.tensors[j].recompute_ms = std::max(0.0, timer.median_ms(STASH_SCOPE_TENSOR, l, j));
   }
+  // The loss, the update and the uploads: the step minus its layer scopes, per forward
+  // pass (Note [Event timing of the step overhead] in scope_timer.h).
+  p.step_overhead_ms = std::max(0.0, timer.step_overhead_median_ms());
   nlohmann::json j = planner::profile_to_json(p);
   j["measurement"] = {{"method", "CUDA events around the workload's scopes"},
                       {"reason", why},
                       {"steps", a.steps},
-                      {"statistic", "median"}};
+                      {"statistic", "median"},
+                      {"step_overhead",
+                       "events around each step minus its layer scopes, per micro-batch"}};
   planner::write_json_file(prof_path, j);
   return p;
 }

@@ -48,7 +48,11 @@ void run_simulate(const simulate_args& a) {
               format_bytes(r.peak_bytes).c_str(), static_cast<unsigned long long>(r.peak_bytes),
               r.peak_at.c_str(), r.peak_time_ms, format_bytes(ev.peak_bytes).c_str(),
               ev.peak_at.c_str(), format_bytes(plan.budget_bytes).c_str());
-  std::printf("  compute     %.3f ms fwd+bwd, recompute %.3f ms\n", r.compute_ms, r.recompute_ms);
+  std::printf("  compute     %.3f ms fwd+bwd, recompute %.3f ms", r.compute_ms, r.recompute_ms);
+  // Only profiles that have one print it, so the output for the others is unchanged.
+  if (p.step_overhead_ms > 0)
+    std::printf(", step overhead %.3f ms (outside the layers, at the turn)", r.step_overhead_ms);
+  std::printf("\n");
   std::printf("  exposed     %.3f ms copy wait (d2h %.3f, h2d %.3f)  (canonical %.3f ms)\n",
               r.exposed_copy_ms, r.d2h_wait_ms, r.h2d_wait_ms, ev.exposed_copy_ms);
   std::printf("  offloaded   %s, pinned peak %s, link shared %.3f ms\n",

@@ -51,17 +51,54 @@ void scope_timer::end(std::size_t handle, stash_scope_kind_t kind, int layer, in
   if (!p.closed) (void)cudaGetLastError();
 }
 
+std::size_t scope_timer::begin_step() {
+  const std::size_t h = begin();
+  open_[h].step = true;
+  return h;
+}
+
+void scope_timer::end_step(std::size_t handle, int passes) noexcept {
+  if (handle >= open_.size() || !open_[handle].step) return;
+  open_[handle].passes = passes > 0 ? passes : 1;
+  end(handle, STASH_SCOPE_FORWARD, -1, -1);  // kind and layer are unused for a step
+}
+
 void scope_timer::harvest() {
+  // Note [Event timing of the step overhead]: pairs are in the order they began, so a
+  // step's layer scopes follow its own pair until the next step begins.
+  struct step_sum {
+    double step_ms = 0, layers_ms = 0;
+    int passes = 1;
+    bool complete = true;
+  };
+  std::vector<step_sum> steps;
   for (pair& p : open_) {
     float ms = 0;
-    if (p.closed && cudaEventElapsedTime(&ms, p.begin, p.end) == cudaSuccess)
+    const bool timed = p.closed && cudaEventElapsedTime(&ms, p.begin, p.end) == cudaSuccess;
+    if (!timed) (void)cudaGetLastError();
+    if (p.step) {
+      steps.push_back({ms, 0, p.passes, timed});
+    } else if (timed) {
       samples_[{p.kind, p.layer, p.tensor}].push_back(ms);
-    else
-      (void)cudaGetLastError();
+      if (!steps.empty() && p.tensor < 0 &&
+          (p.kind == STASH_SCOPE_FORWARD || p.kind == STASH_SCOPE_BACKWARD))
+        steps.back().layers_ms += ms;
+    } else if (!steps.empty()) {
+      steps.back().complete = false;  // a layer scope went untimed: the difference is wrong
+    }
     if (p.begin) spare_.push_back(p.begin);
     if (p.end) spare_.push_back(p.end);
   }
   open_.clear();
+  for (const step_sum& s : steps)
+    if (s.complete) step_overhead_.push_back(std::max(0.0, s.step_ms - s.layers_ms) / s.passes);
+}
+
+double scope_timer::step_overhead_median_ms() const {
+  if (step_overhead_.empty()) return -1;
+  std::vector<double> v = step_overhead_;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
 }
 
 double scope_timer::median_ms(stash_scope_kind_t kind, int layer, int tensor) const {

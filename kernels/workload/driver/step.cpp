@@ -54,6 +54,9 @@ void model::read_actions() {
 void model::step() {
   read_actions();
   const cudaStream_t s = rt_.stream;
+  // Note [Event timing of the step overhead]: the whole step, from before the gradient
+  // zeroing to after the update, for the time outside the layer scopes.
+  const std::size_t step_timing = timer_ ? timer_->begin_step() : 0;
   backend_->zero(s, grads_, layout_.grads_bytes);
   for (int m = 0; m < config_.micro_batches; ++m) {
     const auto mb = static_cast<std::uint32_t>(m);
@@ -66,6 +69,7 @@ void model::step() {
   }
   const std::size_t n = layer_floats_ * config_.layers;
   backend_->sgd(s, n, config_.lr / config_.micro_batches, grads_, params_);
+  if (timer_) timer_->end_step(step_timing, config_.micro_batches);
 }
 
 void model::hand_over(std::uint32_t mb, std::uint32_t layer, int index, void* p) {
