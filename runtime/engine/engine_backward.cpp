@@ -311,21 +311,29 @@ status prefetch_engine::release(tensor_key k) noexcept {
                 k.micro_batch, k.layer, k.index, to_string(r->state),
                 r->state == tensor_state::absent ? "release before offload" : "double release");
   if (!in_flight_.empty()) retire(false);
-  cudaStream_t users[2] = {h2d_.get(), nullptr};
-  std::size_t n_users = 1;
+  // A consumer other than the compute stream guards the blocks it read.
+  cudaStream_t users[2] = {nullptr, nullptr};
+  std::size_t n_users = 0;
   if (r->consumer && r->consumer != config_.compute) users[n_users++] = r->consumer;
   if (r->prefetched) {
-    if (!config_.pool && r->state == tensor_state::prefetching) {
-      // Never acquired: the caller's allocator frees on the compute stream, which must
-      // not reuse the block under the H2D.
-      cuda::stream_wait(config_.compute, r->h2d_done);
+    // The block is the compute stream's (allocated for it before the H2D was ordered after
+    // it). Its only other writer is the H2D copy, which its consumer has already waited for
+    // (acquire). Never acquired: make the compute stream wait for the copy now. Either way
+    // no event on the H2D stream is needed, and none may be used: the H2D stream runs ahead
+    // with later prefetches, so such a guard would keep the block from the compute stream
+    // until the host sees those complete too (Note [Handing offloaded blocks back]: the same
+    // lesson on the D2H side; gradient accumulation's next forward ran over budget).
+    if (r->state == tensor_state::prefetching && r->h2d_done &&
+        cuda::stream_wait(config_.compute, r->h2d_done) != cudaSuccess) {
+      prim::clear_runtime_error();
+      users[n_users++] = h2d_.get();  // cannot order it: fall back to guarding
     }
     free_device(r->prefetched, r->bytes, r->consumer ? r->consumer : config_.compute, users,
                 n_users);
+    if (n_users && users[n_users - 1] == h2d_.get()) --n_users;
   }
   if (r->owns_device && r->device) {
-    free_device(r->device, r->bytes, r->consumer ? r->consumer : r->producer, users + 1,
-                n_users - 1);
+    free_device(r->device, r->bytes, r->consumer ? r->consumer : r->producer, users, n_users);
   }
   if (r->host) {
     cudaStream_t copies[2] = {d2h_.get(), h2d_.get()};

@@ -26,9 +26,14 @@
 //    also times the prefetch exactly as the simulator does: when backward of i begins.
 //  * acquire(k, consumer): the consumer waits on that tensor's H2D event only, never on
 //    the whole H2D stream, so a late tensor delays only its own consumer.
-//  * release(k): the consumer block goes back to the pool (guarded by the H2D stream and a
-//    consumer other than the compute stream) or to the release callback; the pinned block
-//    goes back to the pinned pool guarded by the D2H and H2D streams that used it.
+//  * release(k): the consumer block goes back to the compute stream at once (to the pool,
+//    guarded only by a consumer other than the compute stream, or to the release
+//    callback): its consumer already waited for the H2D copy into it (a never-acquired
+//    tensor makes the compute stream wait for it first). No event on the H2D stream: that
+//    stream runs ahead with later prefetches, and a block guarded by it came back to the
+//    compute stream only when the host saw those end too, which put the next
+//    gradient-accumulation pass over budget. The pinned block goes back to the pinned pool
+//    guarded by the D2H and H2D streams that used it.
 //
 // Note [Handing offloaded blocks back]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -81,6 +81,45 @@ TEST_F(HandbackTest, PoolReusesAnOffloadedBlockBeforeItsCopyIsSeenComplete) {
   EXPECT_TRUE(violations().empty()) << violations().front();
 }
 
+TEST_F(HandbackTest, ReleasedPrefetchIsTheComputeStreamsAtOnce) {
+  // A prefetched block, once its consumer waited for its copy, goes back to the compute
+  // stream with no event on the H2D stream (which runs ahead with later prefetches): the
+  // next pass of gradient accumulation must be able to reuse it at once.
+  make(config(), plan_of({"o", "o", "o"}));
+  std::vector<std::vector<uint8_t>> data;
+  for (uint32_t l = 0; l < 3; ++l) data.push_back(random_bytes(kBytes, 400 + l));
+  for (uint32_t l = 0; l < 3; ++l) offer(l, data[l], compute_);
+  ASSERT_EQ(engine_->synchronize(), status::ok);
+  ASSERT_EQ(double_api().stream_pause(engine_->h2d_stream()), cudaSuccess);
+  ASSERT_EQ(engine_->backward_begin(0, 2), status::ok) << last_error();  // prefetches layer 1
+  void* p2 = nullptr;
+  ASSERT_EQ(engine_->acquire({0, 2, 0}, compute_, &p2), status::ok) << last_error();
+  ASSERT_EQ(engine_->release({0, 2, 0}), status::ok) << last_error();
+  EXPECT_EQ(pool_->stats().pending_bytes, 0u) << "the released block waits for the H2D stream";
+  void* again = nullptr;
+  ASSERT_EQ(pool_->allocate(kBytes, compute_, &again), status::ok);
+  EXPECT_EQ(again, p2);
+  // Write it on the compute stream: ordered after the (paused) copy into it by the
+  // acquire's wait, so the checker must stay quiet and layer 1 must come back intact.
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&pinned, kBytes, cudaHostAllocDefault), cudaSuccess);
+  staging_.push_back(pinned);
+  ASSERT_EQ(cudaMemcpyAsync(again, pinned, kBytes, cudaMemcpyHostToDevice, compute_), cudaSuccess);
+  ASSERT_EQ(engine_->backward_end(0, 2), status::ok);
+  ASSERT_EQ(double_api().stream_resume(engine_->h2d_stream()), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
+  ASSERT_EQ(pool_->deallocate(again, nullptr, 0), status::ok);
+  for (uint32_t l = 2; l-- > 0;) {
+    ASSERT_EQ(engine_->backward_begin(0, l), status::ok) << last_error();
+    void* p = nullptr;
+    ASSERT_EQ(engine_->acquire({0, l, 0}, compute_, &p), status::ok) << last_error();
+    EXPECT_EQ(differing(read(p, kBytes), data[l]), 0u) << "layer " << l;
+    ASSERT_EQ(engine_->release({0, l, 0}), status::ok) << last_error();
+    ASSERT_EQ(engine_->backward_end(0, l), status::ok) << last_error();
+  }
+  EXPECT_TRUE(violations().empty()) << violations().front();
+}
+
 struct callbacks {
   device_pool* pool = nullptr;
   cudaStream_t compute = nullptr;

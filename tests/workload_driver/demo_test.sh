@@ -2,11 +2,14 @@
 # demo_test.sh: `stash demo` end to end, as ctest runs it (CMakeLists.txt here).
 #   demo_test.sh STASH OUT_DIR nogpu   plain environment: the real runtime finds no device,
 #                                      so the demo plans and simulates a shipped profile
-#   demo_test.sh STASH OUT_DIR host    --backend host on the CPU test double (the caller sets
-#                                      LD_LIBRARY_PATH): the measured pipeline, small sizes
+#   demo_test.sh STASH OUT_DIR host [OPTS]  --backend host on the CPU test double (the caller
+#                                      sets LD_LIBRARY_PATH): the measured pipeline, small
+#                                      sizes; OPTS are passed on (--micro-batches 2)
 #   demo_test.sh STASH OUT_DIR badinput  bad options: exit 2 with a message naming them
 set -uo pipefail
 stash=$1 out=$2 mode=$3
+shift 3
+extra=("$@")  # host: more demo options (e.g. --micro-batches 2)
 rm -rf "$out"
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
@@ -39,7 +42,7 @@ nogpu)
   ;;
 host)
   "$stash" demo --backend host --layers 3 --hidden 64 --seq 2048 --batch 2 --ffn-mult 1 \
-    --steps 2 --pareto-points 8 --out "$out" >"$out.stdout" 2>"$out.stderr"
+    --steps 2 --pareto-points 8 --out "$out" "${extra[@]}" >"$out.stdout" 2>"$out.stderr"
   rc=$?
   [ $rc -eq 0 ] || fail "exit status $rc (want 0)"
   expect_line "$out.stdout" "stash demo: measured on stash test double (backend host; times: virtual clock of stash's CPU test double"

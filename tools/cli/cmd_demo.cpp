@@ -140,11 +140,14 @@ planner::SimOptions sim_options(const planner::Profile& p) {
   return o;
 }
 
+// `passes`: forward/backward passes per step (micro-batches). The profile and the simulator
+// describe one pass (its layers, and the step overhead measured per pass); passes run one
+// after another, so a step's predicted time is passes x the pass's, and its peak the pass's.
 std::vector<row> plan_budgets(const planner::Profile& p, const std::string& solver,
-                              baselines* base) {
+                              baselines* base, int passes = 1) {
   const planner::SimResult keep = planner::simulate(p, planner::keep_all(p), sim_options(p));
   const planner::SimResult rec = planner::simulate(p, planner::recompute_all(p), sim_options(p));
-  *base = {keep.step_ms, rec.step_ms, keep.peak_bytes, rec.peak_bytes};
+  *base = {passes * keep.step_ms, passes * rec.step_ms, keep.peak_bytes, rec.peak_bytes};
   std::vector<row> rows;
   for (int pct : {100, 85, 70, 55}) {
     row r;
@@ -166,7 +169,7 @@ std::vector<row> plan_budgets(const planner::Profile& p, const std::string& solv
       r.plan = planner::make_plan(p, r.budget, opt);
       r.feasible = true;
       const planner::SimResult s = planner::simulate(p, r.plan.decisions(), sim_options(p));
-      r.pred_step_ms = s.step_ms;
+      r.pred_step_ms = passes * s.step_ms;
       r.pred_peak = s.peak_bytes;
     } catch (const planner::infeasible_budget& e) {
       r.note =
@@ -449,7 +452,7 @@ int run_measured(const demo_args& a, workload::backend_kind kind, bool on_double
   // 2. Profile, 3. plan.
   const planner::Profile p = profile_workload(c, kind, skeleton, a);
   baselines b;
-  std::vector<row> rows = plan_budgets(p, a.solver, &b);
+  std::vector<row> rows = plan_budgets(p, a.solver, &b, c.micro_batches);
 
   // 4. Run: keep-all (the reference for gradients), recompute-all, then every plan.
   const int T = c.tokens() * c.micro_batches;
