@@ -32,13 +32,16 @@
 //
 // Note [Hand-over after the last forward use]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// stash_engine_offload gives an offloaded block to the engine, which frees it to the pool
-// guarded by its D2H copy: once the copy is done the pool may hand the block to the next
-// allocation on the compute stream. If the forward still had to enqueue a read of it (x is
-// read by the residual at the end of the block, u by the fc1 GEMM), that allocation could
-// receive the block and overwrite it before the read runs. So every tensor is handed over
-// right after its *last* forward consumer is enqueued: for this block that is at most two
-// ops after its producer, and the D2H still overlaps the rest of the layer and the next.
+// stash_engine_offload gives an offloaded block to the engine, which hands it back to the
+// pool as the compute stream's memory once the compute stream is ordered after its D2H copy
+// (forward_begin two layers on, or the copy seen complete): the pool may then give the
+// block to the next allocation on the compute stream. If the forward still had to enqueue
+// a read of it after that point, that allocation could receive the block and overwrite it
+// before the read runs; the engine promises nothing about reads the caller enqueues after
+// offload. So every tensor is handed over right after its *last* forward consumer is
+// enqueued (x is read by the residual at the end of the block, u by the fc1 GEMM): for this
+// block that is at most two ops after its producer, and the D2H still overlaps the rest of
+// the layer and the next.
 //
 // Note [Gradient accumulation]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
