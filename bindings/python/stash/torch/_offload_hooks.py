@@ -1,0 +1,260 @@
+"""Saved-tensor hooks of stash.torch.offload: numbering what each block saves, the pack
+and unpack hooks, the micro-batch steps and the block boundaries in backward. Mixed into
+_offload.OffloadHandle, which sets the attributes these methods use.
+
+Note [Offload hooks]
+Each block's forward runs under torch.autograd.graph.saved_tensors_hooks. The pack hook
+numbers what the block saves exactly as stash.torch.record does (_saved.SaveOrder:
+parameters and buffers pass through unnumbered, views of one storage share one index, the
+block's input comes first), so tensor (layer i, index j) of a plan made from a recorded
+profile is the tensor the hook sees. Keys are (micro-batch, block, index).
+- Every numbered tensor is handed to the engine (stash_engine_offload), as the C API asks.
+  Keep tensors pass through: the hook returns the tensor itself. Recompute tensors get a
+  placeholder (Note [Selective recompute] in _offload.py); their storage is freed when the
+  forward ends.
+- An offload tensor's storage goes to the engine: its data pointer and the storage's bytes.
+  The hook keeps a reference to the storage until the engine's release callback hands it
+  back (Note [Stream order with torch's allocator] in _offload_streams.py); dropping it
+  then lets torch's allocator reuse the memory. The hook returns only a small record (key,
+  dtype, shape, strides, offset).
+- The storages a block saves are held until that block's forward ends, even when their
+  copy finished earlier, because saved tensors are numbered by storage address: a freed
+  address handed to a later tensor of the same block would look like a view of the first.
+  The planner's peak counts a block's own tensors as resident during its forward anyway.
+- Backward: an identity autograd.Function at each block's output (_boundary.py) fires
+  when the gradient reaches it, i.e. when backward of that block begins: it ends the
+  backward of the block above (backward_end) and calls backward_begin, which prefetches
+  the block below (lookahead 1) into buffers the engine allocates through our allocator
+  callback (torch.empty(bytes, dtype=uint8) on the compute stream, held by pointer). The
+  unpack hook acquires the tensor, releases it in the engine at once (our release callback
+  drops our reference; the saved tensor rebuilt over the buffer keeps it alive for as long
+  as autograd needs it), and returns a view with the saved dtype, shape, strides and
+  storage offset: no copy. Several views of one storage share one fetched buffer.
+- When the whole backward pass ends, everything of the micro-batch still held by the
+  engine (keep tensors, offloads never unpacked) is released and the micro-batch's step
+  ends; its next forward starts a new one.
+"""
+
+import warnings
+
+import torch
+
+from .._engine import KEEP, OFFLOAD, RECOMPUTE
+from .._lib import StashError
+from ._boundary import at_backward_end, mark_backward
+from ._recompute import ForwardState, Frame, Placeholder
+from ._saved import SaveOrder, resident_storages, storage_of, tensors_in
+
+
+class _Fetched:
+    """One offloaded storage of one micro-batch: the views saved of it share this, and the
+    first unpack fetches it. Freed with the last saved view (autograd drops saved tensors
+    as their nodes run), which frees the prefetched buffer."""
+
+    __slots__ = ("step", "key", "flat")
+
+    def __init__(self, step, key):
+        self.step, self.key, self.flat = step, key, None
+
+
+_RECOMPUTE = object()  # fetched[j] of a storage the plan recomputes: saves get placeholders
+
+
+class _Packed:
+    """What the pack hook returns for an offload tensor: how to rebuild the view."""
+
+    __slots__ = ("fetched", "dtype", "size", "stride", "offset")
+
+    def __init__(self, fetched, t):
+        self.fetched = fetched
+        self.dtype, self.size, self.stride = t.dtype, t.size(), t.stride()
+        self.offset = t.storage_offset()
+
+
+class _Step:
+    """One micro-batch's forward and backward: the keys the engine holds for it."""
+
+    def __init__(self, mb, resident):
+        self.mb = mb
+        self.resident = resident
+        self.next_block = 0
+        self.live = set()          # keys offered and not released
+        self.backward_open = None  # the block whose backward began and has not ended
+        self.backward_started = False
+        self.abandoned = False
+
+
+class OffloadHooks:
+    """OffloadHandle's forward wrapper, pack and unpack hooks and block boundaries (Note
+    [Offload hooks]). Uses the handle's blocks, actions, device, engine, _cuda, _steps,
+    _micro_batch, _warned, _hook_error and _hooks; the engine side (_hand_over, _fetch,
+    _producer) comes from EngineStreams, the recompute side from OffloadHandle."""
+
+    # --- forward -------------------------------------------------------------------------
+
+    def _warn_once(self, what, message):
+        if what not in self._warned:
+            self._warned.add(what)
+            warnings.warn(f"stash.torch.offload: {message}", stacklevel=4)
+
+    def _begin_step(self, i):
+        mb = self._micro_batch
+        step = self._steps.get(mb)
+        if i == 0:
+            if step is not None:
+                self._warn_once(("abandon", mb), (
+                    f"micro-batch {mb} ran forward again before its backward; the earlier "
+                    "graph's offloaded tensors are dropped. Use handle.micro_batch(i) to run "
+                    "several forwards before their backwards."))
+                self._abandon(step)
+            step = self._steps[mb] = _Step(mb, resident_storages(self.blocks))
+        elif step is None or step.next_block != i:
+            expected = "block 0" if step is None else f"block {step.next_block}"
+            raise StashError(f"stash.torch.offload: block {i} ran in micro-batch {mb} where "
+                             f"{expected} was expected; the blocks must run in order, once "
+                             "each per micro-batch")
+        return step
+
+    def _wrap(self, i, forward):
+        def wrapped(*args, **kwargs):
+            if not torch.is_grad_enabled() or self.engine is None:
+                return forward(*args, **kwargs)
+            return self._forward(i, forward, args, kwargs)
+        wrapped.__wrapped__ = forward
+        return wrapped
+
+    def _forward(self, i, forward, args, kwargs):
+        step = self._begin_step(i)
+        mb, engine = step.mb, self.engine
+        engine.forward_begin(mb, i)
+        inputs = {storage_of(t)[0] for t in tensors_in((args, kwargs))}
+        order = SaveOrder(step.resident, inputs, inputs)
+        held = []  # every storage the block saves, until its forward ends (Note [Offload hooks])
+        fetched = {}  # index -> _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
+        actions = self.actions[i]
+        n_plan = len(actions)
+        # Note [Selective recompute]: taken before the block runs (its dropout draws next).
+        frame = (Frame(i, step, forward, ForwardState(self._cuda_rng_devices(args, kwargs)))
+                 if RECOMPUTE in actions else None)
+
+        def pack(t):
+            try:
+                return pack_one(t)
+            except StashError as e:
+                # torch reports an exception of a pack hook as a RuntimeError; _forward
+                # raises this one instead.
+                self._hook_error = e
+                raise
+
+        def pack_one(t):
+            seen = order.see(t)
+            if seen is None:
+                if frame is not None:
+                    frame.place(None)
+                return t
+            j, first = seen
+            if j >= n_plan:
+                raise StashError(f"stash.torch.offload: block {i} saves more than the "
+                                 f"{n_plan} tensors the plan lists for layer {i}")
+            pos = None if frame is None else frame.place(
+                (j, first, t.dtype, tuple(t.shape), t.device))
+            if first:
+                held.append(t)
+                action = actions[j]
+                ptr, nbytes = storage_of(t)
+                if action == RECOMPUTE and not order.entries[j]["recomputable"]:
+                    self._recompute_kept(i, j, nbytes)
+                    action = KEEP
+                if action == OFFLOAD and (t.device != self.device or t.layout != torch.strided):
+                    # A host scalar in a CUDA model, a sparse tensor: nothing to copy.
+                    self._hooks["not_on_device_count"] += 1
+                    fetched[j] = None
+                    return t
+                self._hand_over(step, (mb, i, j), ptr, nbytes, t if action == OFFLOAD else None)
+                if action == OFFLOAD:
+                    fetched[j] = _Fetched(step, (mb, i, j))
+                elif action == RECOMPUTE:
+                    self._hooks["recompute_count"] += 1
+                    self._hooks["recompute_bytes"] += nbytes
+                    fetched[j] = _RECOMPUTE
+                else:
+                    fetched[j] = None
+            f = fetched[j]
+            if f is None:
+                return t
+            if f is _RECOMPUTE:
+                return frame.placeholder(pos)
+            return _Packed(f, t)
+
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
+                out = forward(*args, **kwargs)
+            if len(order) != n_plan:
+                raise StashError(f"stash.torch.offload: block {i} saved {len(order)} tensors, "
+                                 f"but the plan lists {n_plan} for layer {i}; make the plan "
+                                 "from this model's record pass (stash.torch.record)")
+            if frame is not None and frame.wanted:
+                frame.args, frame.kwargs = self._input_slots(args, kwargs, order, fetched)
+            engine.forward_end(mb, i)
+        except RuntimeError as e:
+            error, self._hook_error = self._hook_error, None
+            if error is not None:
+                raise error from e
+            raise
+        finally:
+            held.clear()
+        step.next_block = i + 1
+        return mark_backward(out, lambda: self._backward_boundary(step, i))
+
+    # --- backward ------------------------------------------------------------------------
+
+    def _unpack(self, packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        if isinstance(packed, Placeholder):
+            return self._unpack_recomputed(packed)
+        flat = self._fetch(packed.fetched)
+        return flat.view(packed.dtype).as_strided(packed.size, packed.stride, packed.offset)
+
+    # --- block boundaries ----------------------------------------------------------------
+
+    def _backward_boundary(self, step, i):
+        # Raised here rather than in the unpack hook: torch passes an exception of an
+        # autograd.Function's backward through as it is, one of a hook as a RuntimeError.
+        if step.abandoned:
+            raise StashError(
+                f"stash.torch.offload: this backward belongs to a forward of micro-batch "
+                f"{step.mb} that a later forward of the same micro-batch replaced (its "
+                "offloaded tensors are gone); use handle.micro_batch(i) for forwards that "
+                "wait for their backward")
+        if self.engine is None:
+            raise StashError("stash.torch.offload: backward after the handle was closed; the "
+                             "offloaded tensors of its forward are gone")
+        if not step.backward_started:
+            step.backward_started = True
+            at_backward_end(lambda: self._finish_backward(step))
+        if step.backward_open is not None:
+            self.engine.backward_end(step.mb, step.backward_open)
+        self.engine.backward_begin(step.mb, i)
+        step.backward_open = i
+
+    def _finish_backward(self, step):
+        if step.abandoned or self.engine is None:
+            return
+        if step.backward_open is not None and step.backward_open != 0:
+            self.engine.backward_end(step.mb, step.backward_open)
+        self._end_step(step)
+
+    def _end_step(self, step):
+        """Gives back what the engine still holds for the step and ends it."""
+        for key in sorted(step.live):
+            self.engine.release(key)
+        step.live.clear()
+        self.engine.backward_end(step.mb, 0)
+        if self._steps.get(step.mb) is step:
+            del self._steps[step.mb]
+
+    def _abandon(self, step):
+        step.abandoned = True
+        self._hooks["abandoned_micro_batches"] += 1
+        self._end_step(step)

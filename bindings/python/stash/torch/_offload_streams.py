@@ -1,0 +1,206 @@
+"""Engine side of stash.torch.offload: the allocator callbacks the engine calls, handing
+a storage to the engine and fetching it back, and the compute stream of each path (CUDA,
+or on the CPU test double a stream of the hooks' own). Mixed into
+_offload.OffloadHandle, which sets the attributes these methods use.
+
+Note [Stream order with torch's allocator]
+CUDA: the engine's compute stream is torch's current stream on the device when offload()
+is called; run the blocks on it.
+- Offload: the producer is the current stream at pack time; the engine records an event
+  there and its D2H stream waits on it, so the copy reads finished data. torch's
+  allocator believes only the compute stream uses the block; that is safe because our
+  reference keeps it allocated until the engine releases it: right after it enqueued the
+  compute stream's wait for the copy (engine 0.2, Note [Handing offloaded blocks back] in
+  prefetch_engine.h; the block is the compute stream's, so torch reuses it only for work
+  ordered after that wait), or, for a block produced on another stream, once the copy
+  was observed complete. Release runs from an engine call on the Python thread, never
+  from a CUDA callback thread, where taking the GIL could deadlock.
+- Prefetch: the buffer is allocated with the compute stream current, so torch's
+  allocator treats it as that stream's memory from the allocation on. The engine records
+  an event on the compute stream after the allocation and the H2D stream waits on it, so
+  the copy cannot write memory the compute stream is still reading from an earlier owner.
+- Unpack: acquire makes the consumer (the stream autograd runs that node on) wait for
+  this tensor's H2D event only. When the consumer is not the compute stream the buffer
+  gets record_stream(consumer), so torch does not reuse it before that stream is done.
+- A prefetch never acquired is released by the engine after it makes the compute stream
+  wait for its H2D, so dropping the buffer cannot let the compute stream reuse memory
+  the H2D still writes.
+- Host-visible memory: torch's allocator decides reuse on the host, at allocation time.
+  A storage produced on the compute stream returns to it when forward_begin(i+2)
+  enqueues the wait for its copy, with no host wait; one produced elsewhere only when
+  the host has seen its copy complete (the engine polls at each call), so a host far
+  ahead of the GPU holds more of those than the planner's one layer in flight.
+  max_in_flight_bytes (about one block's offloaded bytes) bounds copies in transit: an
+  offload past the cap makes the host wait for older copies.
+CPU (torch's CPU build on the test double, STASHDBL_FOREIGN_IS_DEVICE=1): torch ops are
+synchronous on the host and have no streams. The engine gets a stream of its own as the
+compute stream (created through the libcudart that libstash loaded); unpack acquires on
+it and synchronizes it from the host before handing the tensor to autograd. Offload
+needs no wait: the tensor is complete when the pack hook sees it. The engine hands blocks
+back as free for work enqueued on a stream from then on (offloaded sources right after
+the compute stream's wait for their copy; prefetches never acquired, e.g. by a backward
+stopped by an error, after its wait for their copy), while torch frees host memory at
+once: the release callback synchronizes that stream from the host first.
+"""
+
+import ctypes
+import os
+
+import torch
+
+from .._engine import _lib as engine_lib
+from .._lib import StashError
+
+
+def _flat_bytes(t):
+    """A 1-D uint8 tensor over t's whole storage (it keeps the storage alive)."""
+    if hasattr(t, "untyped_storage"):
+        s = t.untyped_storage()
+    else:
+        s = t.storage()
+        s = s._untyped() if hasattr(s, "_untyped") else s.untyped()
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(s)
+
+
+class _CudaRt:
+    """The few runtime calls the CPU path needs, from the libcudart libstash loaded: by
+    soname, which dlopen resolves to the library already loaded. Only the test double
+    (with STASHDBL_FOREIGN_IS_DEVICE=1) can take host memory as device memory."""
+
+    def __init__(self):
+        engine_lib()  # libstash first: its libcudart.so.13 is the one to talk to
+        lib = ctypes.CDLL("libcudart.so.13")
+        if not hasattr(lib, "stashdbl_set_foreign_is_device"):
+            raise StashError(
+                "stash.torch.offload: the blocks are on the CPU. Offloading applies to CUDA "
+                "models; CPU blocks run only on stash's CPU test double of libcudart "
+                "(tests/cudart_double, with STASHDBL_FOREIGN_IS_DEVICE=1).")
+        if os.environ.get("STASHDBL_FOREIGN_IS_DEVICE") != "1":
+            raise StashError(
+                "stash.torch.offload: CPU blocks on the test double need "
+                "STASHDBL_FOREIGN_IS_DEVICE=1 in the environment (torch's CPU tensors are "
+                "the engine's device memory)")
+        lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+        lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
+        lib.cudaGetErrorString.argtypes = [ctypes.c_int]
+        lib.cudaGetErrorString.restype = ctypes.c_char_p
+        self.lib = lib
+
+    def check(self, err, what):
+        if err != 0:
+            text = self.lib.cudaGetErrorString(err).decode()
+            raise StashError(f"{what}: {text} (cudaError {err})")
+
+    def stream_create(self):
+        s = ctypes.c_void_p()
+        self.check(self.lib.cudaStreamCreateWithFlags(ctypes.byref(s), 1),  # non-blocking
+                   "cudaStreamCreateWithFlags")
+        return s.value
+
+    def stream_synchronize(self, s):
+        self.check(self.lib.cudaStreamSynchronize(s), "cudaStreamSynchronize")
+
+
+class EngineStreams:
+    """OffloadHandle's engine callbacks and stream handling (Note [Stream order with
+    torch's allocator]). Uses the handle's engine, device, _cuda, _compute, _cudart,
+    _cpu_stream, _lock, _sources and _buffers."""
+
+    # --- engine callbacks (inside engine calls, on this thread) -------------------------
+
+    def _alloc(self, nbytes, _stream):
+        if self._cuda:
+            with torch.cuda.stream(self._compute):
+                buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        else:
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+        with self._lock:
+            self._buffers[buf.data_ptr()] = buf
+        return buf.data_ptr()
+
+    def _release(self, ptr, _nbytes, stream):
+        if not self._cuda:
+            # The engine hands a block back as free for work enqueued on `stream` from now
+            # on (the compute stream, right after its wait for the block's copy), not
+            # after the host saw the copy end. torch's CPU allocator frees at once, so the
+            # host waits here (Note [Stream order with torch's allocator]).
+            self._cudart.stream_synchronize(stream if stream else self._cpu_stream)
+        # The lock guards the two maps against a backward on autograd's device thread and
+        # a forward on the main thread; nothing under it calls the engine (whose mutex a
+        # caller of this callback holds), so it cannot deadlock.
+        with self._lock:
+            held = self._sources.get(ptr)
+            if held:
+                held.pop()
+                if not held:
+                    del self._sources[ptr]
+            else:
+                self._buffers.pop(ptr, None)
+
+    # --- one storage to the engine and back ----------------------------------------------
+
+    def _hand_over(self, step, key, ptr, nbytes, source):
+        """stash_engine_offload of one tensor; `source` (offload tensors) is held until the
+        engine releases its pointer. Held before the call: another thread's engine call may
+        retire the copy and release the pointer as soon as the engine has it."""
+        if source is not None:
+            with self._lock:
+                self._sources.setdefault(ptr, []).append(_flat_bytes(source))
+        step.live.add(key)
+        try:
+            self.engine.offload(key, ptr, nbytes, self._producer())
+        except StashError:
+            # A failed copy stays the engine's (it frees the block at release, through our
+            # callback); a rejected call never took the tensor.
+            try:
+                state, _ = self.engine.tensor_state(key)
+            except StashError:  # a key outside the plan
+                state = "not_offered"
+            if state == "not_offered":
+                step.live.discard(key)
+                if source is not None:
+                    self._release(ptr, nbytes, None)
+            raise
+
+    def _producer(self):
+        if self._cuda:
+            return torch.cuda.current_stream(self.device).cuda_stream
+        return self._cpu_stream
+
+    def _fetch(self, f):
+        """The uint8 tensor over an offloaded storage, fetched from the engine the first
+        time one of its views (or a recompute's input) needs it."""
+        if f.flat is None:
+            step = f.step
+            if step.abandoned:
+                raise StashError(
+                    f"stash.torch.offload: tensor {f.key} belongs to a forward of micro-batch "
+                    f"{step.mb} that a later forward of the same micro-batch replaced; use "
+                    "handle.micro_batch(i) for forwards that wait for their backward")
+            if f.key not in step.live:
+                raise StashError(f"stash.torch.offload: tensor {f.key} was given back when an "
+                                 "earlier backward pass through this graph ended without "
+                                 "using it")
+            if self.engine is None:
+                raise StashError("stash.torch.offload: backward after the handle was closed; "
+                                 "the offloaded tensors of its forward are gone")
+            consumer = self._producer()
+            ptr = self.engine.acquire(f.key, consumer)
+            if not self._cuda:
+                # Note [Stream order with torch's allocator]: the host waits on CPU.
+                self._cudart.stream_synchronize(self._cpu_stream)
+            with self._lock:
+                flat = self._buffers.get(ptr)
+                if flat is None:  # kept on the device (pinned pool exhausted): the source
+                    held = self._sources.get(ptr)
+                    flat = held[-1] if held else None
+            if flat is None:
+                raise StashError(f"stash.torch.offload: acquire of {f.key} returned {ptr:#x}, "
+                                 "which is neither a prefetch buffer nor an offloaded storage")
+            if self._cuda and consumer != self._compute.cuda_stream:
+                flat.record_stream(torch.cuda.current_stream(self.device))
+            f.flat = flat
+            step.live.discard(f.key)
+            self.engine.release(f.key)
+        return f.flat

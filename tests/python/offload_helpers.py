@@ -1,0 +1,79 @@
+"""Shared by test_offload.py and test_offload_recompute.py: the model, its plans,
+training and comparison helpers, and the double's violation log."""
+
+import ctypes
+
+import torch
+import torch.nn as nn
+
+from models import Block
+
+B, T, D, FF = 2, 8, 16, 32
+# What a Block saves (test_record.py derives the list by hand): 0 input, 1-2 ln1 mean and
+# rstd, 3 ln1's output, 4-5 copies of q and k, 6 the 1/sqrt(d) scalar, 7 softmax
+# probabilities (saved twice: by softmax and by att@v), 8 a copy of v, 9 y, 10 the
+# residual, 11-12 ln2 mean and rstd, 13 ln2's output, 14 relu's output (saved twice:
+# by relu and by fc2).
+N_SAVED = 15
+_ACTION = {"k": "keep", "r": "recompute", "o": "offload"}
+
+
+def _plan(*layers):
+    """Per-layer action lists from strings of k/r/o, one letter per saved tensor."""
+    return [[_ACTION[c] for c in layer] for layer in layers]
+
+
+def _model(n=3, seed=0):
+    torch.manual_seed(seed)
+    return nn.ModuleList([Block(D, 2, FF) for _ in range(n)])
+
+
+def _loss(blocks, x):
+    for b in blocks:
+        x = b(x)
+    return x.square().mean()
+
+
+def _train(blocks, batches, handle=None, lr=0.05):
+    """A few SGD steps; the losses and, after each step, every gradient."""
+    opt = torch.optim.SGD(blocks.parameters(), lr=lr)
+    losses, grads = [], []
+    for x in batches:
+        opt.zero_grad()
+        loss = _loss(blocks, x)
+        loss.backward()
+        losses.append(loss.detach().clone())
+        grads.append([p.grad.clone() for p in blocks.parameters()])
+        opt.step()
+    return losses, grads
+
+
+def _batches(n=3, requires_grad=False):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(B, T, D, generator=g).requires_grad_(requires_grad) for _ in range(n)]
+
+
+def _assert_bitwise(a, b):
+    la, ga = a
+    lb, gb = b
+    assert all(torch.equal(x, y) for x, y in zip(la, lb)), (la, lb)
+    for step_a, step_b in zip(ga, gb):
+        assert len(step_a) == len(step_b)
+        assert all(torch.equal(x, y) for x, y in zip(step_a, step_b))
+
+
+
+def _violations():
+    """The double's happens-before violations so far (and clears them): unordered device
+    accesses to the same bytes, e.g. a prefetch writing memory a copy still reads."""
+    lib = ctypes.CDLL("libcudart.so.13")
+    lib.stashdbl_violation_count.restype = ctypes.c_size_t
+    lib.stashdbl_violation_text.restype = ctypes.c_size_t
+    lib.stashdbl_violation_text.argtypes = [ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+    out = []
+    for i in range(lib.stashdbl_violation_count()):
+        buf = ctypes.create_string_buffer(512)
+        lib.stashdbl_violation_text(i, buf, 512)
+        out.append(buf.value.decode())
+    lib.stashdbl_clear_violations()
+    return out
