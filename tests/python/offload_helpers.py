@@ -1,6 +1,7 @@
 """Shared by test_offload.py and test_offload_recompute.py: the model, its plans,
 training and comparison helpers, and the double's violation log."""
 
+import contextlib
 import ctypes
 
 import torch
@@ -46,6 +47,18 @@ def _train(blocks, batches, handle=None, lr=0.05):
         grads.append([p.grad.clone() for p in blocks.parameters()])
         opt.step()
     return losses, grads
+
+
+def _two_micro_batches(blocks, handle, x0, x1):
+    """Gradient accumulation with both forwards first, then both backwards (each forward
+    under handle.micro_batch(i) when a handle is given): the losses and the gradients."""
+    losses = []
+    for mb, x in enumerate((x0, x1)):
+        with (handle.micro_batch(mb) if handle is not None else contextlib.nullcontext()):
+            losses.append(_loss(blocks, x))
+    losses[1].backward()
+    losses[0].backward()
+    return [l.detach() for l in losses], [p.grad.clone() for p in blocks.parameters()]
 
 
 def _batches(n=3, requires_grad=False):

@@ -17,6 +17,7 @@ import stash.torch
 from stash import _engine
 from models import Gated, Scale
 from offload_helpers import (B, D, FF, N_SAVED, T, _assert_bitwise, _batches, _loss, _model,
+                             _two_micro_batches,
                              _train, _violations)
 
 
@@ -84,16 +85,7 @@ def test_gradient_accumulation_over_two_micro_batches():
     x0, x1 = _batches(2)
 
     def step(blocks, h):
-        losses = []
-        for mb, x in enumerate((x0, x1)):  # both forwards first, then both backwards
-            if h is None:
-                losses.append(_loss(blocks, x))
-            else:
-                with h.micro_batch(mb):
-                    losses.append(_loss(blocks, x))
-        losses[1].backward()
-        losses[0].backward()
-        return [l.detach() for l in losses], [p.grad.clone() for p in blocks.parameters()]
+        return _two_micro_batches(blocks, h, x0, x1)
 
     expected = step(_model(), None)
     blocks = _model()

@@ -1,7 +1,6 @@
 """stash.torch.offload's selective recompute (Note [Selective recompute] in
 stash/torch/_offload.py) on torch's CPU build and the test double, as test_offload.py."""
 
-import contextlib
 import ctypes
 import threading
 import warnings
@@ -16,6 +15,7 @@ import stash.torch
 from stash.torch._recompute import Placeholder
 from models import DropoutMLP, Gated, Masked, Unsteady
 from offload_helpers import (B, D, FF, N_SAVED, T, _assert_bitwise, _batches, _loss, _model,
+                             _two_micro_batches,
                              _plan, _train, _violations)
 
 
@@ -188,13 +188,7 @@ def test_gradient_accumulation_with_partial_recompute():
     plan = PARTIAL["across_blocks"]
 
     def step(blocks, h):
-        losses = []
-        for mb, x in enumerate((x0, x1)):  # both forwards first, then both backwards
-            with (h.micro_batch(mb) if h is not None else contextlib.nullcontext()):
-                losses.append(_loss(blocks, x))
-        losses[1].backward()
-        losses[0].backward()
-        return [l.detach() for l in losses], [p.grad.clone() for p in blocks.parameters()]
+        return _two_micro_batches(blocks, h, x0, x1)
 
     expected = step(_model(), None)
     blocks = _model()

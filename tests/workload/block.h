@@ -11,8 +11,18 @@
 #include <random>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
 #include "kernels/workload/backend.h"
 #include "kernels/workload/elementwise.h"
+
+// Asserts a CUDA runtime call succeeded, naming the call and the error.
+#define ASSERT_CUDA(x)                                                      \
+  do {                                                                      \
+    const cudaError_t err_ = (x);                                           \
+    ASSERT_EQ(cudaSuccess, err_) << #x << ": " << cudaGetErrorString(err_); \
+  } while (0)
 
 namespace stash::workload::test {
 

@@ -36,12 +36,6 @@ namespace wt = stash::workload::test;
 using wt::scaled_error;
 using wt::to_double;
 
-#define ASSERT_CUDA(x)                                                      \
-  do {                                                                      \
-    const cudaError_t err_ = (x);                                           \
-    ASSERT_EQ(cudaSuccess, err_) << #x << ": " << cudaGetErrorString(err_); \
-  } while (0)
-
 namespace {
 
 constexpr double kTolElem = 1e-5;  // Note [GPU tolerances]

@@ -19,12 +19,6 @@
 namespace wl = stash::workload;
 namespace wt = stash::workload::test;
 
-#define ASSERT_CUDA(x)                                               \
-  do {                                                               \
-    const cudaError_t err_ = (x);                                    \
-    ASSERT_EQ(cudaSuccess, err_) << #x << ": " << cudaGetErrorString(err_); \
-  } while (0)
-
 namespace {
 
 // A cudaMalloc'd float array, freed on scope exit.

@@ -251,33 +251,29 @@ void model::upload(float* dst, const float* host, std::size_t bytes) {
                      "cudaMemcpyAsync(data)");
 }
 
+std::vector<float> model::download(const float* src, std::size_t n, const char* what) {
+  std::vector<float> out(n);
+  detail::check_cuda(cudaMemcpyAsync(out.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost,
+                                     rt_.stream),
+                     (std::string("cudaMemcpyAsync(") + what + ")").c_str());
+  detail::check_cuda(cudaStreamSynchronize(rt_.stream),
+                     (std::string("cudaStreamSynchronize(") + what + ")").c_str());
+  return out;
+}
+
 float model::last_loss() {
-  std::vector<float> l(config_.micro_batches);
-  detail::check_cuda(cudaMemcpyAsync(l.data(), losses_, l.size() * sizeof(float),
-                                     cudaMemcpyDeviceToHost, rt_.stream),
-                     "cudaMemcpyAsync(loss)");
-  detail::check_cuda(cudaStreamSynchronize(rt_.stream), "cudaStreamSynchronize(loss)");
+  const std::vector<float> l = download(losses_, config_.micro_batches, "loss");
   double sum = 0;
   for (float v : l) sum += v;
   return static_cast<float>(sum / l.size());
 }
 
 std::vector<float> model::read_gradients() {
-  std::vector<float> g(layer_floats_ * config_.layers);
-  detail::check_cuda(cudaMemcpyAsync(g.data(), grads_, g.size() * sizeof(float),
-                                     cudaMemcpyDeviceToHost, rt_.stream),
-                     "cudaMemcpyAsync(gradients)");
-  detail::check_cuda(cudaStreamSynchronize(rt_.stream), "cudaStreamSynchronize(gradients)");
-  return g;
+  return download(grads_, layer_floats_ * config_.layers, "gradients");
 }
 
 std::vector<float> model::read_params() {
-  std::vector<float> w(layer_floats_ * config_.layers);
-  detail::check_cuda(cudaMemcpyAsync(w.data(), params_, w.size() * sizeof(float),
-                                     cudaMemcpyDeviceToHost, rt_.stream),
-                     "cudaMemcpyAsync(parameters)");
-  detail::check_cuda(cudaStreamSynchronize(rt_.stream), "cudaStreamSynchronize(parameters)");
-  return w;
+  return download(params_, layer_floats_ * config_.layers, "parameters");
 }
 
 std::uint64_t fnv1a64(const void* data, std::size_t bytes) {

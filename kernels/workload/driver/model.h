@@ -179,6 +179,8 @@ class model {
   void loss_turn(std::uint32_t mb, float* out, float*& dout);
   void backward(std::uint32_t mb, std::uint32_t layer, float* dout);
   void upload(float* dst, const float* host, std::size_t bytes);
+  // Copies n floats at src to the host on the stream and waits; `what` names them in errors.
+  std::vector<float> download(const float* src, std::size_t n, const char* what);
   struct layer_params;
   layer_params params_of(int layer, float* base) const;
 
