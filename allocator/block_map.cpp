@@ -261,9 +261,16 @@ void block_map::reset_peak() noexcept {
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 
+uint64_t block_map::take_held_peak() noexcept {
+  const uint64_t peak = std::max(held_window_peak_, held_bytes());
+  held_window_peak_ = held_bytes();
+  return peak;
+}
+
 void block_map::note_peak() noexcept {
   stats_.peak_count = std::max(stats_.peak_count, stats_.current_count);
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+  held_window_peak_ = std::max(held_window_peak_, held_bytes());  // only allocation raises it
 }
 
 bool block_map::check_invariants(const char** why) const noexcept {

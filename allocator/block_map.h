@@ -95,6 +95,11 @@ class block_map {
 
   // Current statistics (largest_free_bytes filled in).
   pool_stats stats() const noexcept;
+  // Bytes held: in_use plus pending (freed, still awaited by their streams' events).
+  uint64_t held_bytes() const noexcept { return stats_.current_bytes + stats_.pending_bytes; }
+  // The highest held_bytes() since the previous call (since the map was made, the first
+  // time); the next window starts at the current level.
+  uint64_t take_held_peak() noexcept;
   void reset_peak() noexcept;
   void count_failure() noexcept { ++stats_.failed_count; }
   void set_limit(uint64_t limit) noexcept { stats_.limit_bytes = limit; }
@@ -142,6 +147,7 @@ class block_map {
   std::vector<slab> slabs_;
   uint32_t next_slab_id_ = 0;
   pool_stats stats_;
+  uint64_t held_window_peak_ = 0;  // take_held_peak()
 };
 
 }  // namespace stash

@@ -212,6 +212,16 @@ pool_stats device_pool::stats() noexcept {
   return map_.stats();
 }
 
+uint64_t device_pool::held_bytes() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return map_.held_bytes();
+}
+
+uint64_t device_pool::held_peak_since_last() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return map_.take_held_peak();
+}
+
 void device_pool::reset_peak() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   map_.reset_peak();

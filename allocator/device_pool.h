@@ -71,6 +71,12 @@ class device_pool {
   size_t release_cached() noexcept;
 
   pool_stats stats() noexcept;
+  // Cheap reads for sampling on the engine's path (no retiring, no free-list walk). Held:
+  // blocks in use plus blocks freed but still awaited by their streams (pending): the
+  // memory the pool cannot hand out. held_peak_since_last: the highest held level since the
+  // previous call of it (one reader per pool), then a new window starts.
+  uint64_t held_bytes() noexcept;
+  uint64_t held_peak_since_last() noexcept;
   void reset_peak() noexcept;
   bool owns(const void* p) noexcept;
   // The stream a block in use was allocated for; false if p is not the start of one.

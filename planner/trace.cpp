@@ -128,7 +128,12 @@ nlohmann::json TraceWriter::to_json() const {
                       {"ts", s.start_ms * 1000.0}, {"dur", s.dur_ms * 1000.0},
                       {"args", std::move(args)}});
   }
-  for (const CounterSample& c : counters_) {
+  // Samples in time order (a writer may add them out of order: the engine harvests per
+  // stream); stable, so samples at one instant keep the order they were added in.
+  std::vector<CounterSample> counters = counters_;
+  std::stable_sort(counters.begin(), counters.end(),
+                   [](const CounterSample& a, const CounterSample& b) { return a.t_ms < b.t_ms; });
+  for (const CounterSample& c : counters) {
     // Byte counts are integers; write them as such while a double holds them exactly.
     const bool integral = c.value >= 0 && c.value < 9007199254740992.0 && c.value == std::floor(c.value);
     json value = integral ? json(static_cast<std::uint64_t>(c.value)) : json(c.value);

@@ -85,6 +85,7 @@ status prefetch_engine::forward_end(std::uint32_t mb, std::uint32_t layer) noexc
     t.kind = planner::SpanKind::forward;
     t.layer = static_cast<std::int32_t>(layer);
     t.micro_batch = mb;
+    sample_device(t, true);
     t.start = std::exchange(mark, nullptr);
     return trace_->finish(t, config_.compute);
   }
@@ -139,6 +140,7 @@ status prefetch_engine::issue_prefetch(micro_batch_slot& s, std::uint32_t layer,
     t.flat = flat;
     t.bytes = r.bytes;
     t.pinned_bytes = pinned_in_use_;
+    sample_device(t, false);  // with the destination block
     t.layer = static_cast<std::int32_t>(layer);
     timed = trace_->start(t, h2d, &op) == status::ok;
   }
@@ -235,6 +237,7 @@ status prefetch_engine::backward_end(std::uint32_t mb, std::uint32_t layer) noex
     t.kind = planner::SpanKind::backward;
     t.layer = static_cast<std::int32_t>(layer);
     t.micro_batch = mb;
+    sample_device(t, true);
     t.start = std::exchange(mark, nullptr);
     st = trace_->finish(t, config_.compute);
   }
@@ -370,6 +373,12 @@ status prefetch_engine::info(tensor_key k, tensor_info* out) noexcept {
   out->device = r.prefetched ? r.prefetched : r.device;
   out->bytes = r.bytes;
   return status::ok;
+}
+
+void prefetch_engine::sample_device(timed_op& t, bool compute) noexcept {
+  if (!config_.pool) return;
+  if (compute) t.device_peak = config_.pool->held_peak_since_last();
+  t.device_bytes = config_.pool->held_bytes();
 }
 
 planner::TraceWriter prefetch_engine::trace() {

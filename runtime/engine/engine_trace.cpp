@@ -163,9 +163,16 @@ void engine_trace::harvest(bool block, const engine_plan& plan) {
       if (op.flat < plan.total()) sp.tensor = plan.name(op.flat);
       sp.bytes = op.bytes;
       sp.extra["micro_batch"] = op.micro_batch;
-      if (op.kind == SpanKind::d2h || op.kind == SpanKind::h2d)
+      const bool copy = op.kind == SpanKind::d2h || op.kind == SpanKind::h2d;
+      if (copy)
         writer_.add_counter(planner::kPinnedBytesCounter, t0,
                             static_cast<double>(op.pinned_bytes));
+      // Note [Measured device bytes]
+      if (op.device_peak != timed_op::kNoSample)
+        writer_.add_counter(planner::kDeviceBytesCounter, t0, static_cast<double>(op.device_peak));
+      if (op.device_bytes != timed_op::kNoSample)
+        writer_.add_counter(planner::kDeviceBytesCounter, copy ? t0 : t1,
+                            static_cast<double>(op.device_bytes));
       writer_.add_span(std::move(sp));
     }
     events_.give(op.start);

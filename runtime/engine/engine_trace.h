@@ -12,6 +12,23 @@
 // (cudaEventElapsedTime reports not-ready, nothing is queried or synchronized) at the end
 // of each micro-batch's backward, and blocking when a trace or report is asked for; their
 // events then go back to the pool.
+//
+// Note [Measured device bytes]
+// The simulator's "device bytes" counter is the planner's memory schedule. The engine's is
+// measured when it runs on stash's device pool (engine_config::pool): the pool's held bytes
+// (blocks in use plus blocks freed but still awaited by their streams: what it cannot hand
+// out, the quantity the workload reports as its measured peak), read on the host
+//  - as each copy is submitted (a prefetch's after its destination block is allocated),
+//    drawn at the copy's start;
+//  - as each layer's compute span ends: the level then, drawn at the span's end, and the
+//    highest level since the previous span ended (the pool tracks it at every allocation),
+//    drawn at the span's start. A layer's temporaries peak inside it, and the work between
+//    two layers (the loss, say) counts in the next.
+// The pool is stream-ordered, so its count moves when the host enqueues work, which is when
+// these reads happen; placing them at the ops' GPU times draws the schedule the GPU ran.
+// The counter's maximum is the pool's held peak over the trace. With the caller's allocator
+// (callbacks) there is no counter: the engine sees only the blocks it moves. One engine per
+// pool should sample it (the highest-level window is the pool's, not the engine's).
 #pragma once
 
 #include <cstddef>
@@ -35,6 +52,12 @@ struct timed_op {
   std::size_t flat = engine_plan::npos;  // copies: the tensor
   std::uint64_t bytes = 0;
   std::uint64_t pinned_bytes = 0;        // pinned bytes in use when it was submitted
+  // Note [Measured device bytes]; kNoSample without stash's device pool. device_bytes: the
+  // pool's held bytes when the op was submitted (copies) or ended (compute); device_peak
+  // (compute): the highest level since the previous compute span ended.
+  static constexpr std::uint64_t kNoSample = ~std::uint64_t{0};
+  std::uint64_t device_bytes = kNoSample;
+  std::uint64_t device_peak = kNoSample;
   cudaEvent_t start = nullptr, end = nullptr;
 };
 

@@ -255,6 +255,7 @@ status prefetch_engine::offload(tensor_key k, void* device, std::size_t bytes,
     t.flat = flat;
     t.bytes = bytes;
     t.pinned_bytes = pinned_in_use_;
+    sample_device(t, false);
     if ((st = trace_->start(t, d2h_.get(), &op)) != status::ok) return undo(st);
     timed = true;
   }

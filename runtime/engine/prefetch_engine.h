@@ -143,6 +143,7 @@ struct engine_stats {
 };
 
 class engine_trace;
+struct timed_op;
 
 class prefetch_engine {
  public:
@@ -203,6 +204,9 @@ class prefetch_engine {
   status alloc_device(std::size_t bytes, void** out) noexcept;
   status keep_on_device(micro_batch_slot& s, tensor_record& r, status why) noexcept;
   status tensor_fail(tensor_record& r, status why) noexcept;
+  // Note [Measured device bytes]: the pool's held bytes (and, for a compute span, the
+  // highest level since the previous one) into `t`; nothing without stash's pool.
+  void sample_device(timed_op& t, bool compute) noexcept;
 
   engine_config config_;
   std::mutex mutex_;

@@ -60,6 +60,35 @@ TEST(DevicePool, AllocationStreamNeedsNoEventAtFree) {
   EXPECT_EQ(pool.stats().pending_count, 0u);
 }
 
+// held_bytes / held_peak_since_last (the engine's "device bytes" samples): blocks in use
+// plus blocks freed but still awaited by another stream, and the highest such level since
+// the previous read.
+TEST(DevicePool, HeldBytesCountPendingBlocksAndPeakPerWindow) {
+  if (!test::on_double()) GTEST_SKIP() << "pausing a stream needs the double";
+  device_pool pool(config(64 * MiB));
+  Stream a, b;
+  EXPECT_EQ(pool.held_peak_since_last(), 0u);
+  void *p = nullptr, *q = nullptr, *r = nullptr;
+  ASSERT_EQ(pool.allocate(2 * MiB, a, &p), status::ok);
+  ASSERT_EQ(pool.allocate(1 * MiB, a, &q), status::ok);
+  EXPECT_EQ(pool.held_bytes(), 3 * MiB);
+  ASSERT_EQ(test::double_api().stream_pause(b), cudaSuccess);
+  const cudaStream_t used[] = {b};
+  ASSERT_EQ(pool.deallocate(p, used, 1), status::ok);  // b has not reached its event
+  EXPECT_EQ(pool.held_bytes(), 3 * MiB);
+  ASSERT_EQ(pool.deallocate(q, nullptr, 0), status::ok);
+  EXPECT_EQ(pool.held_bytes(), 2 * MiB);
+  EXPECT_EQ(pool.held_peak_since_last(), 3 * MiB);
+  EXPECT_EQ(pool.held_peak_since_last(), 2 * MiB);  // a new window starts at the level
+  ASSERT_EQ(pool.allocate(4 * MiB, a, &r), status::ok);
+  ASSERT_EQ(pool.deallocate(r, nullptr, 0), status::ok);
+  EXPECT_EQ(pool.held_peak_since_last(), 6 * MiB);
+  ASSERT_EQ(test::double_api().stream_resume(b), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_EQ(pool.stats().pending_count, 0u);  // stats() retires the completed guard
+  EXPECT_EQ(pool.held_bytes(), 0u);
+}
+
 TEST(DevicePool, BudgetPressureReleasesOtherStreamsCachedSlabs) {
   device_pool pool(config(8 * MiB));
   Stream a, b;

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +43,23 @@ TraceWriter sample_trace() {
   w.add_counter(kPinnedBytesCounter, 10, 4096);
   w.set_metadata("source", "unit");
   return w;
+}
+
+// A writer may add samples out of time order (the engine harvests its ops per stream); the
+// JSON lists them in time order, samples of one instant in the order they were added.
+TEST(Trace, CountersAreWrittenInTimeOrder) {
+  TraceWriter w("unit test");
+  w.add_counter(kDeviceBytesCounter, 30, 3);
+  w.add_counter(kDeviceBytesCounter, 10, 1);
+  w.add_counter(kDeviceBytesCounter, 20, 2);
+  w.add_counter(kDeviceBytesCounter, 10, 4);
+  const json j = w.to_json();
+  std::vector<std::pair<double, double>> got;
+  for (const json& e : j["traceEvents"])
+    if (e["ph"] == "C") got.emplace_back(e["ts"].get<double>(), e["args"]["bytes"].get<double>());
+  const std::vector<std::pair<double, double>> want = {
+      {10000, 1}, {10000, 4}, {20000, 2}, {30000, 3}};
+  EXPECT_EQ(got, want);
 }
 
 TEST(Trace, JsonHasMetadataTracksSpansAndCounters) {

@@ -60,6 +60,7 @@ planner::Decisions decisions_of(const scenario& s) {
 struct measured {
   double step_ms = 0;
   planner::OverlapReport report;
+  planner::TraceWriter trace;
 };
 
 class Overlap : public EngineTest {
@@ -126,6 +127,7 @@ class Overlap : public EngineTest {
       if (sp.track == planner::kComputeTrack) lo = std::min(lo, sp.start_ms), hi = std::max(hi, sp.end_ms());
     m.step_ms = hi - lo;
     m.report = planner::overlap_report(t.spans());
+    m.trace = t;
     EXPECT_TRUE(violations().empty()) << violations().front();
     return m;
   }
@@ -218,6 +220,73 @@ TEST_F(Overlap, LookaheadTwoHidesMoreThanOne) {
   s.name = "uneven depth 2";
   compare(s);
   EXPECT_LT(last_exposed_, depth1 - 10);
+}
+
+// Note [Measured device bytes]: within a layer, a temporary raises the pool's held bytes
+// and is freed before the layer ends; the compute span starts at that highest level and
+// ends at the level left (a parameter and the layer's activation).
+TEST_F(Overlap, DeviceBytesCounterShowsTheLayersPeak) {
+  STASH_REQUIRE_DOUBLE();
+  make(config(), plan_of({"k"}));
+  void* param = dev_alloc(kMB);
+  const double level0 = static_cast<double>(pool_->held_bytes());
+  ASSERT_EQ(engine_->forward_begin(0, 0), status::ok) << last_error();
+  void* tmp = dev_alloc(4 * kMB);
+  const double top = static_cast<double>(pool_->held_bytes());
+  ASSERT_EQ(double_api().enqueue_compute(compute_, 10, "fwd", nullptr, nullptr, 0, nullptr,
+                                         nullptr, 0),
+            cudaSuccess);
+  ASSERT_EQ(pool_->deallocate(tmp, nullptr, 0), status::ok);
+  void* act = dev_alloc(kHalfMB);
+  const double level1 = static_cast<double>(pool_->held_bytes());
+  ASSERT_EQ(engine_->forward_end(0, 0), status::ok) << last_error();
+  ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
+  const planner::TraceWriter t = engine_->trace();
+  ASSERT_GT(top, level1);
+  ASSERT_GT(level1, level0);
+  std::vector<std::pair<double, double>> got;
+  for (const planner::CounterSample& c : t.counters())
+    if (c.name == planner::kDeviceBytesCounter) got.emplace_back(c.t_ms, c.value);
+  ASSERT_EQ(t.spans().size(), 1u);
+  const planner::Span& fwd = t.spans()[0];
+  EXPECT_NEAR(fwd.dur_ms, 10, 1e-9);
+  const std::vector<std::pair<double, double>> want = {{fwd.start_ms, top},
+                                                       {fwd.end_ms(), level1}};
+  EXPECT_EQ(got, want);
+  pool_->deallocate(act, nullptr, 0);
+  pool_->deallocate(param, nullptr, 0);
+}
+
+// Over a whole step (fits(): all eight tensors allocated before it, layer i's two
+// offloaded blocks handed back at forward_begin(i+2) and the loss turn, two prefetched
+// blocks per backward layer): the counter's maximum is the pool's peak, eight blocks, and
+// the last backward layer ends holding its own two prefetched blocks.
+TEST_F(Overlap, DeviceBytesCounterFollowsThePool) {
+  STASH_REQUIRE_DOUBLE();
+  const scenario s = fits();
+  const measured m = run(s, profile_of(s));
+  const double b = static_cast<double>(pool_->stats().peak_bytes) / 8;  // one rounded block
+  ASSERT_GE(b, double(kHalfMB));
+  double hi = 0, last_t = -1, last = -1;
+  for (const planner::CounterSample& c : m.trace.counters()) {
+    if (c.name != planner::kDeviceBytesCounter) continue;
+    hi = std::max(hi, c.value);
+    if (c.t_ms >= last_t) last_t = c.t_ms, last = c.value;
+  }
+  EXPECT_EQ(hi, 8 * b);
+  EXPECT_EQ(last, 2 * b);
+  // Each forward span's end level: 8, 8, then 6 and 4 as layers 0 and 1 go back.
+  const std::vector<double> want = {8, 8, 6, 4};
+  for (const planner::Span& sp : m.trace.spans()) {
+    if (sp.kind != planner::SpanKind::forward) continue;
+    bool seen = false;
+    for (const planner::CounterSample& c : m.trace.counters())
+      if (c.name == planner::kDeviceBytesCounter && c.t_ms == sp.end_ms() &&
+          c.value == want[sp.layer] * b)
+        seen = true;
+    EXPECT_TRUE(seen) << "no sample of " << want[sp.layer] << " blocks as forward of layer "
+                      << sp.layer << " ends";
+  }
 }
 
 TEST_F(Overlap, MixedPlanDepthTwo) {
