@@ -41,10 +41,12 @@ nogpu)
   grep -q "predicted (no GPU found" "$out/trace-70.json" || fail "trace-70.json is not labelled"
   ;;
 host)
-  "$stash" demo --backend host --layers 3 --hidden 64 --seq 2048 --batch 2 --ffn-mult 1 \
-    --steps 2 --pareto-points 8 --out "$out" "${extra[@]}" >"$out.stdout" 2>"$out.stderr"
+  # No size options: the host backend's own small default model.
+  "$stash" demo --backend host --steps 2 --pareto-points 8 --out "$out" "${extra[@]}" \
+    >"$out.stdout" 2>"$out.stderr"
   rc=$?
   [ $rc -eq 0 ] || fail "exit status $rc (want 0)"
+  expect_line "$out.stdout" "stash demo: --backend host computes with plain C++ loops, so without size options it runs a small model: --layers 3 --hidden 64 --seq 2048 --batch 2 --ffn-mult 1"
   expect_line "$out.stdout" "stash demo: measured on stash test double (backend host; times: virtual clock of stash's CPU test double"
   expect_line "$out.stdout" "| budget | solver | measured step ms | throughput | measured peak | predicted step ms | predicted peak | vs recompute-all | vs keep-all |"
   expect_line "$out.stdout" "gradients: bitwise equal to keep-all for every plan (and recompute-all)"
@@ -63,6 +65,17 @@ host)
   done
   grep -q '"traceEvents"' "$out/trace-100.json" || fail "trace-100.json is not a trace"
   grep -q '"compute"' "$out/trace-100.json" || fail "trace-100.json has no compute track"
+  # Note [Measured device bytes]: the engine's trace samples the device pool; the counter's
+  # maximum is the pool's held peak, which the table prints as the measured peak.
+  for b in 70 min; do
+    top=$(python3 -c 'import json, sys
+v = [e["args"]["bytes"] for e in json.load(open(sys.argv[1]))["traceEvents"]
+     if e.get("ph") == "C" and e["name"] == "device bytes"]
+print("%.2f MiB" % (max(v) / 1048576.0) if v else "none")' "$out/trace-$b.json")
+    label=$b%; [ $b = min ] && label=min
+    meas=$(grep -E "^\| $label \(" "$out.stdout" | awk -F'|' '{gsub(/^ +| +$/, "", $6); print $6}')
+    [ "$top" = "$meas" ] || fail "trace-$b.json: device bytes counter peaks at $top, measured peak $meas"
+  done
   # The pool's in-use peak of every plan is the simulator's predicted peak, to the byte as
   # rendered (the driver's memory schedule is the planner's model).
   in_use=$(grep -F "the pool's in-use peak alone:" "$out.stdout")

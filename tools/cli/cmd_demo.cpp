@@ -94,7 +94,15 @@ namespace {
 
 // ---- mode ------------------------------------------------------------------------------
 
-void run_demo(const demo_args& a) {
+void run_demo(demo_args a) {
+  if (a.backend == "host" && !a.size_given) {
+    a.layers = host_size::layers, a.hidden = host_size::hidden, a.seq = host_size::seq;
+    a.batch = host_size::batch, a.ffn_mult = host_size::ffn_mult;
+    std::printf("stash demo: --backend host computes with plain C++ loops, so without size "
+                "options it runs a small model: --layers %d --hidden %d --seq %d --batch %d "
+                "--ffn-mult %d\n",
+                a.layers, a.hidden, a.seq, a.batch, a.ffn_mult);
+  }
   workload::model_config c;
   c.layers = a.layers, c.hidden = a.hidden, c.seq = a.seq, c.batch = a.batch;
   c.ffn_mult = a.ffn_mult, c.micro_batches = a.micro_batches, c.seed = a.seed;
@@ -175,12 +183,17 @@ const CommandRegistrar reg(90, [](CLI::App& app) {
                   "auto (CUDA with a GPU, else predicted only), cuda, or host: the host "
                   "reference backend on stash's CPU test double (LD_LIBRARY_PATH=<build>/"
                   "cudart_double), the measured pipeline without a GPU, for CI; its times are "
-                  "the double's virtual clock")
+                  "the double's virtual clock; without size options it runs a small model "
+                  "(3 layers, hidden 64, seq 2048, batch 2, ffn-mult 1)")
       ->capture_default_str();
   cmd->add_option("--pareto-points", a->pareto_points, "solver calls of the Pareto sweep")
       ->capture_default_str()
       ->check(CLI::Range(2, 100000));
-  cmd->callback([a] { run_demo(*a); });
+  cmd->callback([a, cmd] {
+    for (const char* o : {"--layers", "--hidden", "--seq", "--batch", "--ffn-mult"})
+      if (cmd->count(o) > 0) a->size_given = true;
+    run_demo(*a);
+  });
 });
 
 }  // namespace

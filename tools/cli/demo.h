@@ -25,6 +25,13 @@ struct demo_args {
   std::uint64_t seed = 1;
   std::string out = "demo-out", solver = "greedy", profile, backend = "auto";
   int pareto_points = 32;
+  bool size_given = false;  // any of --layers --hidden --seq --batch --ffn-mult on the line
+};
+
+// --backend host computes with plain C++ loops: without size options it runs this model
+// (seconds), not the GPU-sized default above (hours).
+struct host_size {
+  static constexpr int layers = 3, hidden = 64, seq = 2048, batch = 2, ffn_mult = 1;
 };
 
 // ---- helpers (cmd_demo.cpp) ------------------------------------------------------------
