@@ -1,15 +1,38 @@
 #!/usr/bin/env bash
-# Prepares what tools/gpu-check.sh needs on a GPU machine that reaches no package registry:
-# the Debian packages stash builds against (GLPK, nlohmann-json, CLI11, GoogleTest,
-# Google Benchmark, libnuma, OpenSSL's libcrypto, and their runtime libraries), downloaded
-# here as .deb files into .carry/debs (about 7 MiB; .carry/ is git-ignored).
-#   tools/gpu-carry.sh          then carry ".carry" to the GPU machine (device tool: carry
-#                               [".carry"]) and run tools/gpu-check.sh there.
-# gpu-check.sh unpacks them with `dpkg-deb -x` into .carry/prefix (never into /) and points
-# CMake, the compiler, the linker and the loader at that prefix. The packages are Debian
-# 12's amd64 builds (glibc 2.36), which run on any newer glibc (Ubuntu 24.04 has 2.39).
+# Prepares what tools/gpu-check.sh needs on a GPU machine that reaches no package registry.
+#   tools/gpu-carry.sh           the Debian packages stash builds against (GLPK,
+#                                nlohmann-json, CLI11, GoogleTest, Google Benchmark, libnuma,
+#                                OpenSSL's libcrypto, and their runtime libraries), downloaded
+#                                as .deb files into .carry/debs (about 7 MiB)
+#   tools/gpu-carry.sh --build   the same, and a Release build for the GPU made here, staged
+#                                into .carry/build-gpu (Note [A build made here]), so the GPU
+#                                machine's minutes go to the checks rather than to nvcc
+# Then carry ".carry" to the GPU machine (device tool: carry [".carry"]) and run
+# tools/gpu-check.sh there. .carry/ is git-ignored.
+# gpu-check.sh unpacks the packages with `dpkg-deb -x` into .carry/prefix (never into /) and
+# points CMake, the compiler, the linker and the loader at that prefix. They are Debian 12's
+# amd64 builds (glibc 2.36), which run on any newer glibc (Ubuntu 24.04 has 2.39).
+# Environment (--build): STASH_GPU_ARCH (default 90-real: the H200 the device tool lends).
+#
+# Note [A build made here]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# A build tree holds absolute paths (ctest's files, RUNPATHs, the tests' data paths), so it
+# is configured through a fixed path, /tmp/stash-gpu-root, a link to this checkout, with
+# its build folder at /tmp/stash-gpu-root/build-gpu. gpu-check.sh points the same link at
+# its own checkout and puts the staged tree back at build-gpu/: every path in it then holds
+# there. Staged: the tree without objects, static libraries and Ninja's state (ctest needs
+# its files, the programs and the shared libraries). build-gpu/STAMP names the commit; when
+# the checkout there is a different one, gpu-check.sh builds afresh instead. The GPU Python
+# test's interpreter is /tmp/stash-gpu-python, which gpu-check.sh writes there as a wrapper
+# around the machine's python3 (the one with a CUDA torch).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+build=0
+case "${1:-}" in
+  --build) build=1 ;;
+  "") ;;
+  *) echo "usage: tools/gpu-carry.sh [--build]" >&2; exit 2 ;;
+esac
 dest="$root/.carry/debs"
 pkgs=(libglpk-dev libglpk40 libamd2 libcolamd2 libsuitesparseconfig5 libltdl7 libgmp10
       nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
@@ -29,3 +52,29 @@ if [ "$n" -ne "${#pkgs[@]}" ]; then
   exit 1
 fi
 echo "stash gpu-carry: $n packages, $(du -sh "$dest" | cut -f1), in $dest"
+((build)) || exit 0
+
+# --- the build made here (Note [A build made here]) -----------------------------------------
+link=/tmp/stash-gpu-root
+arch=${STASH_GPU_ARCH:-90-real}
+commit=$(git -C "$root" rev-parse HEAD)
+dirty=$(git -C "$root" status --porcelain --untracked-files=no | head -1)
+if [ -n "$dirty" ]; then
+  echo "stash gpu-carry: the checkout has uncommitted changes; commit them first (the staged" >&2
+  echo "build is named by its commit, and gpu-check.sh trusts that name)" >&2
+  exit 1
+fi
+"$root/tools/deps.sh"
+ln -sfn "$root" "$link"
+bdir="$link/build-gpu"
+echo "stash gpu-carry: building for $arch in $bdir (Release; this takes a while on few cores)"
+"$link/tools/build.sh" "$bdir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+  -DSTASH_BUILD_BENCHMARKS=ON -DSTASH_GPU_PYTHON=/tmp/stash-gpu-python
+stage="$root/.carry/build-gpu"
+rm -rf "$stage"
+mkdir -p "$stage"
+tar -C "$bdir" --exclude='*.o' --exclude='*.a' --exclude='CMakeFiles' --exclude='.ninja_*' \
+    --exclude='Testing' -cf - . | tar -C "$stage" -xf -
+printf 'commit %s\narch %s\nbuilt %s\n' "$commit" "$arch" "$(date -u '+%Y-%m-%d %H:%M UTC')" \
+  >"$stage/STAMP"
+echo "stash gpu-carry: staged $(du -sh "$stage" | cut -f1) in $stage ($(du -sh "$root/.carry" | cut -f1) to carry)"

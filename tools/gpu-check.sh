@@ -8,9 +8,12 @@
 # from .carry/debs (prepared by tools/gpu-carry.sh on a machine that has Debian's
 # registry, then carried along), unpacked into .carry/prefix; without .carry the build
 # uses whatever the machine has installed.
+# A build made beforehand by `tools/gpu-carry.sh --build` (.carry/build-gpu) is used when it
+# is of this commit and this GPU's architecture (Note [A build made here] in gpu-carry.sh);
+# otherwise the script builds here.
 # Environment: STASH_GPU_ARCH (default: the first GPU's compute capability, e.g. 90-real),
 # STASH_GPU_CHECK_STEPS (default: all of "build tests bench demo"), STASH_GPU_BUILD_DIR
-# (default build-gpu/).
+# (default build-gpu/; a carried build always lands at /tmp/stash-gpu-root/build-gpu).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -78,6 +81,37 @@ if [ -z "$arch" ] && command -v nvidia-smi >/dev/null; then
 fi
 arch=${arch:-90-real}
 bdir=${STASH_GPU_BUILD_DIR:-$root/build-gpu}
+
+# --- a build made beforehand (Note [A build made here] in tools/gpu-carry.sh) ----------------
+carried="$root/.carry/build-gpu"
+if want build && [ -f "$carried/STAMP" ]; then
+  stamp_commit=$(sed -n 's/^commit //p' "$carried/STAMP")
+  stamp_arch=$(sed -n 's/^arch //p' "$carried/STAMP")
+  head=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+  if [ "$stamp_arch" != "$arch" ]; then
+    say "carried build: for $stamp_arch, this GPU wants $arch; building here"
+  elif [ "$head" != unknown ] && [ "$head" != "$stamp_commit" ]; then
+    say "carried build: of commit ${stamp_commit:0:12}, this checkout is ${head:0:12}; building here"
+  else
+    [ "$head" = unknown ] && say "carried build: no git here to compare commits; trusting its STAMP"
+    ln -sfn "$root" /tmp/stash-gpu-root
+    rm -rf "$root/build-gpu"
+    cp -a "$carried" "$root/build-gpu"
+    bdir=/tmp/stash-gpu-root/build-gpu
+    # The GPU Python test's interpreter: this machine's python3 (a wrapper, not a link: a
+    # venv's python finds its packages from the path it was started by).
+    printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v python3)" >/tmp/stash-gpu-python
+    chmod +x /tmp/stash-gpu-python
+    missing=$(ldd "$bdir/tools/stash" "$bdir"/tests/workload/workload_cuda_tests 2>&1 | grep 'not found' | sort -u)
+    if [ -n "$missing" ]; then
+      say "carried build: libraries not found here:"; say "$missing"; say "building here instead"
+      bdir=${STASH_GPU_BUILD_DIR:-$root/build-gpu-local}
+    else
+      say "carried build: $(tr '\n' ' ' <"$carried/STAMP")-> $bdir"
+      steps=${steps//build/}
+    fi
+  fi
+fi
 
 if want build; then
   export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
