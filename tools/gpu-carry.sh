@@ -21,8 +21,12 @@
 # its build folder at /tmp/stash-gpu-root/build-gpu. gpu-check.sh points the same link at
 # its own checkout and puts the staged tree back at build-gpu/: every path in it then holds
 # there. Staged: the tree without objects, static libraries and Ninja's state (ctest needs
-# its files, the programs and the shared libraries). build-gpu/STAMP names the commit; when
-# the checkout there is a different one, gpu-check.sh builds afresh instead. The GPU Python
+# its files, the programs and the shared libraries). build-gpu/STAMP names the commit and
+# the architecture; build-gpu/SOURCES holds the SHA-1 of every tracked file as built (the
+# working tree's, so uncommitted changes are fine). gpu-check.sh uses the staged build only
+# when every one of those files is the same there (sha1sum -c: no git needed, and a stale
+# .carry left from an earlier commit is caught) and the GPU's architecture matches;
+# otherwise it builds afresh. The GPU Python
 # test's interpreter is /tmp/stash-gpu-python, which gpu-check.sh writes there as a wrapper
 # around the machine's python3 (the one with a CUDA torch).
 set -euo pipefail
@@ -39,6 +43,7 @@ pkgs=(libglpk-dev libglpk40 libamd2 libcolamd2 libsuitesparseconfig5 libltdl7 li
       libbenchmark-dev libbenchmark1debian libnuma-dev libnuma1 libssl-dev libssl3)
 mkdir -p "$dest"
 rm -f "$dest"/*.deb
+rm -rf "$root/.carry/prefix"  # gpu-check.sh's unpacked copy, if one was made here: not carried
 # apt-get download writes into the current directory (as root it warns that the _apt user
 # cannot write there, which is harmless).
 if ! (cd "$dest" && apt-get -q download "${pkgs[@]}" >"$dest/download.log" 2>&1); then
@@ -58,12 +63,8 @@ echo "stash gpu-carry: $n packages, $(du -sh "$dest" | cut -f1), in $dest"
 link=/tmp/stash-gpu-root
 arch=${STASH_GPU_ARCH:-90-real}
 commit=$(git -C "$root" rev-parse HEAD)
-dirty=$(git -C "$root" status --porcelain --untracked-files=no | head -1)
-if [ -n "$dirty" ]; then
-  echo "stash gpu-carry: the checkout has uncommitted changes; commit them first (the staged" >&2
-  echo "build is named by its commit, and gpu-check.sh trusts that name)" >&2
-  exit 1
-fi
+[ -n "$(git -C "$root" status --porcelain --untracked-files=no | head -1)" ] &&
+  commit+=" with uncommitted changes"
 "$root/tools/deps.sh"
 ln -sfn "$root" "$link"
 bdir="$link/build-gpu"
@@ -77,4 +78,6 @@ tar -C "$bdir" --exclude='*.o' --exclude='*.a' --exclude='CMakeFiles' --exclude=
     --exclude='Testing' -cf - . | tar -C "$stage" -xf -
 printf 'commit %s\narch %s\nbuilt %s\n' "$commit" "$arch" "$(date -u '+%Y-%m-%d %H:%M UTC')" \
   >"$stage/STAMP"
+# The sources it was built from, by content: gpu-check.sh checks them without git.
+(cd "$root" && git ls-files -z | xargs -0 sha1sum) >"$stage/SOURCES"
 echo "stash gpu-carry: staged $(du -sh "$stage" | cut -f1) in $stage ($(du -sh "$root/.carry" | cut -f1) to carry)"

@@ -85,15 +85,14 @@ bdir=${STASH_GPU_BUILD_DIR:-$root/build-gpu}
 # --- a build made beforehand (Note [A build made here] in tools/gpu-carry.sh) ----------------
 carried="$root/.carry/build-gpu"
 if want build && [ -f "$carried/STAMP" ]; then
-  stamp_commit=$(sed -n 's/^commit //p' "$carried/STAMP")
   stamp_arch=$(sed -n 's/^arch //p' "$carried/STAMP")
-  head=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+  changed=$(sha1sum --quiet -c "$carried/SOURCES" 2>&1 | head -5)
   if [ "$stamp_arch" != "$arch" ]; then
     say "carried build: for $stamp_arch, this GPU wants $arch; building here"
-  elif [ "$head" != unknown ] && [ "$head" != "$stamp_commit" ]; then
-    say "carried build: of commit ${stamp_commit:0:12}, this checkout is ${head:0:12}; building here"
+  elif [ ! -s "$carried/SOURCES" ] || [ -n "$changed" ]; then
+    say "carried build: made from other sources than these; building here"
+    say "${changed:-no SOURCES list}"
   else
-    [ "$head" = unknown ] && say "carried build: no git here to compare commits; trusting its STAMP"
     ln -sfn "$root" /tmp/stash-gpu-root
     rm -rf "$root/build-gpu"
     cp -a "$carried" "$root/build-gpu"
