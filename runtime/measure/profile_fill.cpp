@@ -61,6 +61,7 @@ filled_profile fill_profile(const measurement& m, const planner::Profile* skelet
     out.notes.push_back(
         "no skeleton given: per-layer times only; this profile cannot be planned yet "
         "(rerun with --skeleton S, a stash.profile/1 listing each layer's tensors)");
+    out.json["measurement"]["notes"] = out.notes;
     return out;
   }
 
@@ -85,7 +86,7 @@ filled_profile fill_profile(const measurement& m, const planner::Profile* skelet
     for (planner::TensorProfile& t : layer.tensors) {
       auto tt = m.tensors.find({static_cast<int>(i), t.name});
       if (tt == m.tensors.end() || tt->second.empty()) {
-        ++tensors_missing;
+        if (t.recomputable) ++tensors_missing;  // the others need no recompute_ms
       } else {
         t.recompute_ms = median(tt->second);
         ++tensors_filled;
@@ -117,8 +118,8 @@ filled_profile fill_profile(const measurement& m, const planner::Profile* skelet
   if (tensors_missing > 0) {
     out.notes.push_back(std::to_string(tensors_missing) + " of " +
                         std::to_string(tensors_missing + tensors_filled) +
-                        " tensors had no stash:tensor scope; their recompute_ms stay the "
-                        "skeleton's");
+                        " recomputable tensors had no stash:tensor scope; their recompute_ms "
+                        "stay the skeleton's");
   }
   out.json = planner::profile_to_json(p);
   // profile_to_json writes local_ranks as a signed JSON integer, which profile_from_json
@@ -127,6 +128,7 @@ filled_profile fill_profile(const measurement& m, const planner::Profile* skelet
   // Round trip through the validator: what we write must be what `stash plan` accepts.
   (void)planner::profile_from_json(out.json);
   out.json["measurement"] = summary(m);
+  out.json["measurement"]["notes"] = out.notes;
   out.plannable = true;
   return out;
 }

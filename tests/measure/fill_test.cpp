@@ -67,11 +67,27 @@ TEST(FillProfile, FillsTimesFromScopesAndMarksMeasured) {
   EXPECT_EQ(f.json["measurement"]["dropped_records"], 3);
   bool tensor_note = false, dropped_note = false;
   for (const std::string& n : f.notes) {
-    tensor_note |= n.find("3 of 4 tensors had no stash:tensor scope") != std::string::npos;
+    // Layer 1's attn_out; the inputs are not recomputable and need no producer time.
+    tensor_note |= n.find("1 of 2 recomputable tensors had no stash:tensor scope") != std::string::npos;
     dropped_note |= n.find("dropped") != std::string::npos;
   }
   EXPECT_TRUE(tensor_note);
   EXPECT_TRUE(dropped_note);
+  EXPECT_EQ(f.json["measurement"]["notes"], nlohmann::json(f.notes));
+}
+
+// Everything the skeleton needs measured, nothing dropped: no notes, in the file too.
+TEST(FillProfile, ACompleteMeasurementHasNoNotes) {
+  const planner::Profile sk = skeleton();
+  measurement m = sample_measurement();
+  m.tensors[{1, "attn_out"}] = {0.8};
+  m.step_outside_ms = {0.1};
+  m.dropped_records = 0;
+  m.warnings.clear();
+  const filled_profile f = fill_profile(m, &sk, std::nullopt);
+  EXPECT_TRUE(f.notes.empty()) << f.notes.front();
+  EXPECT_TRUE(f.json["measurement"]["notes"].is_array());
+  EXPECT_TRUE(f.json["measurement"]["notes"].empty());
 }
 
 TEST(FillProfile, MergesAGivenLinkSection) {

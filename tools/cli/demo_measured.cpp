@@ -111,13 +111,18 @@ run_outcome run_plan(const workload::model_config& c, workload::backend_kind kin
 }
 
 // Profiles a keep-all run: CUPTI through stash_profiler_start/stop with the skeleton, or,
-// when profiling is unavailable, CUDA events around the same scopes (scope_timer.h).
+// when profiling is unavailable or its profile incomplete (a layer's forward or backward, or
+// a recomputable tensor's producer, with no kernel attributed; dropped records: the
+// profile's measurement.notes, profile_fill.h), CUDA events around the same scopes
+// (scope_timer.h). The plans are only as good as the profile, so an incomplete one is not
+// planned on.
 planner::Profile profile_workload(const workload::model_config& c, workload::backend_kind kind,
                                   const planner::Profile& skeleton, const demo_args& a) {
   const std::string skel_path = a.out + "/skeleton.json", prof_path = a.out + "/profile.json";
   workload::session s = make_session(c, kind);
   s.set_plan(workload::uniform_plan(c.layers, STASH_ACTION_KEEP));
   stash_status_t st = stash_profiler_start();
+  std::string why;
   if (st == STASH_OK) {
     progress("profiling %s steps with CUPTI", std::to_string(a.steps));
     for (int i = 0; i < a.steps; ++i) {
@@ -127,9 +132,17 @@ planner::Profile profile_workload(const workload::model_config& c, workload::bac
     st = stash_profiler_stop(skel_path.c_str(), prof_path.c_str());
     if (st != STASH_OK)
       throw std::runtime_error(std::string("stash_profiler_stop: ") + stash_last_error());
-    return planner::load_profile(prof_path);
+    const nlohmann::json measured = planner::read_json_file(prof_path);
+    const nlohmann::json notes = measured.value("measurement", nlohmann::json::object())
+                                     .value("notes", nlohmann::json::array());
+    if (notes.empty()) return planner::profile_from_json(measured);
+    for (const nlohmann::json& n : notes)
+      std::fprintf(stderr, "demo: CUPTI profile: %s\n", n.get<std::string>().c_str());
+    why = "the CUPTI profile is incomplete (" + std::to_string(notes.size()) + " note" +
+          (notes.size() == 1 ? "" : "s") + " above)";
+  } else {
+    why = stash_last_error();
   }
-  const std::string why = stash_last_error();
   std::fprintf(stderr, "demo: %s; timing blocks with CUDA events instead\n", why.c_str());
   workload::scope_timer timer(s.stream());
   s.workload().set_scope_timer(&timer);
