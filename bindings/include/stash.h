@@ -523,8 +523,9 @@ STASH_API void stash_engine_stats_init(stash_engine_stats_t* stats);
 STASH_API stash_status_t stash_engine_stats(stash_engine_t* engine, stash_engine_stats_t* stats);
 
 /* Waits for the engine's timed work and writes the trace (Chrome/Perfetto JSON: tracks
- * "compute", "stash d2h", "stash h2d", a "pinned bytes" counter). Timing off:
- * STASH_ERROR_INVALID_ARGUMENT. */
+ * "compute", "stash d2h", "stash h2d", a "pinned bytes" counter and, when the engine runs
+ * on a stash device pool, a "device bytes" counter of that pool's held bytes whose maximum
+ * is its peak). Timing off: STASH_ERROR_INVALID_ARGUMENT. */
 STASH_API stash_status_t stash_engine_write_trace(stash_engine_t* engine, const char* path);
 
 typedef struct stash_overlap_t {

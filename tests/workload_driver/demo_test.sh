@@ -89,6 +89,14 @@ print("%.2f MiB" % (max(v) / 1048576.0) if v else "none")' "$out/trace-$b.json")
     [ "$meas" = "$pred" ] || fail "measured peak of $b is $meas, predicted $pred"
   done
   grep -q "measured peak over budget" "$out.stdout" && fail "a plan ran over its budget"
+  # Note [The demo's targets]: judged from the run's own numbers (the virtual clock's here).
+  expect_line "$out.stdout" "targets (Note [The demo's targets]; copy bandwidth: stash bench copy):"
+  expect_line "$out.stdout" "  PASS exposed copy time <= 2% of the run where the copy windows fit: 100% 0.00%"
+  expect_line "$out.stdout" "  PASS measured peak within the budget, every plan: yes"
+  expect_line "$out.stdout" "  PASS predicted step within 5% of measured: worst"
+  expect_line "$out.stdout" "  PASS predicted peak within 2% of measured: worst 0.00%"
+  grep -qE "^  (PASS|FAIL) throughput at 70% >= 97% of keep-all: [0-9.]+%$" "$out.stdout" ||
+    fail "no throughput target line for 70%"
   # Predicted step time within 1% of the measured one, for every plan and both baselines:
   # the profile's step_overhead_ms (the loss, the update and the uploads, which no layer
   # scope covers) closes what was a 5% gap (docs/workload.md).

@@ -52,11 +52,13 @@ struct row {
   planner::Plan plan;
   double pred_step_ms = 0;
   std::uint64_t pred_peak = 0;
+  double pred_exposed_ms = 0;  // per step: compute-stream waits for copies (simulator)
   // measured
   bool measured = false;
   double step_ms = 0, tokens_per_s = 0;
   std::uint64_t peak = 0, in_use_peak = 0;
   bool grads_equal = true;
+  double exposed_share = 0;  // the engine's exposed copy time / the run's time, all steps
 };
 
 struct baselines {

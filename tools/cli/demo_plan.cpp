@@ -69,6 +69,7 @@ std::vector<row> plan_budgets(const planner::Profile& p, const std::string& solv
       const planner::SimResult s = planner::simulate(p, r.plan.decisions(), sim_options(p));
       r.pred_step_ms = passes * s.step_ms;
       r.pred_peak = s.peak_bytes;
+      r.pred_exposed_ms = passes * s.exposed_copy_ms;
     } catch (const planner::infeasible_budget& e) {
       r.note =
           "infeasible: the smallest feasible budget is " + format_bytes(e.min_feasible_bytes());
