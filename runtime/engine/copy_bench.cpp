@@ -204,6 +204,12 @@ std::string format_copy_table(const copy_bench_result& r) {
   };
   row("d2h", r.plain_d2h, r.engine_d2h, r.ratio_d2h);
   row("h2d", r.plain_h2d, r.engine_h2d, r.ratio_h2d);
+  // Issue 7's target for the engine's copies, judged from this run.
+  const bool ok = r.ratio_d2h >= 0.95 && r.ratio_h2d >= 0.95;
+  std::snprintf(line, sizeof line,
+                "target: the engine's bandwidth >= 95%% of plain in both directions: %s\n",
+                ok ? "PASS" : "FAIL");
+  out += line;
   return out;
 }
 

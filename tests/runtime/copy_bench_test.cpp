@@ -35,7 +35,12 @@ TEST(CopyBench, MatchesTheLinkExactlyOnTheDouble) {
   EXPECT_EQ(double_api().violation_count(), 0u);
   const std::string table = engine::format_copy_table(r);
   EXPECT_NE(table.find("engine/plain"), std::string::npos) << table;
+  EXPECT_NE(table.find("95% of plain in both directions: PASS"), std::string::npos) << table;
   EXPECT_EQ(engine::copy_bench_to_json(r)["ratio"]["d2h"].get<double>(), r.ratio_d2h);
+  // The verdict follows the ratios: one direction at 94% fails the target.
+  engine::copy_bench_result slow = r;
+  slow.ratio_h2d = 0.94;
+  EXPECT_NE(engine::format_copy_table(slow).find("both directions: FAIL"), std::string::npos);
 }
 
 TEST(CopyBench, RejectsAZeroSize) {
