@@ -6,7 +6,8 @@
 // - Row-major through a column-major library: a row-major [r][c] array is the column-major
 //   [c][r] array of its transpose, so C = op(A) op(B) (row-major) is computed as
 //   C^T = op(B)^T op(A)^T (column-major): sgemm(op_b, op_a, n, m, k, B, ldb, A, lda, C, n)
-//   with lda = trans_a ? m : k and ldb = trans_b ? k : n, the stored rows' lengths.
+//   with lda = trans_a ? m : k and ldb = trans_b ? k : n, the stored rows' lengths. The
+//   mapping is gemm_layout.h's, tested against a column-major reference on any machine.
 // - Math: CUBLAS_DEFAULT_MATH, set explicitly. For sgemm that means IEEE fp32 inputs with
 //   fp32 accumulation: no TF32 tensor cores (CUBLAS_TF32_TENSOR_OP_MATH) and no BF16x9
 //   emulation (CUBLAS_FP32_EMULATED_BF16X9_MATH); both are opt-in and neither is taken, so
@@ -32,6 +33,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/workload/backend.h"
+#include "kernels/workload/gemm_layout.h"
 #include "kernels/workload/workload_kernels.h"
 
 namespace stash::workload {
@@ -109,9 +111,13 @@ class cuda_backend final : public backend {
     bind(s, op);
     const float alpha = 1.0f;
     // Note [cuBLAS in the workload]: C^T = op(B)^T op(A)^T, column-major.
-    check_cublas(cublasSgemm(handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                             trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
-                             trans_b ? k : n, A, trans_a ? m : k, &beta, C, n),
+    auto op_of = [](bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; };
+    const column_major_gemm g = column_major_for(trans_a, trans_b, m, n, k);
+    const float* first = g.first_is_b ? B : A;
+    const float* second = g.first_is_b ? A : B;
+    check_cublas(cublasSgemm(handle_, op_of(g.trans_first), op_of(g.trans_second), g.m, g.n,
+                             g.k, &alpha, first, g.ld_first, second, g.ld_second, &beta, C,
+                             g.ldc),
                  op, "cublasSgemm");
   }
 
