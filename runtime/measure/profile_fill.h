@@ -15,8 +15,9 @@
 // Whatever the skeleton lists but the run did not measure (a layer's forward or backward, a
 // recomputable tensor's producer) keeps the skeleton's value and is named in `notes`, which
 // also carry the measurement's warnings (dropped records) and go into the profile as
-// measurement.notes: an empty list means every time the skeleton needs was measured. Without a skeleton, the output has per-layer times (and the step
-// overhead) only, is marked "plannable": false, and notes say so.
+// measurement.notes: an empty list means every time the skeleton needs was measured.
+// Without a skeleton, the output has per-layer times (and the step overhead) only, is
+// marked "plannable": false, and notes say so.
 #pragma once
 
 #include <optional>

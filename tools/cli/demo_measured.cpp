@@ -143,7 +143,7 @@ planner::Profile profile_workload(const workload::model_config& c, workload::bac
     const nlohmann::json measured = planner::read_json_file(prof_path);
     const nlohmann::json notes = measured.value("measurement", nlohmann::json::object())
                                      .value("notes", nlohmann::json::array());
-    if (notes.empty()) return planner::profile_from_json(measured);
+    if (notes.empty()) return planner::load_profile(prof_path);  // errors name the file
     for (const nlohmann::json& n : notes)
       std::fprintf(stderr, "demo: CUPTI profile: %s\n", n.get<std::string>().c_str());
     why = "the CUPTI profile is incomplete (" + std::to_string(notes.size()) + " note" +
