@@ -7,55 +7,15 @@
 #include <string>
 
 #include "planner/pareto.h"
+#include "planner/svg_plot.h"
 
 namespace stash::planner {
 
 namespace {
 
-constexpr double kW = 960, kH = 600;                         // canvas
-constexpr double kL = 92, kR = 40, kT = 70, kB = 78;          // plot margins
+using namespace svg;
+
 constexpr double kGiB = 1073741824.0;
-
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += ch;
-    }
-  }
-  return o;
-}
-
-std::string fmt(const char* f, double a) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, a);
-  return b;
-}
-
-// A 1-2-2.5-5 tick step giving at most about `target` ticks over `range`.
-double tick_step(double range, int target) {
-  if (!(range > 0)) return 1;
-  const double raw = range / target, mag = std::pow(10, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
-    if (m * mag >= raw) return m * mag;
-  return 10 * mag;
-}
-
-// Decimals enough to write every multiple of `step` exactly.
-std::string tick_format(double step) {
-  int d = 0;
-  while (d < 4 && std::abs(step * std::pow(10, d) - std::round(step * std::pow(10, d))) > 1e-6) ++d;
-  return "%." + std::to_string(d) + "f";
-}
-
-struct Axis {
-  double lo, hi, px_lo, px_hi;
-  double operator()(double v) const { return px_lo + (v - lo) / (hi - lo) * (px_hi - px_lo); }
-};
 
 }  // namespace
 
@@ -73,54 +33,10 @@ std::string pareto_svg(const ParetoCurve& c, const std::string& title) {
   ylo = std::max(0.0, ylo - ypad), yhi += ypad;
   const Axis X{xlo, xhi, kL, kW - kR}, Y{ylo, yhi, kH - kB, kT};
 
-  std::string s;
-  s += "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fmt("%.0f", kW) + "\" height=\"" +
-       fmt("%.0f", kH) + "\" viewBox=\"0 0 " + fmt("%.0f", kW) + " " + fmt("%.0f", kH) +
-       "\" font-family=\"Helvetica, Arial, sans-serif\">\n";
-  s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  // Bold sans glyphs average about 0.62 em: shrink a long title to fit the canvas.
-  const double title_px = std::min(18.0, (kW - 40) / (0.62 * std::max<std::size_t>(1, title.size())));
-  s += "<text x=\"" + fmt("%.1f", kW / 2) + "\" y=\"30\" font-size=\"" + fmt("%.1f", title_px) +
-       "\" font-weight=\"bold\" text-anchor=\"middle\">" + esc(title) + "</text>\n";
-  s += "<text x=\"" + fmt("%.1f", kW / 2) + "\" y=\"52\" font-size=\"13\" fill=\"#555\" "
-       "text-anchor=\"middle\">" +
-       esc(c.device + ", solver " + c.solver + ", " + std::to_string(c.points.size()) +
-           " budgets") + "</text>\n";
-
-  // Grid and ticks.
-  s += "<g id=\"x-axis\" font-size=\"12\" text-anchor=\"middle\">\n";
-  const double xs = tick_step(xhi - xlo, 8);
-  const std::string xfmt = tick_format(xs);
-  for (double v = std::ceil(xlo / xs) * xs; v <= xhi + 1e-9; v += xs) {
-    const double x = X(v);
-    s += "<line x1=\"" + fmt("%.1f", x) + "\" y1=\"" + fmt("%.1f", kT) + "\" x2=\"" +
-         fmt("%.1f", x) + "\" y2=\"" + fmt("%.1f", kH - kB) + "\" stroke=\"#e4e4e4\"/>\n";
-    s += "<line x1=\"" + fmt("%.1f", x) + "\" y1=\"" + fmt("%.1f", kH - kB) + "\" x2=\"" +
-         fmt("%.1f", x) + "\" y2=\"" + fmt("%.1f", kH - kB + 6) + "\" stroke=\"black\"/>\n";
-    s += "<text x=\"" + fmt("%.1f", x) + "\" y=\"" + fmt("%.1f", kH - kB + 21) + "\">" +
-         fmt(xfmt.c_str(), v) + "</text>\n";
-  }
-  s += "</g>\n<g id=\"y-axis\" font-size=\"12\" text-anchor=\"end\">\n";
-  const double ys = tick_step(yhi - ylo, 7);
-  const std::string yfmt = tick_format(ys);
-  for (double v = std::ceil(ylo / ys) * ys; v <= yhi + 1e-9; v += ys) {
-    const double y = Y(v);
-    s += "<line x1=\"" + fmt("%.1f", kL) + "\" y1=\"" + fmt("%.1f", y) + "\" x2=\"" +
-         fmt("%.1f", kW - kR) + "\" y2=\"" + fmt("%.1f", y) + "\" stroke=\"#e4e4e4\"/>\n";
-    s += "<line x1=\"" + fmt("%.1f", kL - 6) + "\" y1=\"" + fmt("%.1f", y) + "\" x2=\"" +
-         fmt("%.1f", kL) + "\" y2=\"" + fmt("%.1f", y) + "\" stroke=\"black\"/>\n";
-    s += "<text x=\"" + fmt("%.1f", kL - 10) + "\" y=\"" + fmt("%.1f", y + 4) + "\">" +
-         fmt(yfmt.c_str(), v) + "</text>\n";
-  }
-  s += "</g>\n";
-  s += "<rect x=\"" + fmt("%.1f", kL) + "\" y=\"" + fmt("%.1f", kT) + "\" width=\"" +
-       fmt("%.1f", kW - kR - kL) + "\" height=\"" + fmt("%.1f", kH - kB - kT) +
-       "\" fill=\"none\" stroke=\"black\"/>\n";
-  s += "<text x=\"" + fmt("%.1f", (kL + kW - kR) / 2) + "\" y=\"" + fmt("%.1f", kH - 22) +
-       "\" font-size=\"14\" text-anchor=\"middle\">device memory budget (GiB)</text>\n";
-  s += "<text transform=\"translate(24 " + fmt("%.1f", (kT + kH - kB) / 2) +
-       ") rotate(-90)\" font-size=\"14\" text-anchor=\"middle\">predicted step time (ms)</text>\n";
+  std::string s = open_plot(title,
+                            c.device + ", solver " + c.solver + ", " +
+                                std::to_string(c.points.size()) + " budgets",
+                            X, Y, "device memory budget (GiB)", "predicted step time (ms)");
 
   // Reference lines: the two baselines' step times, labelled with their peaks.
   auto hline = [&](double ms, const std::string& label, const char* color) {
