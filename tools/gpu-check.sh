@@ -142,7 +142,8 @@ fi
 
 # Next to the report: the figures' sources (at most 7 files besides the report).
 keep=("$out_dir/link.json" "$out_dir/copy.json" "$out_dir/demo/profile.json"
-      "$out_dir/demo/pareto.svg" "$out_dir/demo/trace-70.json" "$out_dir/demo/plan-70.json")
+      "$out_dir/demo/pareto.svg" "$out_dir/demo/trace-70.json" "$out_dir/demo/plan-70.json"
+      "$out_dir/demo/memory-70.svg")
 for f in "${keep[@]}"; do
   [ -f "$f" ] && [ "$(dirname "$f")" != "$(dirname "$report")" ] && cp "$f" "$(dirname "$report")/"
 done

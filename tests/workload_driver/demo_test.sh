@@ -65,6 +65,10 @@ host)
   done
   grep -q '"traceEvents"' "$out/trace-100.json" || fail "trace-100.json is not a trace"
   grep -q '"compute"' "$out/trace-100.json" || fail "trace-100.json has no compute track"
+  grep -q "measured (engine trace, last pass): peak" "$out/memory-70.svg" ||
+    fail "memory-70.svg has no measured series"
+  grep -q "predicted (stash simulate): peak" "$out/memory-70.svg" ||
+    fail "memory-70.svg has no predicted series"
   # Note [Measured device bytes]: the engine's trace samples the device pool; the counter's
   # maximum is the pool's held peak, which the table prints as the measured peak.
   for b in 70 min; do

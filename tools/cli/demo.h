@@ -11,6 +11,7 @@
 
 #include "kernels/workload/driver/model.h"
 #include "planner/planner.h"
+#include "planner/simulator.h"
 
 namespace stash::cli::demo {
 
@@ -68,6 +69,9 @@ struct baselines {
 
 std::vector<row> plan_budgets(const planner::Profile& p, const std::string& solver,
                               baselines* base, int passes = 1);
+void write_text(const std::string& path, const std::string& text);  // input_error naming it
+// The simulator's options for the demo's plans (the pinned pool capped at the profile's).
+planner::SimOptions sim_options(const planner::Profile& p);
 std::string fmt(const char* f, double v);
 void print_table(const std::vector<row>& rows, const baselines& b, const std::string& solver,
                  bool measured, double keep_meas_ms, double rec_meas_ms);

@@ -16,7 +16,6 @@
 #include "planner/simulator.h"
 
 namespace stash::cli::demo {
-namespace {
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path);
@@ -24,19 +23,13 @@ void write_text(const std::string& path, const std::string& text) {
   if (!f) throw input_error(path + ": cannot write");
 }
 
-}  // namespace
-
 // ---- plans at the demo's budgets ------------------------------------------------------
-
-namespace {
 
 planner::SimOptions sim_options(const planner::Profile& p) {
   planner::SimOptions o;
   o.pinned_bytes = p.pinnable_bytes;  // the runtime's pinned pool is capped there
   return o;
 }
-
-}  // namespace
 
 // `passes`: forward/backward passes per step (micro-batches). The profile and the simulator
 // describe one pass (its layers, and the step overhead measured per pass); passes run one
