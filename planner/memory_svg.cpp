@@ -33,6 +33,16 @@ std::vector<std::pair<double, double>> counter_window(const TraceWriter& t, cons
   return out;
 }
 
+std::vector<std::pair<double, double>> last_pass(const TraceWriter& t, const std::string& name) {
+  double from = -1, to = 0;
+  for (const Span& s : t.spans()) {
+    to = std::max(to, s.end_ms());
+    if (s.kind == SpanKind::forward && s.layer == 0) from = std::max(from, s.start_ms);
+  }
+  if (from < 0) return {};
+  return counter_window(t, name, from, to);
+}
+
 std::string memory_svg(const std::vector<MemorySeries>& series, std::uint64_t budget_bytes,
                        const std::string& title, const std::string& subtitle) {
   double xhi = 0, yhi = static_cast<double>(budget_bytes);

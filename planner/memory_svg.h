@@ -25,6 +25,10 @@ struct MemorySeries {
 std::vector<std::pair<double, double>> counter_window(const TraceWriter& t, const std::string& name,
                                                       double from_ms, double to_ms);
 
+// counter_window over a measured trace's last pass: from the start of its last forward span
+// of layer 0 (any micro-batch) to the end of its last span. Empty without such a span.
+std::vector<std::pair<double, double>> last_pass(const TraceWriter& t, const std::string& name);
+
 // The plot; budget_bytes 0 draws no budget line. Bytes are shown in MiB below 2 GiB, else
 // GiB. Series with no samples are left out of the plot but named in the legend as missing.
 std::string memory_svg(const std::vector<MemorySeries>& series, std::uint64_t budget_bytes,

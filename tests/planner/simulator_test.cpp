@@ -424,7 +424,24 @@ TEST(SimulateCli, PrintsFiguresAndWritesTheTrace) {
   EXPECT_NE(text2.str().find("step overhead 1.250 ms"), std::string::npos) << text2.str();
   EXPECT_NE(run("simulate --profile " + profile + " --plan " + plan + " --lookahead 0"), 0);
   EXPECT_EQ(run("simulate --profile " + profile + " --plan /nonexistent.json"), 2);
-  for (const auto& f : {profile, plan, trace, out}) std::remove(f.c_str());
+  // --memory-svg: the predicted device memory with the plan's budget, and with --measured a
+  // trace's last pass beside it (here the simulator's own trace, so both peak alike).
+  const std::string svg = dir + "stash_sim_cli_memory.svg";
+  ASSERT_EQ(run("simulate --profile " + profile + " --plan " + plan + " --trace " + trace +
+                " --memory-svg " + svg + " --measured " + trace), 0);
+  std::ifstream sv(svg);
+  std::stringstream plot;
+  plot << sv.rdbuf();
+  const std::size_t pred = plot.str().find("predicted (stash simulate): peak ");
+  const std::size_t meas = plot.str().find(", last pass): peak ");
+  ASSERT_NE(pred, std::string::npos) << plot.str();
+  ASSERT_NE(meas, std::string::npos) << plot.str();
+  const std::string pred_peak = plot.str().substr(pred + 33, 12);
+  EXPECT_EQ(plot.str().substr(meas + 19, 12), pred_peak);
+  EXPECT_NE(plot.str().find("budget 400.00 MiB"), std::string::npos) << plot.str();
+  EXPECT_EQ(run("simulate --profile " + profile + " --plan " + plan + " --measured " + trace), 2)
+      << "--measured without --memory-svg";
+  for (const auto& f : {profile, plan, trace, out, svg}) std::remove(f.c_str());
 }
 #endif
 

@@ -34,7 +34,11 @@ nogpu)
     grep -qE "^\| $b \(.*\) \| greedy \| - \| - \| - \| [0-9]+\.[0-9]+ \| " "$out.stdout" ||
       fail "no predicted row for $b"
   done
-  for b in "${budgets[@]}"; do expect_file "plan-$b.json"; expect_file "trace-$b.json"; done
+  for b in "${budgets[@]}"; do
+    expect_file "plan-$b.json"; expect_file "trace-$b.json"; expect_file "memory-$b.svg"
+  done
+  grep -q "predicted (stash simulate; no GPU found): peak" "$out/memory-70.svg" ||
+    fail "memory-70.svg has no predicted series"
   expect_file profile.json
   expect_file pareto.csv
   grep -q "<svg" "$out/pareto.svg" 2>/dev/null || fail "pareto.svg is not an SVG"

@@ -4,23 +4,29 @@
 // Exit status: 0, or 2 for bad input.
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "command.h"
+#include "planner/json_file.h"
+#include "planner/memory_svg.h"
 #include "planner/simulator.h"
 
 namespace stash::cli {
 namespace {
 
 struct simulate_args {
-  std::string profile, plan, trace, pinned;
+  std::string profile, plan, trace, pinned, memory_svg, measured;
   int lookahead = 1;
   bool no_link_sharing = false, no_turn_barrier = false, prefetch_at_recompute = false;
 };
 
 void run_simulate(const simulate_args& a) {
   using namespace stash::planner;
+  if (!a.measured.empty() && a.memory_svg.empty())
+    throw input_error("--measured is plotted with --memory-svg PATH; give both");
   const Profile p = load_profile(a.profile);
   const Plan plan = load_plan(a.plan, p);
   SimOptions opt;
@@ -68,6 +74,24 @@ void run_simulate(const simulate_args& a) {
     r.trace.write(a.trace);
     std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", a.trace.c_str());
   }
+  if (!a.memory_svg.empty()) {
+    std::vector<MemorySeries> series = {
+        {"predicted (stash simulate)", "#1f5fbf",
+         counter_window(r.trace, kDeviceBytesCounter, 0, r.step_ms)}};
+    if (!a.measured.empty()) {
+      const TraceWriter m = trace_from_json(read_json_file(a.measured));
+      series.push_back({"measured (" + a.measured + ", last pass)", "#e07000",
+                        last_pass(m, kDeviceBytesCounter)});
+      if (series.back().samples.empty())
+        std::fprintf(stderr, "stash simulate: %s has no \"device bytes\" samples in a pass "
+                             "(an engine trace on stash's device pool has them)\n",
+                     a.measured.c_str());
+    }
+    std::ofstream f(a.memory_svg);
+    f << memory_svg(series, plan.budget_bytes, "device memory: " + a.plan, p.device_name);
+    if (!f) throw input_error(a.memory_svg + ": cannot write");
+    std::printf("wrote %s\n", a.memory_svg.c_str());
+  }
 }
 
 const CommandRegistrar reg(60, [](CLI::App& app) {
@@ -77,6 +101,12 @@ const CommandRegistrar reg(60, [](CLI::App& app) {
   cmd->add_option("--profile", args->profile, "profile.json")->required();
   cmd->add_option("--plan", args->plan, "plan.json (from stash plan)")->required();
   cmd->add_option("--trace", args->trace, "write a Chrome/Perfetto trace here");
+  cmd->add_option("--memory-svg", args->memory_svg,
+                  "plot device memory over the step (SVG), with the plan's budget");
+  cmd->add_option("--measured", args->measured,
+                  "with --memory-svg: also plot this engine trace's measured device bytes "
+                  "(its last pass)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--lookahead", args->lookahead,
                   "prefetch layer i at the backward of layer i+N (default 1)")
       ->check(CLI::PositiveNumber);

@@ -190,18 +190,12 @@ void write_memory_plot(const planner::Profile& p, const row& r, const std::strin
                        const std::string& svg_path, const std::string& device) {
   const planner::TraceWriter measured =
       planner::trace_from_json(planner::read_json_file(trace_path));
-  double from = -1, to = 0;
-  for (const planner::Span& s : measured.spans()) {
-    to = std::max(to, s.end_ms());
-    if (s.kind == planner::SpanKind::forward && s.layer == 0) from = std::max(from, s.start_ms);
-  }
   const planner::SimResult sim = planner::simulate(p, r.plan.decisions(), sim_options(p));
-  std::vector<planner::MemorySeries> series = {
+  const std::vector<planner::MemorySeries> series = {
       {"predicted (stash simulate)", "#1f5fbf",
        planner::counter_window(sim.trace, planner::kDeviceBytesCounter, 0, sim.step_ms)},
       {"measured (engine trace, last pass)", "#e07000",
-       from < 0 ? std::vector<std::pair<double, double>>{}
-                : planner::counter_window(measured, planner::kDeviceBytesCounter, from, to)}};
+       planner::last_pass(measured, planner::kDeviceBytesCounter)}};
   write_text(svg_path, planner::memory_svg(series, r.budget,
                                            "stash demo: device memory at " + r.label +
                                                " of the keep-all peak",

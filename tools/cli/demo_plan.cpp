@@ -11,6 +11,7 @@
 
 #include "demo.h"
 #include "planner/json_file.h"
+#include "planner/memory_svg.h"
 #include "planner/pareto.h"
 #include "planner/planner.h"
 #include "planner/simulator.h"
@@ -147,6 +148,14 @@ void run_predicted(const demo_args& a, const std::string& why) {
     planner::SimResult s = planner::simulate(p, r.plan.decisions(), sim_options(p));
     s.trace.set_metadata("label", label);
     s.trace.write(a.out + "/trace-" + r.file + ".json");
+    const std::vector<planner::MemorySeries> series = {
+        {"predicted (stash simulate; no GPU found)", "#1f5fbf",
+         planner::counter_window(s.trace, planner::kDeviceBytesCounter, 0, s.step_ms)}};
+    write_text(a.out + "/memory-" + r.file + ".svg",
+               planner::memory_svg(series, r.budget,
+                                   "stash demo: device memory at " + r.label +
+                                       " of the keep-all peak (predicted)",
+                                   p.device_name));
   }
   planner::write_json_file(a.out + "/profile.json", planner::profile_to_json(p));
   write_plans_and_pareto(p, rows, a, "stash demo, " + label + ": " + p.device_name);
@@ -160,8 +169,8 @@ void run_predicted(const demo_args& a, const std::string& why) {
               format_bytes(b.recompute_peak).c_str());
   print_table(rows, b, a.solver, false, 0, 0);
   std::printf(
-      "\nwrote %s/: profile.json, plan-*.json, trace-*.json (simulated), pareto.csv, "
-      "pareto.svg; all predicted (no GPU found)\n",
+      "\nwrote %s/: profile.json, plan-*.json, trace-*.json (simulated), memory-*.svg, "
+      "pareto.csv, pareto.svg; all predicted (no GPU found)\n",
       a.out.c_str());
 }
 
