@@ -101,7 +101,20 @@ if want build && [ -f "$carried/STAMP" ]; then
     # venv's python finds its packages from the path it was started by).
     printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v python3)" >/tmp/stash-gpu-python
     chmod +x /tmp/stash-gpu-python
-    missing=$(ldd "$bdir/tools/stash" "$bdir"/tests/workload/workload_cuda_tests 2>&1 | grep 'not found' | sort -u)
+    check_libs() {
+      ldd "$bdir/tools/stash" "$bdir"/tests/workload/workload_cuda_tests 2>&1 | grep 'not found' | sort -u
+    }
+    missing=$(check_libs)
+    if [[ $missing == *libcublas* ]]; then
+      # A toolkit without cuBLAS: the CUDA wheels next to torch may have it (nvidia-cublas).
+      for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+        for lib in "$d"/nvidia/*/lib; do
+          ls "$lib"/libcublas.so.* >/dev/null 2>&1 && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" &&
+            say "carried build: cuBLAS from $lib"
+        done
+      done
+      missing=$(check_libs)
+    fi
     if [ -n "$missing" ]; then
       say "carried build: libraries not found here:"; say "$missing"; say "building here instead"
       bdir=${STASH_GPU_BUILD_DIR:-$root/build-gpu-local}
