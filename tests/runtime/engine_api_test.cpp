@@ -127,6 +127,16 @@ TEST_F(EngineApi, TraceAndOverlapReport) {
   STASH_REQUIRE_DOUBLE();
   stash::test::double_api().set_bandwidth(1.0, 1.0, 2.0);  // 1e6 bytes per virtual ms
   ASSERT_EQ(stash_engine_create(&cfg_, &engine_), STASH_OK);
+  // Every stream paused while the step is enqueued: no copy is seen complete by the host
+  // before the engine enqueues its waits, so the virtual times depend on the call order
+  // alone (a host that saw the D2H finish would rightly skip the turn's wait, and the
+  // virtual clock would then show none: the test raced on that under ASan).
+  stash_stream_t d2h_stream = nullptr, h2d_stream = nullptr;
+  ASSERT_EQ(stash_engine_streams(engine_, &d2h_stream, &h2d_stream), STASH_OK);
+  const cudaStream_t paused[] = {compute_, static_cast<cudaStream_t>(d2h_stream),
+                                 static_cast<cudaStream_t>(h2d_stream)};
+  for (cudaStream_t s : paused)
+    ASSERT_EQ(stash::test::double_api().stream_pause(s), cudaSuccess);
   size_t per[] = {1, 0};
   stash_action_t act[] = {STASH_ACTION_OFFLOAD};
   ASSERT_EQ(stash_engine_set_plan(engine_, 2, per, act), STASH_OK);
@@ -146,6 +156,8 @@ TEST_F(EngineApi, TraceAndOverlapReport) {
   ASSERT_EQ(stash_engine_acquire(engine_, k, compute_, &q), STASH_OK);  // waits 2 ms (h2d)
   ASSERT_EQ(stash_engine_release(engine_, k), STASH_OK);
   ASSERT_EQ(stash_engine_backward_end(engine_, 0, 0), STASH_OK);
+  for (cudaStream_t s : paused)
+    ASSERT_EQ(stash::test::double_api().stream_resume(s), cudaSuccess);
   stash_overlap_t total, layers[4];
   size_t n = 0;
   ASSERT_EQ(stash_engine_overlap(engine_, &total, layers, 4, &n), STASH_OK) << stash_last_error();
