@@ -22,13 +22,13 @@
 # its own checkout and puts the staged tree back at build-gpu/: every path in it then holds
 # there. Staged: the tree without objects, static libraries and Ninja's state (ctest needs
 # its files, the programs and the shared libraries). build-gpu/STAMP names the commit and
-# the architecture; build-gpu/SOURCES holds the SHA-1 of every tracked file as built (the
-# working tree's, so uncommitted changes are fine). gpu-check.sh uses the staged build only
-# when every one of those files is the same there (sha1sum -c: no git needed, and a stale
-# .carry left from an earlier commit is caught) and the GPU's architecture matches;
-# otherwise it builds afresh. The GPU Python
-# test's interpreter is /tmp/stash-gpu-python, which gpu-check.sh writes there as a wrapper
-# around the machine's python3 (the one with a CUDA torch).
+# the architecture; build-gpu/SOURCES holds the SHA-1 of every tracked file but Markdown, as
+# built (the working tree's, so uncommitted changes are fine). gpu-check.sh uses the staged
+# build only when every one of those files is the same there (sha1sum -c: no git needed,
+# and a stale .carry left from an earlier commit is caught) and the GPU's architecture
+# matches; otherwise it builds afresh. The GPU Python test's interpreter is
+# /tmp/stash-gpu-python, which gpu-check.sh writes there as a wrapper around the machine's
+# python3 (the one with a CUDA torch).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=0
@@ -78,6 +78,7 @@ tar -C "$bdir" --exclude='*.o' --exclude='*.a' --exclude='CMakeFiles' --exclude=
     --exclude='Testing' -cf - . | tar -C "$stage" -xf -
 printf 'commit %s\narch %s\nbuilt %s\n' "$commit" "$arch" "$(date -u '+%Y-%m-%d %H:%M UTC')" \
   >"$stage/STAMP"
-# The sources it was built from, by content: gpu-check.sh checks them without git.
-(cd "$root" && git ls-files -z | xargs -0 sha1sum) >"$stage/SOURCES"
+# The sources it was built from, by content: gpu-check.sh checks them without git. Markdown
+# is left out: documentation changes neither the build nor what the tests read.
+(cd "$root" && git ls-files -z -- . ':!:*.md' | xargs -0 sha1sum) >"$stage/SOURCES"
 echo "stash gpu-carry: staged $(du -sh "$stage" | cut -f1) in $stage ($(du -sh "$root/.carry" | cut -f1) to carry)"
