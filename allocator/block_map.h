@@ -95,6 +95,11 @@ class block_map {
 
   // Current statistics (largest_free_bytes filled in).
   pool_stats stats() const noexcept;
+  // p is the start of a block handed out and not yet reusable (in_use or pending).
+  bool owns(const void* p) const noexcept {
+    const lookup l = find(p);
+    return l == lookup::in_use || l == lookup::pending;
+  }
   // Bytes held: in_use plus pending (freed, still awaited by their streams' events).
   uint64_t held_bytes() const noexcept { return stats_.current_bytes + stats_.pending_bytes; }
   // The highest held_bytes() since the previous call (since the map was made, the first

@@ -153,18 +153,8 @@ status device_pool::deallocate(void* p, const cudaStream_t* streams, size_t n) n
     return fail(status::invalid_argument, "device pool: %zu streams given but the array is NULL", n);
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  switch (map_.find(p)) {
-    case block_map::lookup::unknown:
-      return fail(status::unknown_pointer, "device pool: %p was not allocated by this pool", p);
-    case block_map::lookup::inside_block:
-      return fail(status::unknown_pointer,
-                  "device pool: %p points inside a block, not at its start", p);
-    case block_map::lookup::free:
-    case block_map::lookup::pending:
-      return fail(status::unknown_pointer, "device pool: double free of %p", p);
-    case block_map::lookup::in_use:
-      break;
-  }
+  const status freeable = check_freeable(map_, p, "device pool");
+  if (freeable != status::ok) return freeable;
   // The allocation stream itself needs no event: its later work is ordered after the
   // block's earlier uses.
   const cudaStream_t own = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(map_.block_tag(p)));
@@ -177,19 +167,10 @@ status device_pool::deallocate(void* p, const cudaStream_t* streams, size_t n) n
     }
     others[m++] = streams[i];
   }
-  if (m == 0) {
-    if (!map_.release(p)) return fail(status::internal, "device pool: out of node storage");
-    return status::ok;
-  }
-  const status s = guard_.guard(p, others, m);
-  if (s != status::ok) return s;
-  map_.mark_pending(p, static_cast<uint32_t>(m));
-  return status::ok;
+  return free_or_guard(map_, guard_, p, others, m, "device pool");
 }
 
-void device_pool::reap() noexcept {
-  guard_.reap([this](void* block) { map_.complete_guard(block); });
-}
+void device_pool::reap() noexcept { reap_into(map_, guard_); }
 
 size_t device_pool::release_cached() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -229,8 +210,7 @@ void device_pool::reset_peak() noexcept {
 
 bool device_pool::owns(const void* p) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
-  const block_map::lookup l = map_.find(p);
-  return l == block_map::lookup::in_use || l == block_map::lookup::pending;
+  return map_.owns(p);
 }
 
 bool device_pool::stream_of(const void* p, cudaStream_t* out) noexcept {

@@ -146,4 +146,32 @@ void event_guard::pop(queue& q) noexcept {
   }
 }
 
+status check_freeable(const block_map& map, const void* p, const char* pool) noexcept {
+  switch (map.find(p)) {
+    case block_map::lookup::unknown:
+      return fail(status::unknown_pointer, "%s: %p was not allocated by this pool", pool, p);
+    case block_map::lookup::inside_block:
+      return fail(status::unknown_pointer, "%s: %p points inside a block, not at its start",
+                  pool, p);
+    case block_map::lookup::free:
+    case block_map::lookup::pending:
+      return fail(status::unknown_pointer, "%s: double free of %p", pool, p);
+    case block_map::lookup::in_use:
+      break;
+  }
+  return status::ok;
+}
+
+status free_or_guard(block_map& map, event_guard& guard, void* p, const cudaStream_t* streams,
+                     size_t n, const char* pool) noexcept {
+  if (n == 0) {
+    if (!map.release(p)) return fail(status::internal, "%s: out of node storage", pool);
+    return status::ok;
+  }
+  const status s = guard.guard(p, streams, n);
+  if (s != status::ok) return s;
+  map.mark_pending(p, static_cast<uint32_t>(n));
+  return status::ok;
+}
+
 }  // namespace stash

@@ -29,6 +29,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "block_map.h"
 #include "status.h"
 
 namespace stash {
@@ -110,5 +111,19 @@ class event_guard {
   size_t entries_ = 0;
   size_t events_created_ = 0;
 };
+
+// What both pools do with a block map and its guard (lock held by the caller):
+// check_freeable: ok when p is the start of an in_use block; otherwise unknown_pointer,
+// naming the pool and why (not its block, inside a block, a double free).
+status check_freeable(const block_map& map, const void* p, const char* pool) noexcept;
+// free_or_guard: the in_use block p goes back to the free index at once when no other
+// stream used it (n == 0); otherwise an event is recorded on each of streams[0..n) and the
+// block is pending until they complete. `pool` names the pool in the error text.
+status free_or_guard(block_map& map, event_guard& guard, void* p, const cudaStream_t* streams,
+                     size_t n, const char* pool) noexcept;
+// reap_into: blocks whose guards completed go back to the map's free index.
+inline void reap_into(block_map& map, event_guard& guard) noexcept {
+  guard.reap([&map](void* block) { map.complete_guard(block); });
+}
 
 }  // namespace stash

@@ -288,31 +288,12 @@ status pinned_pool::deallocate(void* p, const cudaStream_t* streams, size_t n) n
   }
   std::lock_guard<std::mutex> lock(mutex_);
   reap();
-  switch (map_.find(p)) {
-    case block_map::lookup::unknown:
-      return fail(status::unknown_pointer, "pinned pool: %p was not allocated by this pool", p);
-    case block_map::lookup::inside_block:
-      return fail(status::unknown_pointer,
-                  "pinned pool: %p points inside a block, not at its start", p);
-    case block_map::lookup::free:
-    case block_map::lookup::pending:
-      return fail(status::unknown_pointer, "pinned pool: double free of %p", p);
-    case block_map::lookup::in_use:
-      break;
-  }
-  if (n == 0) {
-    if (!map_.release(p)) return fail(status::internal, "pinned pool: out of node storage");
-    return status::ok;
-  }
-  const status s = guard_.guard(p, streams, n);
-  if (s != status::ok) return s;
-  map_.mark_pending(p, static_cast<uint32_t>(n));
-  return status::ok;
+  const status freeable = check_freeable(map_, p, "pinned pool");
+  if (freeable != status::ok) return freeable;
+  return free_or_guard(map_, guard_, p, streams, n, "pinned pool");
 }
 
-void pinned_pool::reap() noexcept {
-  guard_.reap([this](void* block) { map_.complete_guard(block); });
-}
+void pinned_pool::reap() noexcept { reap_into(map_, guard_); }
 
 size_t pinned_pool::release_cached() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -351,8 +332,7 @@ void pinned_pool::reset_peak() noexcept {
 
 bool pinned_pool::owns(const void* p) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
-  const block_map::lookup l = map_.find(p);
-  return l == block_map::lookup::in_use || l == block_map::lookup::pending;
+  return map_.owns(p);
 }
 
 status pinned_pool::exhausted(size_t requested, status s) noexcept {
