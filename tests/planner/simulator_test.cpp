@@ -441,6 +441,14 @@ TEST(SimulateCli, PrintsFiguresAndWritesTheTrace) {
   EXPECT_NE(plot.str().find("budget 400.00 MiB"), std::string::npos) << plot.str();
   EXPECT_EQ(run("simulate --profile " + profile + " --plan " + plan + " --measured " + trace), 2)
       << "--measured without --memory-svg";
+  // A file that is not a trace fails before anything is printed, naming the file.
+  EXPECT_EQ(run("simulate --profile " + profile + " --plan " + plan + " --memory-svg " + svg +
+                " --measured " + plan), 2);
+  std::ifstream bad(out);
+  std::stringstream bad_text;
+  bad_text << bad.rdbuf();
+  EXPECT_EQ(bad_text.str().find("overlap report"), std::string::npos) << bad_text.str();
+  EXPECT_NE(bad_text.str().find(plan + ": trace: expected"), std::string::npos) << bad_text.str();
   for (const auto& f : {profile, plan, trace, out, svg}) std::remove(f.c_str());
 }
 #endif

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,16 @@ void run_simulate(const simulate_args& a) {
     throw input_error("--measured is plotted with --memory-svg PATH; give both");
   const Profile p = load_profile(a.profile);
   const Plan plan = load_plan(a.plan, p);
+  // Read before anything is printed, so that a bad trace fails the command cleanly.
+  std::optional<TraceWriter> measured;
+  if (!a.measured.empty()) {
+    const nlohmann::json j = read_json_file(a.measured);  // its errors name the file
+    try {
+      measured = trace_from_json(j);
+    } catch (const std::exception& e) {
+      throw input_error(a.measured + ": " + e.what());
+    }
+  }
   SimOptions opt;
   opt.lookahead = a.lookahead;
   // The runtime's pinned pool is capped at the profile's pinnable bytes unless told.
@@ -78,10 +89,9 @@ void run_simulate(const simulate_args& a) {
     std::vector<MemorySeries> series = {
         {"predicted (stash simulate)", "#1f5fbf",
          counter_window(r.trace, kDeviceBytesCounter, 0, r.step_ms)}};
-    if (!a.measured.empty()) {
-      const TraceWriter m = trace_from_json(read_json_file(a.measured));
+    if (measured) {
       series.push_back({"measured (" + a.measured + ", last pass)", "#e07000",
-                        last_pass(m, kDeviceBytesCounter)});
+                        last_pass(*measured, kDeviceBytesCounter)});
       if (series.back().samples.empty())
         std::fprintf(stderr, "stash simulate: %s has no \"device bytes\" samples in a pass "
                              "(an engine trace on stash's device pool has them)\n",
