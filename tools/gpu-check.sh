@@ -45,7 +45,9 @@ run() {
 }
 want() { [[ " $steps " == *" $1 "* ]]; }
 
-say "stash gpu-check, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+# The git HEAD here can be older than the files (the device tool has sent a newer tree with
+# an older .git); a carried build names the commit its sources are, below.
+say "stash gpu-check, $(date -u '+%Y-%m-%d %H:%M UTC'), git HEAD here $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv 2>&1 | tee -a "$report"
 else
