@@ -21,11 +21,15 @@ nlohmann::json read_json_file(const std::string& path) {
 }
 
 void write_json_file(const std::string& path, const nlohmann::json& j) {
+  write_text_file(path, j.dump(2) + "\n");
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp);
     if (!out) throw input_error(path + ": cannot write: " + std::strerror(errno));
-    out << j.dump(2) << "\n";
+    out << text;
     out.flush();
     if (!out) {
       std::remove(tmp.c_str());

@@ -15,8 +15,12 @@ namespace stash::planner {
 // <what> carries nlohmann's line and column.
 nlohmann::json read_json_file(const std::string& path);
 
-// Writes j (indented) to `path` through a temporary file in the same folder and a rename,
-// so a failed or interrupted write never leaves a truncated file where a good one was.
+// Writes `text` to `path` through a temporary file in the same folder and a rename, so a
+// failed or interrupted write never leaves a truncated file where a good one was.
+// Errors: "<path>: cannot write: <reason>", "<path>: write failed", "<path>: cannot replace".
+void write_text_file(const std::string& path, const std::string& text);
+
+// write_text_file of j, indented, with a final newline.
 void write_json_file(const std::string& path, const nlohmann::json& j);
 
 }  // namespace stash::planner

@@ -33,6 +33,10 @@ std::vector<std::pair<double, double>> counter_window(const TraceWriter& t, cons
   return out;
 }
 
+std::vector<std::pair<double, double>> step_memory(const SimResult& r) {
+  return counter_window(r.trace, kDeviceBytesCounter, 0, r.step_ms);
+}
+
 std::vector<std::pair<double, double>> last_pass(const TraceWriter& t, const std::string& name) {
   double from = -1, to = 0;
   for (const Span& s : t.spans()) {

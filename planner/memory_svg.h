@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "planner/simulator.h"
 #include "planner/trace.h"
 
 namespace stash::planner {
@@ -24,6 +25,10 @@ struct MemorySeries {
 // last value is held to to_ms.
 std::vector<std::pair<double, double>> counter_window(const TraceWriter& t, const std::string& name,
                                                       double from_ms, double to_ms);
+
+// A replay's predicted "device bytes" over its one step (the simulator's trace from 0 to
+// step_ms).
+std::vector<std::pair<double, double>> step_memory(const SimResult& r);
 
 // counter_window over a measured trace's last pass: from the start of its last forward span
 // of layer 0 (any micro-batch) to the end of its last span. Empty without such a span.

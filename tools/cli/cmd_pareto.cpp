@@ -4,11 +4,11 @@
 // Exit status: 0, 1 when --from is infeasible, 2 for bad input.
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 
 #include "command.h"
+#include "planner/json_file.h"
 #include "planner/pareto.h"
 #include "planner/planner.h"
 
@@ -21,13 +21,6 @@ struct pareto_args {
   double time_limit_s = 60;
   bool quiet = false;
 };
-
-void write_file(const std::string& path, const std::string& text, const char* what) {
-  std::ofstream f(path);
-  if (!f) throw planner::input_error(path + ": cannot write " + what);
-  f << text;
-  if (!f) throw planner::input_error(path + ": write failed");
-}
 
 void run_pareto(const pareto_args& a) {
   using namespace stash::planner;
@@ -75,13 +68,13 @@ void run_pareto(const pareto_args& a) {
   else
     std::printf("knee: none (the curve is flat or has no elbow)\n");
   if (!a.csv.empty()) {
-    write_file(a.csv, pareto_csv(c), "CSV");
+    write_text_file(a.csv, pareto_csv(c));
     std::printf("wrote %s\n", a.csv.c_str());
   }
   if (!a.svg.empty()) {
     const std::string base = a.profile.substr(a.profile.find_last_of('/') + 1);
     const std::string title = a.title.empty() ? "Step time vs. memory budget: " + base : a.title;
-    write_file(a.svg, pareto_svg(c, title), "SVG");
+    write_text_file(a.svg, pareto_svg(c, title));
     std::printf("wrote %s\n", a.svg.c_str());
   }
 }

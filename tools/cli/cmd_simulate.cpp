@@ -4,7 +4,6 @@
 // Exit status: 0, or 2 for bad input.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -88,7 +87,7 @@ void run_simulate(const simulate_args& a) {
   if (!a.memory_svg.empty()) {
     std::vector<MemorySeries> series = {
         {"predicted (stash simulate)", "#1f5fbf",
-         counter_window(r.trace, kDeviceBytesCounter, 0, r.step_ms)}};
+         step_memory(r)}};
     if (measured) {
       series.push_back({"measured (" + a.measured + ", last pass)", "#e07000",
                         last_pass(*measured, kDeviceBytesCounter)});
@@ -97,9 +96,8 @@ void run_simulate(const simulate_args& a) {
                              "(an engine trace on stash's device pool has them)\n",
                      a.measured.c_str());
     }
-    std::ofstream f(a.memory_svg);
-    f << memory_svg(series, plan.budget_bytes, "device memory: " + a.plan, p.device_name);
-    if (!f) throw input_error(a.memory_svg + ": cannot write");
+    const std::string title = "device memory: " + a.plan;
+    write_text_file(a.memory_svg, memory_svg(series, plan.budget_bytes, title, p.device_name));
     std::printf("wrote %s\n", a.memory_svg.c_str());
   }
 }

@@ -69,7 +69,6 @@ struct baselines {
 
 std::vector<row> plan_budgets(const planner::Profile& p, const std::string& solver,
                               baselines* base, int passes = 1);
-void write_text(const std::string& path, const std::string& text);  // input_error naming it
 // The simulator's options for the demo's plans (the pinned pool capped at the profile's).
 planner::SimOptions sim_options(const planner::Profile& p);
 std::string fmt(const char* f, double v);

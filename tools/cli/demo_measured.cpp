@@ -192,14 +192,11 @@ void write_memory_plot(const planner::Profile& p, const row& r, const std::strin
       planner::trace_from_json(planner::read_json_file(trace_path));
   const planner::SimResult sim = planner::simulate(p, r.plan.decisions(), sim_options(p));
   const std::vector<planner::MemorySeries> series = {
-      {"predicted (stash simulate)", "#1f5fbf",
-       planner::counter_window(sim.trace, planner::kDeviceBytesCounter, 0, sim.step_ms)},
+      {"predicted (stash simulate)", "#1f5fbf", planner::step_memory(sim)},
       {"measured (engine trace, last pass)", "#e07000",
        planner::last_pass(measured, planner::kDeviceBytesCounter)}};
-  write_text(svg_path, planner::memory_svg(series, r.budget,
-                                           "stash demo: device memory at " + r.label +
-                                               " of the keep-all peak",
-                                           device));
+  const std::string title = "stash demo: device memory at " + r.label + " of the keep-all peak";
+  planner::write_text_file(svg_path, planner::memory_svg(series, r.budget, title, device));
 }
 
 // Note [The demo's targets]

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -18,11 +17,6 @@
 
 namespace stash::cli::demo {
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  f << text;
-  if (!f) throw input_error(path + ": cannot write");
-}
 
 // ---- plans at the demo's budgets ------------------------------------------------------
 
@@ -129,8 +123,8 @@ void write_plans_and_pareto(const planner::Profile& p, std::vector<row>& rows, c
                  format_bytes(budget).c_str(), step_ms);
   };
   const planner::ParetoCurve c = planner::pareto_sweep(p, po);
-  write_text(a.out + "/pareto.csv", planner::pareto_csv(c));
-  write_text(a.out + "/pareto.svg", planner::pareto_svg(c, title));
+  planner::write_text_file(a.out + "/pareto.csv", planner::pareto_csv(c));
+  planner::write_text_file(a.out + "/pareto.svg", planner::pareto_svg(c, title));
 }
 
 // ---- without a GPU: plan and simulate a shipped profile ------------------------------------
@@ -149,13 +143,11 @@ void run_predicted(const demo_args& a, const std::string& why) {
     s.trace.set_metadata("label", label);
     s.trace.write(a.out + "/trace-" + r.file + ".json");
     const std::vector<planner::MemorySeries> series = {
-        {"predicted (stash simulate; no GPU found)", "#1f5fbf",
-         planner::counter_window(s.trace, planner::kDeviceBytesCounter, 0, s.step_ms)}};
-    write_text(a.out + "/memory-" + r.file + ".svg",
-               planner::memory_svg(series, r.budget,
-                                   "stash demo: device memory at " + r.label +
-                                       " of the keep-all peak (predicted)",
-                                   p.device_name));
+        {"predicted (stash simulate; no GPU found)", "#1f5fbf", planner::step_memory(s)}};
+    const std::string title =
+        "stash demo: device memory at " + r.label + " of the keep-all peak (predicted)";
+    planner::write_text_file(a.out + "/memory-" + r.file + ".svg",
+                             planner::memory_svg(series, r.budget, title, p.device_name));
   }
   planner::write_json_file(a.out + "/profile.json", planner::profile_to_json(p));
   write_plans_and_pareto(p, rows, a, "stash demo, " + label + ": " + p.device_name);
