@@ -30,6 +30,8 @@ STASH_API const char* stash_status_string(stash_status_t s) {
     case STASH_ERROR_UNKNOWN_TENSOR: return "unknown tensor";
     case STASH_ERROR_ILLEGAL_TRANSITION: return "illegal transition";
     case STASH_ERROR_TENSOR_FAILED: return "tensor failed";
+    case STASH_ERROR_BAD_PROFILE: return "bad profile";
+    case STASH_ERROR_INFEASIBLE_BUDGET: return "infeasible budget";
     case STASH_ERROR_PROFILING_UNAVAILABLE: return "profiling unavailable";
     case STASH_ERROR_PROFILER_STATE: return "profiler in the wrong state";
     default: return "unknown status";

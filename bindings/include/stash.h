@@ -37,11 +37,11 @@ extern "C" {
  * Version (since 0.1.0)
  * ------------------------------------------------------------------------------------- */
 #define STASH_VERSION_MAJOR 0
-#define STASH_VERSION_MINOR 2
+#define STASH_VERSION_MINOR 3
 #define STASH_VERSION_PATCH 0
 #define STASH_VERSION_NUMBER \
   (STASH_VERSION_MAJOR * 10000 + STASH_VERSION_MINOR * 100 + STASH_VERSION_PATCH)
-#define STASH_VERSION_STRING "0.2.0"
+#define STASH_VERSION_STRING "0.3.0"
 
 /* The library's STASH_VERSION_NUMBER, which may differ from the header's when a program
  * runs against a newer libstash.so. */
@@ -70,6 +70,15 @@ typedef enum stash_status_t {
   STASH_ERROR_ILLEGAL_TRANSITION = 103, /* acquire before offload, double release, ... */
   STASH_ERROR_TENSOR_FAILED = 104,      /* this tensor's copy failed earlier; the message
                                            names the CUDA error */
+  /* the planner (since 0.3.0) */
+  STASH_ERROR_BAD_PROFILE = 105,        /* a profile that is not valid stash.profile/1, or
+                                           a budget that does not parse; the message
+                                           names the field */
+  STASH_ERROR_INFEASIBLE_BUDGET = 106,  /* no valid plan at this budget; the message and
+                                           stash_plan_result_t give the smallest one */
+  /* 200..299: the profiler (since 0.1.0; in this enum since 0.3.0, same numbers) */
+  STASH_ERROR_PROFILING_UNAVAILABLE = 200, /* CUPTI cannot start */
+  STASH_ERROR_PROFILER_STATE = 201,        /* not started / started twice */
   STASH_STATUS_FORCE_INT_ = 0x7fffffff /* not a status: keeps the type int-sized, so
                                           any int a caller stores in it is valid */
 } stash_status_t;
@@ -256,10 +265,83 @@ STASH_API stash_status_t stash_device_stats(stash_device_pool_t* pool,
 STASH_API stash_status_t stash_device_reset_peak(stash_device_pool_t* pool);
 
 /* ---------------------------------------------------------------------------------------
- * Reserved for later versions: the execution context and plans (stash_context_t,
- * stash_plan_*, offload/prefetch/acquire at layer boundaries) and the profiler
- * (stash_profile_*). Their status codes take the 100..199 and 200..299 ranges above.
+ * Planner (since 0.3.0)
+ *
+ * What `stash plan` does, in process: a profile (stash.profile/1 JSON text) and a budget
+ * give a plan (stash.plan/1 JSON text) that stash_engine_load_plan, `stash check` and
+ * `stash simulate` accept, or the status and message the CLI would print. For custom
+ * runtimes that measure their own step and want a plan without a second process.
+ *
+ * Thread safety: the functions share no state; any number of threads may plan at once.
  * ------------------------------------------------------------------------------------- */
+
+typedef enum stash_solver_t {
+  STASH_SOLVER_GREEDY = 0, /* per distinct layer: cheapest recompute cost per byte first */
+  STASH_SOLVER_ILP = 1,    /* per distinct layer: a GLPK MIP (time limit, gap) */
+  STASH_SOLVER_EXACT = 2,  /* one MIP over the whole model: the reference, small models */
+  STASH_SOLVER_FORCE_INT_ = 0x7fffffff
+} stash_solver_t;
+
+#define STASH_PLAN_OPTIONS_VERSION 1
+typedef struct stash_plan_options_t {
+  size_t struct_size;     /* sizeof(stash_plan_options_t), set by _init */
+  unsigned version;       /* STASH_PLAN_OPTIONS_VERSION, set by _init */
+  stash_solver_t solver;  /* default STASH_SOLVER_GREEDY */
+  double time_limit_s;    /* exact: the whole MIP; ilp: each per-layer problem (default 60) */
+  double mip_gap;         /* relative gap at which exact and ilp may stop (default 0) */
+  int polish;             /* nonzero: local improvement after rounding (default 1) */
+} stash_plan_options_t;
+
+/* The figures of one planning call, also when it fails for the budget. */
+typedef struct stash_plan_result_t {
+  size_t struct_size;              /* in: sizeof(stash_plan_result_t), set by _init */
+  uint64_t budget_bytes;           /* the budget as parsed ("70%" resolved) */
+  uint64_t keep_all_peak_bytes;    /* the profile's peak when every tensor is kept */
+  uint64_t min_feasible_bytes;     /* STASH_ERROR_INFEASIBLE_BUDGET: the smallest budget
+                                      with a valid plan; else 0 */
+  int min_feasible_proved;         /* 0 when the host cap binds and the minimum-peak MIP
+                                      hit its time limit (min_feasible_bytes still works) */
+  uint64_t predicted_peak_bytes;   /* STASH_OK: the plan's peak under the canonical model */
+  double predicted_step_ms;        /* STASH_OK: its step time */
+} stash_plan_result_t;
+
+STASH_API void stash_plan_options_init(stash_plan_options_t* options);
+STASH_API void stash_plan_result_init(stash_plan_result_t* result);
+
+/* Plans `profile_json` (NUL-terminated stash.profile/1 text) under `budget`: bytes
+ * ("85899345920"), units ("80GiB", "85.9GB") or a share of the profile's keep-all peak
+ * ("70%"). options NULL: the defaults. On STASH_OK *plan_json is a NUL-terminated
+ * stash.plan/1 document allocated by the library: free it with stash_free. On failure
+ * *plan_json is NULL and:
+ *  - STASH_ERROR_BAD_PROFILE: the profile or the budget text is malformed; the message
+ *    names the field (JSON path) or the text;
+ *  - STASH_ERROR_INFEASIBLE_BUDGET: no valid plan exists (also when the budget is below
+ *    the profile's fixed bytes, which `stash plan` calls bad input);
+ *    result->min_feasible_bytes holds the smallest budget that has one, and the message
+ *    says it in bytes and GiB;
+ *  - STASH_ERROR_INVALID_ARGUMENT: NULL profile_json, budget or plan_json, or bad
+ *    options (unknown solver, non-positive time limit, negative gap);
+ *  - STASH_ERROR_VERSION_MISMATCH: options or result with a struct_size this library
+ *    does not know.
+ * result may be NULL. A struct_size smaller than this header's (a caller built against
+ * an older stash.h) is accepted: the fields it lacks take their defaults or are not
+ * written. */
+STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* budget,
+                                         const stash_plan_options_t* options,
+                                         char** plan_json, stash_plan_result_t* result);
+
+/* Prices `plan_json` (stash.plan/1 text) on `profile_json` with the canonical cost model,
+ * as `stash check` does: result->predicted_peak_bytes and predicted_step_ms, under
+ * budget_bytes (0: the plan's own budget). STASH_ERROR_BAD_PROFILE / STASH_ERROR_BAD_PLAN
+ * for malformed input (the message names the field); STASH_ERROR_INFEASIBLE_BUDGET when
+ * the plan is well formed but violates a constraint under the budget (the message names
+ * every violated constraint; result is filled all the same). */
+STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const char* plan_json,
+                                             uint64_t budget_bytes, stash_plan_result_t* result);
+
+/* Frees memory the library allocated for the caller (stash_plan_make's plan text);
+ * NULL is a no-op. */
+STASH_API void stash_free(void* ptr);
 
 /* ---------------------------------------------------------------------------------------
  * Profiler (since 0.1.0)
@@ -277,9 +359,8 @@ STASH_API stash_status_t stash_device_reset_peak(stash_device_pool_t* pool);
  * each other.
  * ------------------------------------------------------------------------------------- */
 
-/* Status codes of the profiler (200..299). */
-#define STASH_ERROR_PROFILING_UNAVAILABLE ((stash_status_t)200) /* CUPTI cannot start */
-#define STASH_ERROR_PROFILER_STATE ((stash_status_t)201)        /* not started / started twice */
+/* Status codes of the profiler: STASH_ERROR_PROFILING_UNAVAILABLE and
+ * STASH_ERROR_PROFILER_STATE (200..299, in stash_status_t). */
 
 typedef enum stash_scope_kind_t {
   STASH_SCOPE_FORWARD = 0,  /* "stash:layer:<layer>:fwd"; name unused (may be NULL) */

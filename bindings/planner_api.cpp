@@ -1,0 +1,215 @@
+// The planner behind the C API (stash.h, "Planner"): the same calls `stash plan` makes
+// (tools/cli/cmd_plan.cpp), with the CLI's messages, as statuses.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "api_boundary.h"
+#include "planner/planner.h"
+
+using namespace stash;
+using stash::api::api_call;
+namespace pl = stash::planner;
+
+namespace {
+
+constexpr status bad_profile = static_cast<status>(STASH_ERROR_BAD_PROFILE);
+constexpr status infeasible = static_cast<status>(STASH_ERROR_INFEASIBLE_BUDGET);
+
+// A caller's struct may be older (smaller) than this library's: read what it has. The
+// smallest size we accept ends after the last field of the struct's first version.
+template <class T>
+bool size_known(std::size_t struct_size, std::size_t first_version_size) {
+  return struct_size >= first_version_size && struct_size <= sizeof(T);
+}
+
+}  // namespace
+
+extern "C" {
+
+STASH_API void stash_plan_options_init(stash_plan_options_t* o) {
+  if (!o) return;
+  *o = stash_plan_options_t{};
+  o->struct_size = sizeof *o;
+  o->version = STASH_PLAN_OPTIONS_VERSION;
+  o->solver = STASH_SOLVER_GREEDY;
+  o->time_limit_s = 60;
+  o->mip_gap = 0;
+  o->polish = 1;
+}
+
+STASH_API void stash_plan_result_init(stash_plan_result_t* r) {
+  if (!r) return;
+  *r = stash_plan_result_t{};
+  r->struct_size = sizeof *r;
+}
+
+STASH_API void stash_free(void* ptr) { std::free(ptr); }
+
+STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* budget,
+                                         const stash_plan_options_t* options,
+                                         char** plan_json, stash_plan_result_t* result) {
+  static const char* fn = "stash_plan_make";
+  return api_call(fn, [&]() -> status {
+    if (plan_json) *plan_json = nullptr;
+    if (!profile_json || !budget || !plan_json) {
+      return fail(status::invalid_argument, "%s: %s is NULL", fn,
+                  !profile_json ? "profile_json" : !budget ? "budget" : "plan_json");
+    }
+    constexpr std::size_t kOptionsV1 = offsetof(stash_plan_options_t, polish) + sizeof(int);
+    constexpr std::size_t kResultV1 =
+        offsetof(stash_plan_result_t, predicted_step_ms) + sizeof(double);
+    if (result && !size_known<stash_plan_result_t>(result->struct_size, kResultV1)) {
+      return fail(status::version_mismatch,
+                  "%s: result->struct_size is %zu; call stash_plan_result_init first", fn,
+                  result->struct_size);
+    }
+    stash_plan_options_t o;
+    stash_plan_options_init(&o);
+    if (options) {
+      if (!size_known<stash_plan_options_t>(options->struct_size, kOptionsV1) ||
+          options->version == 0 || options->version > STASH_PLAN_OPTIONS_VERSION) {
+        return fail(status::version_mismatch,
+                    "%s: options have struct_size %zu and version %u; this library knows "
+                    "struct_size %zu..%zu and versions 1..%d (call stash_plan_options_init)",
+                    fn, options->struct_size, options->version, kOptionsV1,
+                    sizeof(stash_plan_options_t), STASH_PLAN_OPTIONS_VERSION);
+      }
+      std::memcpy(&o, options, options->struct_size);  // newer fields keep their defaults
+      o.struct_size = sizeof o;
+    }
+    pl::PlanOptions opt;
+    switch (o.solver) {
+      case STASH_SOLVER_GREEDY: opt.solver = pl::solver_kind::greedy; break;
+      case STASH_SOLVER_ILP: opt.solver = pl::solver_kind::ilp; break;
+      case STASH_SOLVER_EXACT: opt.solver = pl::solver_kind::exact; break;
+      default: return fail(status::invalid_argument, "%s: unknown solver %d", fn, int(o.solver));
+    }
+    if (!(o.time_limit_s > 0)) {
+      return fail(status::invalid_argument, "%s: time_limit_s must be positive", fn);
+    }
+    if (!(o.mip_gap >= 0)) return fail(status::invalid_argument, "%s: mip_gap must be >= 0", fn);
+    opt.time_limit_s = o.time_limit_s;
+    opt.mip_gap = o.mip_gap;
+    opt.polish = o.polish != 0;
+
+    stash_plan_result_t r;
+    stash_plan_result_init(&r);
+    auto deliver = [&] {
+      if (result) std::memcpy(reinterpret_cast<char*>(result) + sizeof(std::size_t),
+                              reinterpret_cast<const char*>(&r) + sizeof(std::size_t),
+                              result->struct_size - sizeof(std::size_t));
+    };
+    pl::Profile p;
+    std::uint64_t bytes = 0;
+    try {
+      nlohmann::json j = nlohmann::json::parse(profile_json);
+      p = pl::profile_from_json(j);
+      bytes = pl::parse_budget(budget, p);
+    } catch (const nlohmann::json::parse_error& e) {
+      return fail(bad_profile, "%s: the profile is not JSON: %s", fn, e.what());
+    } catch (const pl::input_error& e) {
+      return fail(bad_profile, "%s: %s", fn, e.what());
+    }
+    r.budget_bytes = bytes;
+    r.keep_all_peak_bytes = pl::evaluate(p, pl::keep_all(p), UINT64_MAX).peak_bytes;
+    if (bytes < p.fixed_bytes) {
+      // The planner calls this bad input (CLI exit 2); here the text parsed and the answer
+      // is "no", so it is reported like every other infeasible budget, with the smallest.
+      bool proved = true;
+      r.min_feasible_bytes = pl::min_feasible_budget(p, &proved);
+      r.min_feasible_proved = proved ? 1 : 0;
+      deliver();
+      return fail(infeasible,
+                  "%s: budget %llu bytes (%.2f GiB) is below the profile's fixed bytes %llu "
+                  "(%.2f GiB: parameters, gradients, optimizer state); the smallest feasible "
+                  "budget is %llu bytes (%.2f GiB)",
+                  fn, static_cast<unsigned long long>(bytes), bytes / 1073741824.0,
+                  static_cast<unsigned long long>(p.fixed_bytes), p.fixed_bytes / 1073741824.0,
+                  static_cast<unsigned long long>(r.min_feasible_bytes),
+                  r.min_feasible_bytes / 1073741824.0);
+    }
+    pl::Plan plan;
+    try {
+      plan = pl::make_plan(p, bytes, opt);
+    } catch (const pl::infeasible_budget& e) {
+      r.min_feasible_bytes = e.min_feasible_bytes();
+      r.min_feasible_proved = e.min_proved() ? 1 : 0;
+      deliver();
+      return fail(infeasible, "%s: %s", fn, e.what());
+    } catch (const pl::input_error& e) {
+      deliver();
+      return fail(bad_profile, "%s: %s", fn, e.what());
+    }
+    r.predicted_peak_bytes = plan.predicted.peak_bytes;
+    r.predicted_step_ms = plan.predicted.step_ms;
+    const std::string text = pl::plan_to_json(plan).dump(1);
+    char* out = static_cast<char*>(std::malloc(text.size() + 1));
+    if (!out) return fail(status::internal, "%s: out of host memory", fn);
+    std::memcpy(out, text.c_str(), text.size() + 1);
+    *plan_json = out;
+    deliver();
+    return status::ok;
+  });
+}
+
+STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const char* plan_json,
+                                             uint64_t budget_bytes, stash_plan_result_t* result) {
+  static const char* fn = "stash_plan_evaluate";
+  return api_call(fn, [&]() -> status {
+    if (!profile_json || !plan_json) {
+      return fail(status::invalid_argument, "%s: %s is NULL", fn,
+                  !profile_json ? "profile_json" : "plan_json");
+    }
+    constexpr std::size_t kResultV1 =
+        offsetof(stash_plan_result_t, predicted_step_ms) + sizeof(double);
+    if (result && !size_known<stash_plan_result_t>(result->struct_size, kResultV1)) {
+      return fail(status::version_mismatch,
+                  "%s: result->struct_size is %zu; call stash_plan_result_init first", fn,
+                  result->struct_size);
+    }
+    pl::Profile p;
+    pl::Plan plan;
+    try {
+      p = pl::profile_from_json(nlohmann::json::parse(profile_json));
+    } catch (const nlohmann::json::parse_error& e) {
+      return fail(bad_profile, "%s: the profile is not JSON: %s", fn, e.what());
+    } catch (const pl::input_error& e) {
+      return fail(bad_profile, "%s: profile: %s", fn, e.what());
+    }
+    try {
+      plan = pl::plan_from_json(nlohmann::json::parse(plan_json), p);
+    } catch (const nlohmann::json::parse_error& e) {
+      return fail(static_cast<status>(STASH_ERROR_BAD_PLAN), "%s: the plan is not JSON: %s", fn,
+                  e.what());
+    } catch (const pl::input_error& e) {
+      return fail(static_cast<status>(STASH_ERROR_BAD_PLAN), "%s: plan: %s", fn, e.what());
+    }
+    const std::uint64_t budget = budget_bytes ? budget_bytes : plan.budget_bytes;
+    const pl::Evaluation ev = pl::evaluate(p, plan.decisions(), budget);
+    stash_plan_result_t r;
+    stash_plan_result_init(&r);
+    r.budget_bytes = budget;
+    r.keep_all_peak_bytes = pl::evaluate(p, pl::keep_all(p), UINT64_MAX).peak_bytes;
+    r.predicted_peak_bytes = ev.peak_bytes;
+    r.predicted_step_ms = ev.step_ms;
+    if (result) {
+      std::memcpy(reinterpret_cast<char*>(result) + sizeof(std::size_t),
+                  reinterpret_cast<const char*>(&r) + sizeof(std::size_t),
+                  result->struct_size - sizeof(std::size_t));
+    }
+    if (!ev.valid) {
+      std::string names;
+      for (const std::string& v : ev.violations) names += (names.empty() ? "" : ", ") + v;
+      return fail(infeasible, "%s: the plan is not valid under a budget of %llu bytes: %s", fn,
+                  static_cast<unsigned long long>(budget), names.c_str());
+    }
+    return status::ok;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,250 @@
+// The planner through the C API (stash.h, "Planner"): the same plan `stash plan` makes,
+// the same messages, statuses for every failure, and versioned structs.
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/planner.h"
+#include "planner/profile.h"
+#include "stash.h"
+
+namespace {
+
+namespace pl = stash::planner;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+const std::string& llama_profile() {
+  static const std::string text =
+      read_text(std::string(STASH_SOURCE_DIR) + "/tools/profiles/llama3-8b_h200_b4_s4096.json");
+  return text;
+}
+
+// Two identical layers of three tensors, small enough for every solver.
+std::string tiny_profile() {
+  const nlohmann::json layer = {
+      {"name", "block"}, {"signature", "b"}, {"fwd_ms", 2.0}, {"bwd_ms", 4.0},
+      {"bwd_temp_bytes", 0},
+      {"tensors",
+       {{{"name", "input"}, {"bytes", 8 << 20}, {"recompute_ms", 0.0}, {"offloadable", true},
+         {"recomputable", false}, {"must_keep", false}},
+        {{"name", "a"}, {"bytes", 16 << 20}, {"recompute_ms", 0.5}, {"offloadable", true},
+         {"recomputable", true}, {"must_keep", false}},
+        {{"name", "b"}, {"bytes", 16 << 20}, {"recompute_ms", 1.5}, {"offloadable", true},
+         {"recomputable", true}, {"must_keep", false}}}}};
+  nlohmann::json l0 = layer, l1 = layer, l2 = layer;
+  l0["name"] = "block.0";
+  l1["name"] = "block.1";
+  l2["name"] = "block.2";
+  const nlohmann::json p = {{"schema", "stash.profile/1"}, {"source", "measured"},
+                            {"device", {{"name", "test"}, {"memory_bytes", 0}}},
+                            {"link", {{"h2d_gbps", 10.0}, {"d2h_gbps", 10.0},
+                                      {"bidir_gbps", 16.0}, {"local_ranks", 1}}},
+                            {"host", {{"pinnable_bytes", 1ull << 32}}},
+                            {"fixed_bytes", 64 << 20},
+                            {"layers", {l0, l1, l2}}};
+  return p.dump();
+}
+
+// solve_ms differs between two solves of the same problem; nothing else may.
+nlohmann::json without_time(nlohmann::json j) {
+  j.erase("solve_ms");
+  return j;
+}
+
+struct PlanText {
+  char* text = nullptr;
+  ~PlanText() { stash_free(text); }
+};
+
+TEST(PlannerApi, SamePlanAsThePlannerAndTheCli) {
+  const std::string& text = llama_profile();
+  ASSERT_FALSE(text.empty());
+  PlanText out;
+  stash_plan_result_t r;
+  stash_plan_result_init(&r);
+  ASSERT_EQ(stash_plan_make(text.c_str(), "70%", nullptr, &out.text, &r), STASH_OK)
+      << stash_last_error();
+  ASSERT_NE(out.text, nullptr);
+  const nlohmann::json got = nlohmann::json::parse(out.text);
+  EXPECT_EQ(got.at("schema"), "stash.plan/1");
+
+  const pl::Profile p = pl::profile_from_json(nlohmann::json::parse(text));
+  const std::uint64_t budget = pl::parse_budget("70%", p);
+  const pl::Plan want = pl::make_plan(p, budget);
+  EXPECT_EQ(without_time(got), without_time(pl::plan_to_json(want)));
+  EXPECT_EQ(r.budget_bytes, budget);
+  EXPECT_EQ(r.keep_all_peak_bytes, want.keep_all.peak_bytes);
+  EXPECT_EQ(r.predicted_peak_bytes, want.predicted.peak_bytes);
+  EXPECT_LE(r.predicted_peak_bytes, budget);
+  EXPECT_DOUBLE_EQ(r.predicted_step_ms, want.predicted.step_ms);
+  EXPECT_EQ(r.min_feasible_bytes, 0u);
+}
+
+TEST(PlannerApi, EverySolverAndTheOptionsTheyTake) {
+  const std::string text = tiny_profile();
+  for (stash_solver_t s : {STASH_SOLVER_GREEDY, STASH_SOLVER_ILP, STASH_SOLVER_EXACT}) {
+    stash_plan_options_t o;
+    stash_plan_options_init(&o);
+    EXPECT_EQ(o.solver, STASH_SOLVER_GREEDY);
+    EXPECT_EQ(o.time_limit_s, 60);
+    EXPECT_EQ(o.polish, 1);
+    o.solver = s;
+    o.time_limit_s = 10;
+    PlanText out;
+    ASSERT_EQ(stash_plan_make(text.c_str(), "160MiB", &o, &out.text, nullptr), STASH_OK)
+        << stash_last_error();
+    const nlohmann::json j = nlohmann::json::parse(out.text);
+    EXPECT_EQ(j.at("solver"), s == STASH_SOLVER_GREEDY ? "greedy" : s == STASH_SOLVER_ILP ? "ilp"
+                                                                                           : "exact");
+  }
+  stash_plan_options_t o;
+  stash_plan_options_init(&o);
+  o.solver = static_cast<stash_solver_t>(7);
+  char* out = reinterpret_cast<char*>(1);
+  EXPECT_EQ(stash_plan_make(text.c_str(), "160MiB", &o, &out, nullptr),
+            STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_NE(std::string(stash_last_error()).find("unknown solver 7"), std::string::npos);
+  stash_plan_options_init(&o);
+  o.time_limit_s = 0;
+  EXPECT_EQ(stash_plan_make(text.c_str(), "160MiB", &o, &out, nullptr),
+            STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stash_last_error()).find("time_limit_s"), std::string::npos);
+}
+
+TEST(PlannerApi, InfeasibleBudgetGivesTheSmallestFeasibleOne) {
+  const std::string text = tiny_profile();
+  const pl::Profile p = pl::profile_from_json(nlohmann::json::parse(text));
+  const std::uint64_t min = pl::min_feasible_budget(p);
+  ASSERT_GT(min, p.fixed_bytes);
+  for (const std::string& budget : {std::to_string(min - 1), std::to_string(p.fixed_bytes - 1)}) {
+    PlanText out;
+    stash_plan_result_t r;
+    stash_plan_result_init(&r);
+    EXPECT_EQ(stash_plan_make(text.c_str(), budget.c_str(), nullptr, &out.text, &r),
+              STASH_ERROR_INFEASIBLE_BUDGET)
+        << budget;
+    EXPECT_EQ(out.text, nullptr);
+    EXPECT_EQ(r.min_feasible_bytes, min) << budget;
+    EXPECT_EQ(r.min_feasible_proved, 1);
+    EXPECT_EQ(r.budget_bytes, std::stoull(budget));
+    const std::string msg = stash_last_error();
+    EXPECT_NE(msg.find("stash_plan_make: "), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(min) + " bytes"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("GiB"), std::string::npos) << msg;
+  }
+  // The smallest feasible budget is feasible.
+  PlanText out;
+  EXPECT_EQ(stash_plan_make(text.c_str(), std::to_string(min).c_str(), nullptr, &out.text,
+                            nullptr),
+            STASH_OK)
+      << stash_last_error();
+  EXPECT_STREQ(stash_status_string(STASH_ERROR_INFEASIBLE_BUDGET), "infeasible budget");
+  EXPECT_EQ(STASH_ERROR_INFEASIBLE_BUDGET, 106);
+}
+
+TEST(PlannerApi, BadInputNamesTheProblem) {
+  char* out = nullptr;
+  EXPECT_EQ(stash_plan_make("{\"schema\": \"stash.profile/9\"}", "1GiB", nullptr, &out, nullptr),
+            STASH_ERROR_BAD_PROFILE);
+  EXPECT_NE(std::string(stash_last_error()).find("schema"), std::string::npos)
+      << stash_last_error();
+  EXPECT_EQ(stash_plan_make("{not json", "1GiB", nullptr, &out, nullptr), STASH_ERROR_BAD_PROFILE);
+  EXPECT_NE(std::string(stash_last_error()).find("not JSON"), std::string::npos);
+  const std::string text = tiny_profile();
+  EXPECT_EQ(stash_plan_make(text.c_str(), "70 parsecs", nullptr, &out, nullptr),
+            STASH_ERROR_BAD_PROFILE);
+  EXPECT_NE(std::string(stash_last_error()).find("70 parsecs"), std::string::npos)
+      << stash_last_error();
+  EXPECT_EQ(stash_plan_make(nullptr, "1GiB", nullptr, &out, nullptr), STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stash_last_error()).find("profile_json is NULL"), std::string::npos);
+  EXPECT_EQ(stash_plan_make(text.c_str(), nullptr, nullptr, &out, nullptr),
+            STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stash_plan_make(text.c_str(), "1GiB", nullptr, nullptr, nullptr),
+            STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_STREQ(stash_status_string(STASH_ERROR_BAD_PROFILE), "bad profile");
+  stash_free(nullptr);
+  stash_plan_options_init(nullptr);
+  stash_plan_result_init(nullptr);
+}
+
+TEST(PlannerApi, OptionsOfAnUnknownSizeOrVersionAreRefused) {
+  const std::string text = tiny_profile();
+  stash_plan_options_t o;
+  stash_plan_options_init(&o);
+  char* out = nullptr;
+  o.struct_size = sizeof o + 8;  // a newer header than this library
+  EXPECT_EQ(stash_plan_make(text.c_str(), "160MiB", &o, &out, nullptr),
+            STASH_ERROR_VERSION_MISMATCH);
+  EXPECT_NE(std::string(stash_last_error()).find("struct_size"), std::string::npos);
+  o.struct_size = sizeof(size_t);  // shorter than the first version
+  EXPECT_EQ(stash_plan_make(text.c_str(), "160MiB", &o, &out, nullptr),
+            STASH_ERROR_VERSION_MISMATCH);
+  stash_plan_options_init(&o);
+  o.version = 2;
+  EXPECT_EQ(stash_plan_make(text.c_str(), "160MiB", &o, &out, nullptr),
+            STASH_ERROR_VERSION_MISMATCH);
+
+}
+
+TEST(PlannerApi, ResultOfAnOldSizeIsRefusedBelowTheFirstVersion) {
+  const std::string text = tiny_profile();
+  stash_plan_result_t r;
+  stash_plan_result_init(&r);
+  r.struct_size = offsetof(stash_plan_result_t, keep_all_peak_bytes);
+  char* out = nullptr;
+  EXPECT_EQ(stash_plan_make(text.c_str(), "160MiB", nullptr, &out, &r),
+            STASH_ERROR_VERSION_MISMATCH);
+  EXPECT_EQ(out, nullptr);
+}
+
+TEST(PlannerApi, EvaluatePricesAPlanAndNamesViolations) {
+  const std::string text = tiny_profile();
+  PlanText out;
+  stash_plan_result_t made;
+  stash_plan_result_init(&made);
+  ASSERT_EQ(stash_plan_make(text.c_str(), "160MiB", nullptr, &out.text, &made), STASH_OK);
+  stash_plan_result_t r;
+  stash_plan_result_init(&r);
+  ASSERT_EQ(stash_plan_evaluate(text.c_str(), out.text, 0, &r), STASH_OK) << stash_last_error();
+  EXPECT_EQ(r.predicted_peak_bytes, made.predicted_peak_bytes);
+  EXPECT_DOUBLE_EQ(r.predicted_step_ms, made.predicted_step_ms);
+  EXPECT_EQ(r.budget_bytes, 160u << 20);
+
+  // Under a smaller budget the same plan violates a peak row, named.
+  stash_plan_result_init(&r);
+  EXPECT_EQ(stash_plan_evaluate(text.c_str(), out.text, made.predicted_peak_bytes - 1, &r),
+            STASH_ERROR_INFEASIBLE_BUDGET);
+  EXPECT_NE(std::string(stash_last_error()).find("peak:"), std::string::npos)
+      << stash_last_error();
+  EXPECT_EQ(r.predicted_peak_bytes, made.predicted_peak_bytes);
+
+  // The last layer offloads nothing: a rule, named.
+  nlohmann::json j = nlohmann::json::parse(out.text);
+  j["layers"][2]["tensors"][1]["action"] = "offload";
+  EXPECT_EQ(stash_plan_evaluate(text.c_str(), j.dump().c_str(), 0, nullptr),
+            STASH_ERROR_INFEASIBLE_BUDGET);
+  EXPECT_NE(std::string(stash_last_error()).find("last_layer"), std::string::npos)
+      << stash_last_error();
+
+  // A plan for another model: bad plan, the field named.
+  j = nlohmann::json::parse(out.text);
+  j["layers"].erase(2);
+  EXPECT_EQ(stash_plan_evaluate(text.c_str(), j.dump().c_str(), 0, nullptr), STASH_ERROR_BAD_PLAN);
+  EXPECT_NE(std::string(stash_last_error()).find("layers"), std::string::npos)
+      << stash_last_error();
+}
+
+}  // namespace
