@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
-#include <openssl/evp.h>
+#include <nettle/sha2.h>
 
 namespace stash::planner {
 
@@ -236,14 +236,19 @@ Profile load_profile(const std::string& path) {
 
 std::string profile_sha256(const Profile& p) {
   const std::string text = profile_to_json(p).dump();
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  if (EVP_Digest(text.data(), text.size(), md, &n, EVP_sha256(), nullptr) != 1) {
-    throw std::runtime_error("SHA-256 failed in libcrypto");
-  }
+  // Nettle rather than OpenSSL: Nettle's hash is a pure function over a context on the
+  // stack, with no library state. OpenSSL 3 keeps its default context in pthread-key
+  // thread-local storage, which breaks when libstash runs in a linker namespace of its own
+  // (Note [A linker namespace for stash's libcudart] in bindings/python/stash/_lib.py):
+  // each namespace's libc numbers its keys from 0 in the one thread descriptor they share.
+  sha256_ctx ctx;
+  sha256_init(&ctx);
+  sha256_update(&ctx, text.size(), reinterpret_cast<const std::uint8_t*>(text.data()));
+  std::uint8_t md[SHA256_DIGEST_SIZE];
+  sha256_digest(&ctx, SHA256_DIGEST_SIZE, md);
   static const char* hex = "0123456789abcdef";
   std::string out;
-  for (unsigned int i = 0; i < n; ++i) {
+  for (unsigned int i = 0; i < SHA256_DIGEST_SIZE; ++i) {
     out += hex[md[i] >> 4];
     out += hex[md[i] & 15];
   }

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 pkgs=(cmake ninja-build g++ clang libclang-rt-14-dev ccache
-      libglpk-dev nlohmann-json3-dev libcli11-dev libnuma-dev libssl-dev
+      libglpk-dev nlohmann-json3-dev libcli11-dev libnuma-dev nettle-dev
       libgtest-dev libbenchmark-dev
       python3-torch python3-pytest python3-venv python3-pip)
 missing=()

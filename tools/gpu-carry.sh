@@ -2,7 +2,7 @@
 # Prepares what tools/gpu-check.sh needs on a GPU machine that reaches no package registry.
 #   tools/gpu-carry.sh           the Debian packages stash builds against (GLPK,
 #                                nlohmann-json, CLI11, GoogleTest, Google Benchmark, libnuma,
-#                                OpenSSL's libcrypto, and their runtime libraries), downloaded
+#                                Nettle, and their runtime libraries), downloaded
 #                                as .deb files into .carry/debs (about 7 MiB)
 #   tools/gpu-carry.sh --build   the same, and a Release build for the GPU made here, staged
 #                                into .carry/build-gpu (Note [A build made here]), so the GPU
@@ -40,7 +40,7 @@ esac
 dest="$root/.carry/debs"
 pkgs=(libglpk-dev libglpk40 libamd2 libcolamd2 libsuitesparseconfig5 libltdl7 libgmp10
       nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-      libbenchmark-dev libbenchmark1debian libnuma-dev libnuma1 libssl-dev libssl3)
+      libbenchmark-dev libbenchmark1debian libnuma-dev libnuma1 nettle-dev libnettle8)
 mkdir -p "$dest"
 rm -f "$dest"/*.deb
 rm -rf "$root/.carry/prefix"  # gpu-check.sh's unpacked copy, if one was made here: not carried

@@ -64,12 +64,12 @@ if ls "$root"/.carry/debs/*.deb >/dev/null 2>&1; then
   fi
   multiarch=x86_64-linux-gnu
   export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-  # Debian splits some headers into the multiarch folder (openssl/configuration.h), which
+  # Debian splits some headers into the multiarch folder (e.g. asm/, gnu/), which
   # the compiler searches by default only under /usr/include.
   export CPATH="$prefix/usr/include:$prefix/usr/include/$multiarch${CPATH:+:$CPATH}"
   export LIBRARY_PATH="$prefix/usr/lib/$multiarch${LIBRARY_PATH:+:$LIBRARY_PATH}"
   export LD_LIBRARY_PATH="$prefix/usr/lib/$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  cmake_deps=(-DOPENSSL_ROOT_DIR="$prefix/usr")
+  cmake_deps=()
   say "dependencies: $(ls "$root"/.carry/debs/*.deb | wc -l) carried packages unpacked into $prefix"
 else
   cmake_deps=()

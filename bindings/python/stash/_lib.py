@@ -4,8 +4,8 @@ import ctypes
 import os
 import re
 
-__all__ = ["StashError", "PoolStats", "find_library", "load", "parse_bytes", "status_string",
-           "version"]
+__all__ = ["StashError", "PoolStats", "cudart", "find_library", "load", "parse_bytes",
+           "status_string", "version"]
 
 
 class StashError(RuntimeError):
@@ -35,6 +35,68 @@ def find_library(filename):
 
 
 _loaded = {}
+_CUDART_ENV = "STASH_CUDART"
+
+
+# Note [A linker namespace for stash's libcudart]
+# stash's libraries link libcudart.so.13 by soname. In a process that has already loaded
+# a libcudart.so.13 (torch's CUDA build loads the one in its nvidia-cuda-runtime wheel)
+# the loader binds any later library that needs that soname to the one loaded, and
+# LD_LIBRARY_PATH cannot change that without changing what torch binds to as well. So
+# STASH_CUDART=/path/to/libcudart.so.13 loads that runtime, and stash's libraries after
+# it, into a linker namespace of their own (glibc's dlmopen(LM_ID_NEWLM)): there the soname
+# resolves to STASH_CUDART's file, while torch keeps its own runtime in the base
+# namespace. The namespace has its own copies of libc, libstdc++ and the libraries stash
+# links; memory is one address space, so pointers pass freely, but memory one namespace's
+# malloc returned must be freed by the same namespace (hence stash_free). This is how the
+# Python tests run stash on its CPU test double (tests/cudart_double) beside a CUDA build of
+# torch; it is one seam, named by one variable, and works for any runtime file. Unset
+# (the normal case), the libraries load into the base namespace and share torch's runtime,
+# as stash.torch's allocator and offload hooks must on a GPU.
+class _Namespace:
+    RTLD_NOW, RTLD_DI_LMID, LM_ID_NEWLM = 2, 1, -1
+
+    def __init__(self, cudart):
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._dlmopen = libc.dlmopen
+        self._dlmopen.restype = ctypes.c_void_p
+        self._dlmopen.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_int]
+        self._dlerror = libc.dlerror
+        self._dlerror.restype = ctypes.c_char_p
+        dlinfo = libc.dlinfo
+        dlinfo.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        if not os.path.isfile(cudart):
+            raise StashError(f"{_CUDART_ENV}={cudart}: no such file")
+        h = self._open(self.LM_ID_NEWLM, cudart)
+        lmid = ctypes.c_long()
+        if dlinfo(h, self.RTLD_DI_LMID, ctypes.byref(lmid)) != 0:
+            raise StashError(f"dlinfo({cudart}): {self._dlerror().decode(errors='replace')}")
+        self.lmid, self.cudart_path = lmid.value, cudart
+        self.cudart = ctypes.CDLL(cudart, handle=h)
+
+    def _open(self, lmid, path):
+        h = self._dlmopen(lmid, os.fsencode(path), self.RTLD_NOW)
+        if not h:
+            raise OSError(self._dlerror().decode(errors="replace"))
+        return h
+
+    def load(self, path):
+        return ctypes.CDLL(path, handle=self._open(self.lmid, path))
+
+
+_namespace = None
+
+
+def _ns():
+    """The namespace of STASH_CUDART (Note [A linker namespace for stash's libcudart]), or
+    None when it is unset."""
+    global _namespace
+    cudart = os.environ.get(_CUDART_ENV)
+    if not cudart:
+        return None
+    if _namespace is None:
+        _namespace = _Namespace(os.path.abspath(cudart))
+    return _namespace
 
 
 def load(filename):
@@ -42,13 +104,28 @@ def load(filename):
     if filename not in _loaded:
         path = find_library(filename)
         try:
-            _loaded[filename] = ctypes.CDLL(path)
+            ns = _ns()
+            _loaded[filename] = ns.load(path) if ns else ctypes.CDLL(path)
         except OSError as e:
             raise StashError(
                 f"cannot load {filename} ({e}); looked in STASH_LIB_DIR and "
                 f"{_search_dirs()[-1]}, then on the loader's path. Set STASH_LIB_DIR to the "
-                "build's library directories.") from e
+                "build's library directories, or install the package (pip install "
+                "bindings/python).") from e
     return _loaded[filename]
+
+
+def cudart():
+    """The libcudart.so.13 that libstash.so runs on: STASH_CUDART's, in stash's namespace,
+    or the process's (torch's) otherwise. Loads libstash.so first."""
+    load("libstash.so")
+    ns = _ns()
+    return ns.cudart if ns else ctypes.CDLL("libcudart.so.13")
+
+
+def runs_on_cuda_runtime_of_torch():
+    """True when stash's libraries share the process's libcudart (STASH_CUDART unset)."""
+    return _ns() is None
 
 
 class PoolStats(ctypes.Structure):

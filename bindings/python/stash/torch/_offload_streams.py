@@ -44,11 +44,10 @@ once: the release callback synchronizes that stream from the host first.
 """
 
 import ctypes
-import os
 
 import torch
 
-from .._engine import _lib as engine_lib
+from .. import _lib
 from .._lib import StashError
 
 
@@ -63,23 +62,19 @@ def _flat_bytes(t):
 
 
 class _CudaRt:
-    """The few runtime calls the CPU path needs, from the libcudart libstash loaded: by
-    soname, which dlopen resolves to the library already loaded. Only the test double
-    (with STASHDBL_FOREIGN_IS_DEVICE=1) can take host memory as device memory."""
+    """The few runtime calls the CPU path needs, from the libcudart libstash runs on. CPU
+    blocks need a runtime that takes host memory as device memory: stash's test double,
+    loaded through STASH_CUDART (Note [A linker namespace for stash's libcudart] in
+    _lib.py); a real runtime cannot copy from a CPU tensor as device memory."""
 
     def __init__(self):
-        engine_lib()  # libstash first: its libcudart.so.13 is the one to talk to
-        lib = ctypes.CDLL("libcudart.so.13")
-        if not hasattr(lib, "stashdbl_set_foreign_is_device"):
+        if _lib.runs_on_cuda_runtime_of_torch():
             raise StashError(
-                "stash.torch.offload: the blocks are on the CPU. Offloading applies to CUDA "
-                "models; CPU blocks run only on stash's CPU test double of libcudart "
-                "(tests/cudart_double, with STASHDBL_FOREIGN_IS_DEVICE=1).")
-        if os.environ.get("STASHDBL_FOREIGN_IS_DEVICE") != "1":
-            raise StashError(
-                "stash.torch.offload: CPU blocks on the test double need "
-                "STASHDBL_FOREIGN_IS_DEVICE=1 in the environment (torch's CPU tensors are "
-                "the engine's device memory)")
+                "stash.torch: the blocks are on the CPU. stash manages CUDA memory; CPU "
+                "blocks run only on a CPU runtime named by STASH_CUDART (stash's test "
+                "double, tests/cudart_double, with STASHDBL_FOREIGN_IS_DEVICE=1). Move the "
+                "model to a CUDA device.")
+        lib = _lib.cudart()
         lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
         lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
