@@ -7,7 +7,7 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ clang libclang-rt-14-dev ccache
       libglpk-dev nlohmann-json3-dev libcli11-dev libnuma-dev nettle-dev
       libgtest-dev libbenchmark-dev
-      python3-torch python3-pytest python3-venv python3-pip)
+      python3-venv python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

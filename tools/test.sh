@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run).
-#   tools/test.sh            deps, build, ctest: cpu, preload and python labels, then the
+#   tools/test.sh            deps, the Python test environment (tools/python-env.sh: a venv
+#                            with pinned torch, transformers, pytest), build, ctest: cpu,
+#                            preload and python labels (python.install builds and
+#                            installs the wheel there first), then the
 #                            cpu suite again under ASan+UBSan (build-asan/); gpu-labelled
 #                            tests run too and skip cleanly without a device.
 #   tools/test.sh --quick    skip the sanitizer pass.
@@ -25,8 +28,10 @@ if [ "$mode" = tsan ]; then
   exit 0
 fi
 
+echo "== stash: Python test environment (tools/python-env.sh)" >&2
+py=$(tools/python-env.sh)
 echo "== stash: build (build/)" >&2
-tools/build.sh build
+tools/build.sh build -DSTASH_TEST_PYTHON="$py"
 echo "== stash: ctest (build/)" >&2
 ctest --test-dir build --output-on-failure -j "$jobs"
 

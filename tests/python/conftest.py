@@ -1,3 +1,4 @@
-# torch first: stash's libraries and torch must load the same libcudart.so.13 (on CPU
-# machines, the test double that LD_LIBRARY_PATH names).
+# torch first, as a user's program does; stash's libraries load into a linker namespace of
+# their own on the CPU test double (STASH_CUDART, Note [A linker namespace for stash's
+# libcudart] in stash/_lib.py), so the order does not matter to them.
 import torch  # noqa: F401

@@ -7,15 +7,16 @@ import ctypes
 import torch
 import torch.nn as nn
 
+import stash
+
 from models import Block
 
 B, T, D, FF = 2, 8, 16, 32
-# What a Block saves (test_record.py derives the list by hand): 0 input, 1-2 ln1 mean and
-# rstd, 3 ln1's output, 4-5 copies of q and k, 6 the 1/sqrt(d) scalar, 7 softmax
-# probabilities (saved twice: by softmax and by att@v), 8 a copy of v, 9 y, 10 the
-# residual, 11-12 ln2 mean and rstd, 13 ln2's output, 14 relu's output (saved twice:
-# by relu and by fc2).
-N_SAVED = 15
+# What a Block saves on torch 2.x (test_record.py derives the list by hand): 0 input, 1-2
+# ln1 mean and rstd, 3 ln1's output, 4-5 copies of q and k, 6 softmax probabilities
+# (saved twice: by softmax and by att@v), 7 a copy of v, 8 y, 9 the residual, 10-11 ln2
+# mean and rstd, 12 ln2's output, 13 relu's output (saved twice: by relu and by fc2).
+N_SAVED = 14
 _ACTION = {"k": "keep", "r": "recompute", "o": "offload"}
 
 
@@ -79,7 +80,7 @@ def _assert_bitwise(a, b):
 def _violations():
     """The double's happens-before violations so far (and clears them): unordered device
     accesses to the same bytes, e.g. a prefetch writing memory a copy still reads."""
-    lib = ctypes.CDLL("libcudart.so.13")
+    lib = stash._lib.cudart()
     lib.stashdbl_violation_count.restype = ctypes.c_size_t
     lib.stashdbl_violation_text.restype = ctypes.c_size_t
     lib.stashdbl_violation_text.argtypes = [ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]

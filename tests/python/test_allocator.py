@@ -14,13 +14,17 @@ MiB = 1 << 20
 
 
 def test_on_the_test_double():
-    # The C side must run on the double, not a real runtime (ctest sets LD_LIBRARY_PATH).
-    lib = ctypes.CDLL("libcudart.so.13")
-    assert hasattr(lib, "stashdbl_probe")
+    # The C side must run on the double (ctest sets STASH_CUDART), in a linker namespace
+    # of its own: torch's CUDA build keeps its own libcudart.so.13 in the base namespace.
+    assert hasattr(_lib.cudart(), "stashdbl_probe")
+    assert not _lib.runs_on_cuda_runtime_of_torch()
+    if torch.version.cuda is not None:
+        torch_rt = ctypes.CDLL("libcudart.so.13")  # the one torch loaded
+        assert not hasattr(torch_rt, "stashdbl_probe")
 
 
 def test_libstash_version():
-    assert stash.version() == "0.2.0"
+    assert stash.version() == "0.3.0"
     assert stash.status_string(2) == "out of memory"
 
 

@@ -7,6 +7,7 @@ import ctypes
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ MIXED = [["offload" if j % 2 == 0 else "keep" for j in range(N_SAVED)],
 
 
 def test_runs_on_the_double_with_foreign_memory_as_device():
-    lib = ctypes.CDLL("libcudart.so.13")
+    lib = stash._lib.cudart()
     assert hasattr(lib, "stashdbl_probe")
     assert os.environ.get("STASHDBL_FOREIGN_IS_DEVICE") == "1"
 
@@ -218,10 +219,23 @@ def test_retain_graph_reuses_the_fetched_tensors():
         assert torch.equal(a.grad, b.grad)
 
 
-def test_cpu_blocks_need_the_double_opt_in(monkeypatch):
-    monkeypatch.delenv("STASHDBL_FOREIGN_IS_DEVICE")
-    with pytest.raises(stash.StashError, match="STASHDBL_FOREIGN_IS_DEVICE=1"):
-        stash.torch.offload(_model(1), [["keep"] * N_SAVED])
+def test_cpu_blocks_without_the_double_are_refused():
+    # Without STASH_CUDART stash's libraries share the process's runtime (torch's), which
+    # cannot take CPU tensors as device memory: a StashError naming the seam, and the
+    # blocks untouched. A process of its own: the namespace is chosen once per process.
+    code = (
+        "import torch, stash, stash.torch\n"
+        "blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4)])\n"
+        "try:\n"
+        "    stash.torch.offload(blocks, [['keep']])\n"
+        "except stash.StashError as e:\n"
+        "    assert 'forward' not in vars(blocks[0])\n"
+        "    print('refused:', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "STASH_CUDART"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "refused:" in out.stdout and "STASH_CUDART" in out.stdout, out.stdout
 
 
 def test_record_then_stash_plan_then_offload(tmp_path):

@@ -24,19 +24,20 @@ def _blocks(n=2):
 def test_transformer_block_tensors_in_save_order():
     doc = stash.torch.record(_blocks(), torch.randn(B, T, D))
     assert len(doc["layers"]) == 2
-    # Derived by hand for torch 1.13 (CPU): ln1 saves x, mean, rstd; qkv saves ln1's
-    # output; q@k^T saves copies of q and k (transposed, reshaped); the division saves
-    # its scalar (a wrapped 0-dim double, 8 bytes); softmax saves its output; att@v saves
-    # the probabilities again (a view: not listed twice) and a copy of v; proj saves y;
-    # ln2 saves the residual, mean, rstd; fc1 saves ln2's output; relu saves its output,
-    # which fc2 saves again (a view: listed once). Weights (saved as W^T) are skipped.
-    expected = [ACT, STAT, STAT, ACT, ACT, ACT, 8, ATT, ACT, ACT, ACT, STAT, STAT, ACT,
+    # Derived by hand for torch 2.x (CPU): ln1 saves x, mean, rstd; qkv saves ln1's
+    # output; q@k^T saves copies of q and k (transposed, reshaped); the division by a
+    # Python float saves no tensor (torch 1.13 saved it as a wrapped 0-dim double);
+    # softmax saves its output; att@v saves the probabilities again (a view: not listed
+    # twice) and a copy of v; proj saves y; ln2 saves the residual, mean, rstd; fc1 saves
+    # ln2's output; relu saves its output, which fc2 saves again (a view: listed once).
+    # Weights (saved as W^T) are skipped.
+    expected = [ACT, STAT, STAT, ACT, ACT, ACT, ATT, ACT, ACT, ACT, STAT, STAT, ACT,
                 B * T * FF * F32]
     for layer in doc["layers"]:
         assert [t["bytes"] for t in layer["tensors"]] == expected
         names = [t["name"] for t in layer["tensors"]]
         assert names[0] == "input" and len(set(names)) == len(names)
-        assert [t["recomputable"] for t in layer["tensors"]] == [False] + [True] * 14
+        assert [t["recomputable"] for t in layer["tensors"]] == [False] + [True] * 13
         assert all(t["offloadable"] and not t["must_keep"] for t in layer["tensors"])
         assert all(t["recompute_ms"] == 0 for t in layer["tensors"])
     # Identical blocks share a signature (the planner solves them once).

@@ -16,4 +16,4 @@ from ._lib import StashError, find_library, parse_bytes, status_string, version
 from . import profile
 
 __all__ = ["StashError", "find_library", "parse_bytes", "profile", "status_string", "version"]
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -50,7 +50,12 @@ _CUDART_ENV = "STASH_CUDART"
 # links; memory is one address space, so pointers pass freely, but memory one namespace's
 # malloc returned must be freed by the same namespace (hence stash_free). This is how the
 # Python tests run stash on its CPU test double (tests/cudart_double) beside a CUDA build of
-# torch; it is one seam, named by one variable, and works for any runtime file. Unset
+# torch; it is one seam, named by one variable, and works for any runtime file. The
+# namespace's libc gets an environment of its own, a copy of os.environ made when the
+# namespace is created and kept alive here: its `environ` would otherwise keep pointing at
+# the array the base libc had then, which the base libc frees when the program sets a
+# variable later. stash's libraries therefore see the environment as it was when
+# stash first loaded them (they read it once, at load, in any case). Unset
 # (the normal case), the libraries load into the base namespace and share torch's runtime,
 # as stash.torch's allocator and offload hooks must on a GPU.
 class _Namespace:
@@ -73,6 +78,18 @@ class _Namespace:
             raise StashError(f"dlinfo({cudart}): {self._dlerror().decode(errors='replace')}")
         self.lmid, self.cudart_path = lmid.value, cudart
         self.cudart = ctypes.CDLL(cudart, handle=h)
+        self._environ = self._own_environment()
+
+    def _own_environment(self):
+        """Points the namespace's libc at a copy of the environment that lives as long as
+        this object (see the Note)."""
+        entries = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in os.environ.items()]
+        strings = [ctypes.create_string_buffer(e) for e in entries]
+        array = (ctypes.c_char_p * (len(strings) + 1))(
+            *[ctypes.cast(b, ctypes.c_char_p) for b in strings], None)
+        libc = ctypes.CDLL("libc.so.6", handle=self._open(self.lmid, "libc.so.6"))
+        ctypes.c_void_p.in_dll(libc, "environ").value = ctypes.addressof(array)
+        return strings, array
 
     def _open(self, lmid, path):
         h = self._dlmopen(lmid, os.fsencode(path), self.RTLD_NOW)

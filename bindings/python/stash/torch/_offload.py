@@ -79,6 +79,25 @@ __all__ = ["offload", "OffloadHandle"]
 _INPUT_SLOTS = (HeldInput, FetchedInput)
 
 
+def _call_target(i, block):
+    """The attribute of `block` that the hooks wrap (Note [Compiled blocks]): "forward",
+    or the compiled callable of a block that torch.compile compiled, so that the hooks run
+    outside the compiled region."""
+    if getattr(block, "_compiled_call_impl", None) is not None:  # block.compile()
+        return "_compiled_call_impl"
+    current = vars(block).get("forward")
+    if current is not None:
+        if getattr(current, "_stash_wrapped", False):
+            raise StashError(f"stash.torch: block {i} ({type(block).__name__}) is already "
+                             "wrapped by stash (offload or fit applied twice?)")
+        optimized = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
+        optimized = getattr(optimized, "OptimizedModule", None)
+        if optimized is None or not isinstance(block, optimized):  # torch.compile(block)
+            raise StashError(f"stash.torch: block {i} ({type(block).__name__}) already has "
+                             "its forward replaced by something other than torch.compile")
+    return "forward"
+
+
 def _block_device(blocks, device):
     if device is not None:
         return torch.device(device)
@@ -140,14 +159,15 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             self._teardown()
             raise
         self._originals = []
-        for i, block in enumerate(self.blocks):
-            if "forward" in vars(block):
-                self._teardown()
-                raise StashError(f"stash.torch.offload: block {i} ({type(block).__name__}) "
-                                 "already has its forward replaced (offload applied twice?)")
-        for i, block in enumerate(self.blocks):
-            self._originals.append(block.forward)
-            block.forward = self._wrap(i, block.forward)
+        try:
+            targets = [_call_target(i, block) for i, block in enumerate(self.blocks)]
+        except StashError:
+            self._teardown()
+            raise
+        for i, (block, name) in enumerate(zip(self.blocks, targets)):
+            own = vars(block)
+            self._originals.append((block, name, name in own, own.get(name)))
+            setattr(block, name, self._wrap(i, getattr(block, name)))
 
     # --- recompute (Note [Selective recompute]) ------------------------------------------
 
@@ -211,15 +231,27 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         args = map_tensors(frame.args, lambda s: self._restore(frame, s), _INPUT_SLOTS)
         kwargs = map_tensors(frame.kwargs, lambda s: self._restore(frame, s), _INPUT_SLOTS)
         replay = Replay(frame, step.resident,
-                        {storage_of(t)[0] for t in tensors_in((args, kwargs))})
+                        {storage_of(t)[0] for t in tensors_in((args, kwargs))},
+                        self._replay_saved)
         self._hooks["recompute_forwards"] += 1
+        self._replay_began(frame)
         try:
             replay.run(args, kwargs)
         finally:
             self._hooks["recompute_replayed_saves"] += replay.pos
             self._hooks["recompute_captured"] += replay.captured
+            self._replay_ended(frame, replay)
         if replay.pos < len(frame.saves):  # saves the forward made after the stop point
             self._hooks["recompute_stopped_early"] += 1
+
+    def _replay_began(self, frame):
+        """A replay of `frame` is about to run (stash.torch.fit times it)."""
+
+    def _replay_saved(self, frame, pos, seen, t):
+        """The replay of `frame` made save `pos` (seen: SaveOrder.see's answer)."""
+
+    def _replay_ended(self, frame, replay):
+        """The replay of `frame` ended (stopped, or raised)."""
 
     def _restore(self, frame, slot):
         """A block input for its replay: detached (the replay's graph must not reach the
@@ -284,11 +316,15 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         return self.engine
 
     def close(self):
-        """Restores the blocks' forwards, drops live micro-batches (their graphs can no
-        longer run backward through offloaded tensors) and destroys the engine."""
+        """Restores the blocks exactly as they were (the attribute the hooks wrapped, or
+        its absence), drops live micro-batches (their graphs can no longer run backward
+        through offloaded tensors) and destroys the engine."""
         if getattr(self, "_originals", None):
-            for block in self.blocks:
-                vars(block).pop("forward", None)
+            for block, name, had, value in self._originals:
+                if had:
+                    setattr(block, name, value)
+                else:
+                    delattr(block, name)
             self._originals = []
         if self.engine is not None:
             try:

@@ -97,7 +97,35 @@ class OffloadHooks:
             self._warned.add(what)
             warnings.warn(f"stash.torch.offload: {message}", stacklevel=4)
 
-    def _begin_step(self, i):
+    # --- what subclasses observe (stash.torch.fit measures and re-plans through these) ---
+
+    def _step_starting(self, mb, args, kwargs):
+        """Block 0 of micro-batch `mb` is about to run with these arguments (no micro-batch
+        of this handle holds engine tensors unless several run at once)."""
+
+    def _layer_actions(self, i):
+        """The actions of block i's saved tensors, by index (a list; see _MeasureLayer)."""
+        return self.actions[i]
+
+    def _unrecomputable(self, i, j, t, nbytes, args):
+        """The action for tensor j of block i, which the plan recomputes but which existed
+        before the block ran (its input): nothing in the block can produce it again."""
+        self._recompute_kept(i, j, nbytes)
+        return KEEP
+
+    def _saved(self, i, j, t, nbytes, action):
+        """Block i saved a new storage, index j, with this action."""
+
+    def _forward_ended(self, i, step, order):
+        """Block i's forward returned; its saved storages are still held."""
+
+    def _backward_began(self, step, i):
+        """Backward of block i began (block i+1's, if any, ended just before)."""
+
+    def _backward_finished(self, step):
+        """The whole backward of the micro-batch ended."""
+
+    def _begin_step(self, i, args=(), kwargs=None):
         mb = self._micro_batch
         step = self._steps.get(mb)
         if i == 0:
@@ -107,6 +135,7 @@ class OffloadHooks:
                     "graph's offloaded tensors are dropped. Use handle.micro_batch(i) to run "
                     "several forwards before their backwards."))
                 self._abandon(step)
+            self._step_starting(mb, args, kwargs or {})
             step = self._steps[mb] = _Step(mb, resident_storages(self.blocks))
         elif step is None or step.next_block != i:
             expected = "block 0" if step is None else f"block {step.next_block}"
@@ -121,17 +150,19 @@ class OffloadHooks:
                 return forward(*args, **kwargs)
             return self._forward(i, forward, args, kwargs)
         wrapped.__wrapped__ = forward
+        wrapped._stash_wrapped = True
         return wrapped
 
     def _forward(self, i, forward, args, kwargs):
-        step = self._begin_step(i)
+        step = self._begin_step(i, args, kwargs)
         mb, engine = step.mb, self.engine
         engine.forward_begin(mb, i)
         inputs = {storage_of(t)[0] for t in tensors_in((args, kwargs))}
         order = SaveOrder(step.resident, inputs, inputs)
         held = []  # every storage the block saves, until its forward ends (Note [Offload hooks])
         fetched = {}  # index -> _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
-        actions = self.actions[i]
+        actions = self._layer_actions(i)
+        exact = getattr(actions, "exact", True)  # False: _MeasureLayer (no tensor count)
         n_plan = len(actions)
         # Note [Selective recompute]: taken before the block runs (its dropout draws next).
         frame = (Frame(i, step, forward, ForwardState(self._cuda_rng_devices(args, kwargs)))
@@ -153,24 +184,29 @@ class OffloadHooks:
                     frame.place(None)
                 return t
             j, first = seen
-            if j >= n_plan:
+            if j >= n_plan and exact:
                 raise StashError(f"stash.torch.offload: block {i} saves more than the "
                                  f"{n_plan} tensors the plan lists for layer {i}")
             pos = None if frame is None else frame.place(
                 (j, first, t.dtype, tuple(t.shape), t.device))
             if first:
                 held.append(t)
-                action = actions[j]
+                action = actions[j] if j < n_plan else RECOMPUTE
                 ptr, nbytes = storage_of(t)
                 if action == RECOMPUTE and not order.entries[j]["recomputable"]:
-                    self._recompute_kept(i, j, nbytes)
-                    action = KEEP
+                    action = self._unrecomputable(i, j, t, nbytes, args)
                 if action == OFFLOAD and (t.device != self.device or t.layout != torch.strided):
                     # A host scalar in a CUDA model, a sparse tensor: nothing to copy.
                     self._hooks["not_on_device_count"] += 1
                     fetched[j] = None
+                    self._saved(i, j, t, nbytes, KEEP)
                     return t
-                self._hand_over(step, (mb, i, j), ptr, nbytes, t if action == OFFLOAD else None)
+                self._saved(i, j, t, nbytes, action)
+                # A measuring layer's engine plan has offload slots only: the engine sees
+                # just the tensors it copies (Note [The measuring step] in _fit.py).
+                if exact or action == OFFLOAD:
+                    self._hand_over(step, (mb, i, j), ptr, nbytes,
+                                    t if action == OFFLOAD else None)
                 if action == OFFLOAD:
                     fetched[j] = _Fetched(step, (mb, i, j))
                 elif action == RECOMPUTE:
@@ -189,12 +225,13 @@ class OffloadHooks:
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
                 out = forward(*args, **kwargs)
-            if len(order) != n_plan:
+            if exact and len(order) != n_plan:
                 raise StashError(f"stash.torch.offload: block {i} saved {len(order)} tensors, "
                                  f"but the plan lists {n_plan} for layer {i}; make the plan "
                                  "from this model's record pass (stash.torch.record)")
             if frame is not None and frame.wanted:
                 frame.args, frame.kwargs = self._input_slots(args, kwargs, order, fetched)
+            self._forward_ended(i, step, order)
             engine.forward_end(mb, i)
         except RuntimeError as e:
             error, self._hook_error = self._hook_error, None
@@ -235,6 +272,7 @@ class OffloadHooks:
             at_backward_end(lambda: self._finish_backward(step))
         if step.backward_open is not None:
             self.engine.backward_end(step.mb, step.backward_open)
+        self._backward_began(step, i)
         self.engine.backward_begin(step.mb, i)
         step.backward_open = i
 
@@ -244,6 +282,7 @@ class OffloadHooks:
         if step.backward_open is not None and step.backward_open != 0:
             self.engine.backward_end(step.mb, step.backward_open)
         self._end_step(step)
+        self._backward_finished(step)
 
     def _end_step(self, step):
         """Gives back what the engine still holds for the step and ends it."""

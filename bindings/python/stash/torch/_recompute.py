@@ -170,8 +170,9 @@ class Replay:
     Every storage seen is held until the replay ends: numbering is by address, and a
     freed address reused by a later tensor would look like a view of the first."""
 
-    def __init__(self, frame, resident, inputs):
+    def __init__(self, frame, resident, inputs, on_save=None):
         self.frame = frame
+        self.on_save = on_save
         self.order = SaveOrder(resident, inputs, inputs)
         self.pos = 0
         self.held = []
@@ -200,6 +201,8 @@ class Replay:
             raise frame.mismatch(pos, describe(save), "it saved something else")
         if seen is not None and seen[1]:
             self.held.append(t)
+        if self.on_save is not None:
+            self.on_save(frame, pos, seen, t)
         if pos in self.want:
             frame.captured[pos] = t.detach()
             self.captured += 1

@@ -1,0 +1,90 @@
+"""The installed package: what `pip install bindings/python` gives a user (libraries inside
+the wheel, type information), and the ctypes mirrors of stash.h checked field by field
+against the header as a C compiler lays it out (tests/python/struct_layout.c)."""
+
+import ctypes
+import importlib
+import json
+import os
+import subprocess
+
+import pytest
+
+import stash
+from stash import _engine, _lib, _planner
+
+
+def test_libraries_come_from_the_package_without_stash_lib_dir():
+    if os.environ.get("STASH_TEST_INSTALLED") != "1":
+        pytest.skip("the tests run from the source tree, not an installed wheel")
+    assert "STASH_LIB_DIR" not in os.environ and "PYTHONPATH" not in os.environ
+    pkg = os.path.dirname(os.path.abspath(stash.__file__))
+    assert "site-packages" in pkg
+    for name in ("libstash.so", "libstash_torch.so"):
+        assert _lib.find_library(name) == os.path.join(pkg, "lib", name)
+    assert os.path.isfile(os.path.join(pkg, "py.typed"))
+    importlib.import_module("stash.torch")  # works with nothing set but the test runtime
+    assert stash.version() == stash.__version__
+
+
+def _layout():
+    exe = os.environ.get("STASH_STRUCT_LAYOUT")
+    if not exe:
+        pytest.skip("STASH_STRUCT_LAYOUT (tests/python/struct_layout.c's binary) is not set")
+    return json.loads(subprocess.run([exe], check=True, capture_output=True, text=True).stdout)
+
+
+MIRRORS = {
+    "stash_pool_stats_t": _lib.PoolStats,
+    "stash_engine_config_t": _engine.EngineConfig,
+    "stash_engine_stats_t": _engine.EngineStats,
+    "stash_tensor_key_t": _engine.TensorKey,
+    "stash_overlap_t": _engine.Overlap,
+    "stash_plan_options_t": _planner.PlanOptions,
+    "stash_plan_result_t": _planner.PlanResult,
+}
+
+
+@pytest.mark.parametrize("c_name", sorted(MIRRORS))
+def test_ctypes_mirror_matches_the_header(c_name):
+    want = _layout()["structs"][c_name]
+    mirror = MIRRORS[c_name]
+    assert ctypes.sizeof(mirror) == want["size"], c_name
+    got = {name: [getattr(mirror, name).offset, getattr(mirror, name).size]
+           for name, *_ in mirror._fields_}
+    assert got == want["fields"], c_name
+
+
+def test_enum_values_match_the_header():
+    e = _layout()["enums"]
+    assert (_engine.KEEP, _engine.RECOMPUTE, _engine.OFFLOAD) == (
+        e["STASH_ACTION_KEEP"], e["STASH_ACTION_RECOMPUTE"], e["STASH_ACTION_OFFLOAD"])
+    assert _planner.SOLVERS == {"greedy": e["STASH_SOLVER_GREEDY"], "ilp": e["STASH_SOLVER_ILP"],
+                                "exact": e["STASH_SOLVER_EXACT"]}
+    assert _engine.STASH_ERROR_UNKNOWN_TENSOR == e["STASH_ERROR_UNKNOWN_TENSOR"]
+    assert _planner.STASH_ERROR_BAD_PROFILE == e["STASH_ERROR_BAD_PROFILE"]
+    assert _planner.STASH_ERROR_INFEASIBLE_BUDGET == e["STASH_ERROR_INFEASIBLE_BUDGET"]
+    assert _engine.STATE_NAMES[e["STASH_TENSOR_RELEASED"]] == "released"
+    assert _engine.STATE_NAMES[e["STASH_TENSOR_READY"]] == "ready"
+
+
+def test_planner_through_the_c_api():
+    here = os.path.dirname(os.path.abspath(__file__))
+    profile = os.path.join(here, "..", "..", "tools", "profiles", "llama3-8b_h200_b4_s4096.json")
+    with open(profile) as f:
+        text = f.read()
+    plan, figures = _planner.make_plan(text, "70%")
+    assert plan["schema"] == "stash.plan/1"
+    assert figures["predicted_peak_bytes"] <= figures["budget_bytes"]
+    assert figures["budget_bytes"] == int(0.7 * figures["keep_all_peak_bytes"]) or \
+        abs(figures["budget_bytes"] - 0.7 * figures["keep_all_peak_bytes"]) < 2
+    again = _planner.evaluate(text, plan)
+    assert again["predicted_peak_bytes"] == figures["predicted_peak_bytes"]
+    with pytest.raises(_planner.InfeasibleBudget) as e:
+        _planner.make_plan(text, "10%")
+    assert e.value.min_feasible_bytes > e.value.budget_bytes
+    assert "GiB" in str(e.value)
+    with pytest.raises(stash.StashError, match="parsecs"):
+        _planner.make_plan(text, "7 parsecs")
+    with pytest.raises(ValueError, match="solver"):
+        _planner.make_plan(text, "70%", solver="magic")
