@@ -344,6 +344,36 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
 STASH_API void stash_free(void* ptr);
 
 /* ---------------------------------------------------------------------------------------
+ * Link (since 0.3.0)
+ *
+ * What `stash bench link` measures: pinned host <-> device bandwidth as stash's offloads
+ * use it (cudaMemcpyAsync on non-blocking streams, timed with CUDA events, the median of
+ * several runs), per rank, as a profile's "link" section takes it. Takes seconds; cache the
+ * answer per machine. Not thread-safe against other CUDA work on the device: it wants the
+ * link to itself.
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct stash_link_result_t {
+  size_t struct_size;     /* in: sizeof(stash_link_result_t), set by _init */
+  double h2d_gbps;        /* per rank, 1e9 B/s */
+  double d2h_gbps;        /* per rank */
+  double bidir_gbps;      /* both directions at once, aggregate, per rank */
+  int local_ranks;        /* LOCAL_WORLD_SIZE (1 when unset) */
+  int sharers;            /* ranks assumed to copy at once (the per-rank share) */
+  size_t buffer_bytes;    /* the buffer each copy moved */
+  char device_name[256];  /* cudaDeviceProp::name */
+} stash_link_result_t;
+
+STASH_API void stash_link_result_init(stash_link_result_t* result);
+
+/* Measures the link of `device`. bytes 0: 512 MiB, shrunk to what the device has free;
+ * below 64 MiB free the run is refused (STASH_ERROR_INVALID_ARGUMENT). sharers 0:
+ * LOCAL_WORLD_SIZE; k > 1 measures k copies at once and reports the per-rank share. CUDA
+ * failures: STASH_ERROR_CUDA naming the call. */
+STASH_API stash_status_t stash_link_measure(int device, size_t bytes, int sharers,
+                                            stash_link_result_t* result);
+
+/* ---------------------------------------------------------------------------------------
  * Profiler (since 0.1.0)
  *
  * Layer and tensor scopes for kernel-time profiling. A scope opens an NVTX range in domain

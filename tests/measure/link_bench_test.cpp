@@ -12,6 +12,7 @@
 #include "planner/profile.h"
 #include "runtime/measure/link_bench.h"
 #include "runtime/measure/measure_prim.h"
+#include "stash.h"
 
 namespace stash::measure {
 namespace {
@@ -195,6 +196,37 @@ TEST_F(LinkBench, RealLinkFiguresArePlausible) {
   // Both directions at once never carry less than the slower single direction alone.
   EXPECT_GT(r.both_sum.median_gbps, 0.9 * std::min(r.h2d.median_gbps, r.d2h.median_gbps));
   std::printf("%s", format_link_table(r).c_str());
+}
+
+}  // namespace
+}  // namespace stash::measure
+
+namespace stash::measure {
+namespace {
+
+// The same benchmark through the C API (stash_link_measure), as stash.torch.fit calls it.
+TEST_F(LinkBench, CApiReportsThePerRankLinkSection) {
+  STASH_REQUIRE_DOUBLE();
+  test::double_api().set_bandwidth(25.0, 20.0, 30.0);
+  stash_link_result_t r;
+  stash_link_result_init(&r);
+  ASSERT_EQ(stash_link_measure(0, kMinLinkBytes, 1, &r), STASH_OK) << stash_last_error();
+  EXPECT_NEAR(r.h2d_gbps, 25.0, kTol);
+  EXPECT_NEAR(r.d2h_gbps, 20.0, kTol);
+  EXPECT_NEAR(r.bidir_gbps, double_both(25.0, 20.0, 30.0).aggregate, kTol);
+  EXPECT_EQ(r.local_ranks, 1);
+  EXPECT_EQ(r.sharers, 1);
+  EXPECT_EQ(r.buffer_bytes, kMinLinkBytes);
+  EXPECT_GT(std::string(r.device_name).size(), 0u);
+
+  EXPECT_EQ(stash_link_measure(0, kMinLinkBytes, 1, nullptr), STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stash_link_measure(-1, kMinLinkBytes, 1, &r), STASH_ERROR_INVALID_ARGUMENT);
+  r.struct_size = 8;
+  EXPECT_EQ(stash_link_measure(0, kMinLinkBytes, 1, &r), STASH_ERROR_VERSION_MISMATCH);
+  stash_link_result_init(&r);
+  EXPECT_EQ(stash_link_measure(0, kMinLinkBytes / 2, 1, &r), STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stash_last_error()).find("stash_link_measure: "), std::string::npos)
+      << stash_last_error();
 }
 
 }  // namespace

@@ -115,10 +115,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         self.blocks = list(blocks)
         if not self.blocks:
             raise ValueError("stash.torch.offload: no blocks")
-        self.actions = plan_actions(plan)
-        if len(self.actions) != len(self.blocks):
-            raise StashError(f"stash.torch.offload: the plan has {len(self.actions)} layers, but "
-                             f"{len(self.blocks)} blocks were given")
+        self.actions = self._initial_actions(plan)
         self.device = _block_device(self.blocks, device)
         self._cuda = self.device.type == "cuda"
         self._cudart = None
@@ -154,7 +151,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
                 max_in_flight_bytes=(parse_bytes(max_in_flight_bytes)
                                      if max_in_flight_bytes is not None else 0),
                 timing=timing, max_micro_batches=max_micro_batches)
-            self.engine.set_plan(self.actions)
+            self.engine.set_plan(self._engine_plan(self.actions))
         except BaseException:
             self._teardown()
             raise
@@ -168,6 +165,18 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             own = vars(block)
             self._originals.append((block, name, name in own, own.get(name)))
             setattr(block, name, self._wrap(i, getattr(block, name)))
+
+    def _initial_actions(self, plan):
+        actions = plan_actions(plan)
+        if len(actions) != len(self.blocks):
+            raise StashError(f"stash.torch.offload: the plan has {len(actions)} layers, but "
+                             f"{len(self.blocks)} blocks were given")
+        return actions
+
+    @staticmethod
+    def _engine_plan(actions):
+        """The per-layer action lists the engine gets for these actions."""
+        return actions
 
     # --- recompute (Note [Selective recompute]) ------------------------------------------
 

@@ -1,0 +1,60 @@
+// The link benchmark behind the C API (stash.h, "Link"): what `stash bench link` measures
+// (runtime/measure/link_bench.h), as the profile's link section.
+#include <cstdio>
+#include <cstring>
+
+#include "api_boundary.h"
+#include "runtime/measure/link_bench.h"
+#include "runtime/measure/measure_prim.h"
+
+using namespace stash;
+using stash::api::api_call;
+
+extern "C" {
+
+STASH_API void stash_link_result_init(stash_link_result_t* r) {
+  if (!r) return;
+  *r = stash_link_result_t{};
+  r->struct_size = sizeof *r;
+}
+
+STASH_API stash_status_t stash_link_measure(int device, size_t bytes, int sharers,
+                                            stash_link_result_t* result) {
+  static const char* fn = "stash_link_measure";
+  return api_call(fn, [&]() -> status {
+    if (!result) return fail(status::invalid_argument, "%s: result is NULL", fn);
+    if (result->struct_size != sizeof(stash_link_result_t)) {
+      return fail(status::version_mismatch,
+                  "%s: result->struct_size is %zu; call stash_link_result_init first", fn,
+                  result->struct_size);
+    }
+    if (device < 0 || sharers < 0) {
+      return fail(status::invalid_argument, "%s: device %d and sharers %d must be >= 0", fn,
+                  device, sharers);
+    }
+    measure::link_bench_options o;
+    o.device = device;
+    if (bytes) o.bytes = bytes;
+    o.sharers = sharers;
+    o.pageable = false;
+    measure::link_bench_result r;
+    try {
+      r = measure::run_link_bench(o);
+    } catch (const measure::measure_error& e) {
+      return fail(status::cuda_error, "%s: %s", fn, e.what());
+    } catch (const planner::input_error& e) {
+      return fail(status::invalid_argument, "%s: %s", fn, e.what());
+    }
+    const planner::LinkProfile l = r.link();
+    result->h2d_gbps = l.h2d_gbps;
+    result->d2h_gbps = l.d2h_gbps;
+    result->bidir_gbps = l.bidir_gbps;
+    result->local_ranks = l.local_ranks;
+    result->sharers = r.sharers;
+    result->buffer_bytes = r.buffer_bytes;
+    std::snprintf(result->device_name, sizeof result->device_name, "%s", r.device_name.c_str());
+    return status::ok;
+  });
+}
+
+}  // extern "C"
