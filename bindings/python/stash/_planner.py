@@ -118,11 +118,12 @@ def make_plan(profile: Union[str, Mapping[str, Any]], budget: Union[int, str], *
 
 
 def evaluate(profile: Union[str, Mapping[str, Any]], plan: Union[str, Mapping[str, Any]],
-             budget_bytes: Optional[int] = None) -> Dict[str, Any]:
+             budget_bytes: Optional[int] = None, *, strict: bool = True) -> Dict[str, Any]:
     """Prices `plan` on `profile` with the canonical model (what ``stash check`` does):
     predicted_peak_bytes and predicted_step_ms, and budget_bytes (the plan's own when
     None). Raises StashError naming each violated constraint when the plan is not valid
-    under that budget."""
+    under that budget, unless strict is False: then the figures come back all the same,
+    with "violations" (the message) added."""
     lib = _lib()
     res = PlanResult()
     lib.stash_plan_result_init(ctypes.byref(res))
@@ -131,5 +132,7 @@ def evaluate(profile: Union[str, Mapping[str, Any]], plan: Union[str, Mapping[st
                                      ctypes.byref(res))
     if status != 0:
         msg = lib.stash_last_error().decode(errors="replace")
+        if not strict and status == STASH_ERROR_INFEASIBLE_BUDGET:
+            return dict(res.as_dict(), violations=msg)
         raise StashError(f"{msg} ({status_string(status)}, status {status})", status)
     return res.as_dict()

@@ -5,6 +5,7 @@ import ctypes
 from .._lib import PoolStats, StashError, find_library, load, parse_bytes
 
 LIBRARY = "libstash_torch.so"
+installed = False  # use_allocator made stash's pool torch's CUDA allocator in this process
 
 
 def _lib():
@@ -86,4 +87,6 @@ def use_allocator(budget=None):
     _lib()  # fails here, with the search path in the message, if the library is missing
     allocator = pluggable(path, "stash_torch_malloc", "stash_torch_free")
     change(allocator)
+    global installed
+    installed = True
     return allocator

@@ -107,11 +107,15 @@ class OffloadHooks:
         """The actions of block i's saved tensors, by index (a list; see _MeasureLayer)."""
         return self.actions[i]
 
-    def _unrecomputable(self, i, j, t, nbytes, args):
+    def _unrecomputable(self, i, j, t, nbytes, first_input):
         """The action for tensor j of block i, which the plan recomputes but which existed
-        before the block ran (its input): nothing in the block can produce it again."""
+        before the block ran (its input): nothing in the block can produce it again.
+        first_input: the storage key of the block's first positional tensor argument."""
         self._recompute_kept(i, j, nbytes)
         return KEEP
+
+    def _forward_began(self, i, step):
+        """Block i's forward begins (after its step is known, before the engine hears)."""
 
     def _saved(self, i, j, t, nbytes, action):
         """Block i saved a new storage, index j, with this action."""
@@ -156,8 +160,14 @@ class OffloadHooks:
     def _forward(self, i, forward, args, kwargs):
         step = self._begin_step(i, args, kwargs)
         mb, engine = step.mb, self.engine
+        self._forward_began(i, step)
         engine.forward_begin(mb, i)
         inputs = {storage_of(t)[0] for t in tensors_in((args, kwargs))}
+        # The pack hook must not reference args or kwargs: torch keeps a saved tensor's pack
+        # hook (with its closure) as long as the graph, and the inputs would live as long.
+        first = next(iter(tensors_in(args)), None)
+        first_input = storage_of(first)[0] if first is not None else None
+        del first
         order = SaveOrder(step.resident, inputs, inputs)
         held = []  # every storage the block saves, until its forward ends (Note [Offload hooks])
         fetched = {}  # index -> _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
@@ -194,7 +204,7 @@ class OffloadHooks:
                 action = actions[j] if j < n_plan else RECOMPUTE
                 ptr, nbytes = storage_of(t)
                 if action == RECOMPUTE and not order.entries[j]["recomputable"]:
-                    action = self._unrecomputable(i, j, t, nbytes, args)
+                    action = self._unrecomputable(i, j, t, nbytes, first_input)
                 if action == OFFLOAD and (t.device != self.device or t.layout != torch.strided):
                     # A host scalar in a CUDA model, a sparse tensor: nothing to copy.
                     self._hooks["not_on_device_count"] += 1

@@ -1,0 +1,990 @@
+"""stash.torch.fit: budget mode. One call measures the model during the user's own first
+training step, plans in process through the C API, and applies the plan from the next
+step on, re-planning from a cache when the blocks' inputs change shape.
+
+Note [The measuring step]
+The first step for a shape (measure_steps of them) runs in stash's least-memory mode, so
+that a model that does not fit at keep-all can still be measured: every tensor a block
+saves that the block can produce again is recomputed in backward (the offload hooks'
+selective recompute, Note [Selective recompute] in _offload.py, with every recomputable
+tensor marked), and the block's hidden-state input (its first positional tensor, when it
+is on the device, at least 1 MiB and held by nothing but the block) is offloaded through
+the engine. Anything else that existed before the block (masks, rotary tables shared by
+every block) is kept. The engine's plan for such a step has offload slots only
+(_MeasureLayer): the hooks hand it just the tensors it copies, since which index is the
+input is known only when the block saves it. Meanwhile the hooks record, as the record
+pass numbers them (_saved.SaveOrder), each block's saved storages: bytes, whether the
+block can recompute them, and whether a storage is shared with another block (a storage
+one block saves that an earlier block saved and still holds: listed once, with its
+bytes, must_keep, and with 0 bytes where it appears again). Times, on the compute stream
+(CUDA events; on the CPU test double, the host clock): each block's forward, each block's
+backward less its replay, the replay itself with a mark at each save (Note [Recompute
+cost as the replay pays it]), and the whole step, whose remainder is the profile's
+step_overhead_ms. The step's measured peak is the check that least-memory mode fits: if
+it does not, fit raises before planning, restoring the blocks, with the measured figure
+and the planner's smallest feasible budget.
+
+Note [Recompute cost as the replay pays it]
+stash recomputes a block's tensors by re-running its forward from its inputs up to the
+last tensor it needs (a prefix of the forward in save order). The planner prices
+recompute per tensor, additively. The measuring step's replay runs the whole prefix up to
+the last recomputable save and marks the time at each save; tensor j's recompute_ms is the
+time from the previous recomputable tensor's first save (or the replay's start) to j's
+first save. The sum over a prefix is then exactly what a replay of that prefix costs. A
+plan that recomputes a set whose members are not a prefix pays for the whole prefix up to
+its last member anyway, so before it is applied every recomputable tensor saved before
+that last one is switched to recompute too (it is computed by the replay regardless:
+recomputing it costs no time and frees its memory, or its copy), and the plan is priced
+again with the canonical model (stash_plan_evaluate): its predicted step then counts what
+the replay really runs, and its peak can only fall. A compiled block (torch.compile)
+saves everything at the end of its forward, so its first recomputable tensor carries the
+whole forward's cost and the rest none, which the same rule prices correctly: any
+recompute in a compiled block costs its whole forward.
+
+Note [What the budget counts]
+The budget is the process's device memory at its peak: torch.cuda.max_memory_allocated()
+with torch's allocator, or stash's pool peak under stash.torch.use_allocator. On CUDA the
+profile's fixed_bytes is calibrated from the measuring step: its measured peak less the
+canonical model's activation peak for what the step did. That makes everything that is not
+a block activation count: parameters, gradients, the loss's logits, cuBLAS workspaces,
+the allocator's rounding. The optimizer's state exists only after its first step(): when
+the measuring step came before it, its size is added from the optimizer's parameters
+(Adam/AdamW: two tensors like each parameter; SGD with momentum: one) and, once the
+optimizer has stepped (a post-step hook when fit is given the optimizer), replaced by
+the bytes its state really holds, re-planning if that changed anything. On the CPU test
+double there is no device allocator: the measured peak is the parameters, gradients and
+optimizer state counted from their tensors, plus the most that the saved storages the
+hooks track (weak references, so a storage counts exactly while it lives), the prefetch
+buffers and the recompute captures held at once, sampled at every pack, block end,
+boundary and replay: the bytes the blocks hold, never the planner's prediction.
+"70%" is a share of the keep-all peak the canonical model gives for the measured profile.
+
+Note [Re-planning and the cache]
+A step's shape key is what block 0 is called with: each tensor argument's shape, dtype
+and device, autocast state and training mode. At the start of a step with a new key the
+in-memory cache is asked first, then cache_dir (profiles keyed by a digest of the blocks'
+classes and parameter shapes and of the shape key; plans also by budget and solver), and
+only a shape seen nowhere is measured again. With cache_dir a second run of the same
+script starts planned: no measuring step. The plan switches between steps (the engine
+takes a new plan only while no micro-batch holds tensors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import torch
+
+from .. import _lib
+from .._engine import KEEP, OFFLOAD, RECOMPUTE, ACTION_NAMES
+from .._lib import StashError, parse_bytes
+from .._link import cache_root, cached_link
+from .._planner import InfeasibleBudget, evaluate, make_plan
+from .. import profile as _profile
+from ._offload import OffloadHandle
+from ._record import _pinnable_bytes
+from ._saved import storage_of, tensors_in
+
+__all__ = ["BudgetHandle", "fit"]
+
+GiB = float(1 << 30)
+MIN_OFFLOAD_BYTES = 1 << 20  # the planner's floor (planner/profile.h kMinOffloadBytes)
+MEASURE_SLOTS = 64           # engine slots per layer in a measuring step
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+class _MeasureLayer:
+    """A layer's actions in a measuring step (Note [The measuring step]): every tensor is
+    recompute as far as the hooks ask (they keep or offload what cannot be recomputed);
+    not an exact list, so the hooks check no tensor count."""
+
+    exact = False
+
+    def __len__(self) -> int:
+        return MEASURE_SLOTS
+
+    def __getitem__(self, j: int) -> int:
+        return RECOMPUTE
+
+    def __contains__(self, action: object) -> bool:
+        return action == RECOMPUTE
+
+
+def _parse_budget(budget: Union[int, str]) -> str:
+    """The budget in the planner's syntax ("123", "40GiB", "70%"); StashError otherwise."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, str)):
+        raise StashError(f"stash.torch.fit: budget must be bytes (an int), a size such as "
+                         f"'40GiB', or a share such as '70%'; got {budget!r}")
+    if isinstance(budget, str) and budget.strip().endswith("%"):
+        text = budget.strip()[:-1].strip()
+        try:
+            share = float(text)
+        except ValueError:
+            share = float("nan")
+        if not (0 < share <= 100) or not math.isfinite(share):
+            raise StashError(f"stash.torch.fit: budget {budget!r} is not a share between 0% "
+                             "and 100% of the keep-all peak")
+        return f"{text}%"
+    try:
+        return str(parse_bytes(budget))
+    except ValueError as e:
+        raise StashError(f"stash.torch.fit: budget {budget!r} does not parse: {e}") from None
+
+
+def _signature(args, kwargs, training: bool) -> str:
+    """Note [Re-planning and the cache]: the shape key of a step."""
+    parts = []
+    for t in tensors_in((args, kwargs)):
+        parts.append((tuple(t.shape), str(t.dtype), str(t.device), bool(t.requires_grad)))
+    auto = []
+    for dt in ("cpu", "cuda"):
+        try:
+            auto.append((dt, torch.is_autocast_enabled(dt), str(torch.get_autocast_dtype(dt))))
+        except (TypeError, AttributeError, RuntimeError):
+            pass
+    text = json.dumps([parts, auto, training, sorted(kwargs)], default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _model_digest(blocks) -> str:
+    parts = []
+    for b in blocks:
+        parts.append((type(b).__name__, [(tuple(p.shape), str(p.dtype)) for p in b.parameters()]))
+    text = json.dumps([parts, torch.__version__, _lib.version()])
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _tensor_bytes(ts) -> int:
+    seen, n = set(), 0
+    for t in ts:
+        if isinstance(t, torch.Tensor):
+            k, b = storage_of(t)
+            if k not in seen:
+                seen.add(k)
+                n += b
+    return n
+
+
+def _optimizer_state_bytes(opt) -> int:
+    return _tensor_bytes(v for st in opt.state.values() for v in st.values()
+                         if isinstance(v, torch.Tensor))
+
+
+def _optimizer_state_estimate(opt) -> int:
+    """Bytes the optimizer's state will hold after its first step (Note [What the budget
+    counts]); exact once it has stepped."""
+    if opt is None:
+        return 0
+    if len(opt.state):
+        return _optimizer_state_bytes(opt)
+    per = 0
+    name = type(opt).__name__
+    if name in ("Adam", "AdamW", "NAdam", "RAdam", "Adamax"):
+        per = 2
+    elif name == "SGD":
+        per = 1 if any(g.get("momentum", 0) for g in opt.param_groups) else 0
+    elif name in ("RMSprop", "Adagrad", "Adadelta"):
+        per = 1
+    params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+    return per * _tensor_bytes(params)
+
+
+class _Clock:
+    """Marks on the compute stream (CUDA events) or on the host clock (CPU)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.kind = "cuda-events" if cuda else "host-clock"
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def ms(self, a, b) -> float:
+        if a is None or b is None:
+            return 0.0
+        if self.cuda:
+            return float(a.elapsed_time(b))
+        return (b - a) * 1e3
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+class _StepRecord:
+    """One training step as fit saw it: its mode, its marks and its memory."""
+
+    def __init__(self, index: int, mode: str, key: str, start):
+        self.index, self.mode, self.key, self.start = index, mode, key, start
+        self.end = None
+        self.fwd = {}       # (mb, layer) -> [begin, end]
+        self.bwd = {}       # (mb, layer) -> [begin, end]
+        self.replay = {}    # (mb, layer) -> [begin, end, [(index, mark), ...]]
+        self.passes = 0     # forwards of block 0 (micro-batches)
+        self.live_peak = 0  # CPU: most tracked activation bytes at once
+        self.peak_at = None
+        self.peak_bytes = 0
+        self.exposed_before = 0.0
+        self.exposed_ms = 0.0
+        self.backward_done = False
+        self.finished = False
+
+
+class _LayerRecord:
+    """What a measuring step learned about one block's saved tensors (per index)."""
+
+    def __init__(self):
+        self.entries: List[Dict[str, Any]] = []
+
+
+class BudgetHandle(OffloadHandle):
+    """Returned by :func:`fit`; see there. A context manager: leaving it closes."""
+
+    def __init__(self, blocks, budget, *, optimizer=None, solver="greedy", cache_dir=None,
+                 measure_steps=1, lookahead=1, max_in_flight_bytes=None, pinned_cap=None,
+                 max_micro_batches=8, device=None, link=None, timing=True):
+        self._budget_text = _parse_budget(budget)
+        if solver not in ("greedy", "ilp", "exact"):
+            raise StashError(f"stash.torch.fit: unknown solver {solver!r} (greedy, ilp or exact)")
+        if not isinstance(measure_steps, int) or measure_steps < 1:
+            raise StashError(f"stash.torch.fit: measure_steps must be an int >= 1, got "
+                             f"{measure_steps!r}")
+        blocks = list(blocks)
+        if not blocks:
+            raise StashError("stash.torch.fit: no blocks")
+        self.solver = solver
+        self.optimizer = optimizer
+        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
+        self.measure_steps = measure_steps
+        self._link_arg = link
+        self._n = len(blocks)
+        self._digest = _model_digest(blocks)
+        params = _tensor_bytes(p for b in blocks for p in b.parameters())
+        grads = _tensor_bytes(p for b in blocks for p in b.parameters() if p.requires_grad)
+        if not self._budget_text.endswith("%") and int(self._budget_text) < params + grads:
+            raise StashError(
+                f"stash.torch.fit: budget {_gib(int(self._budget_text))} is below the blocks' "
+                f"parameters and gradients alone ({_gib(params + grads)}); no plan can meet it")
+        # State before OffloadHandle.__init__, which calls _initial_actions.
+        self._mode = "measure"
+        self._key = None
+        self._cache: Dict[str, Dict[str, Any]] = {}
+        self._entry = None          # the cache entry of the current key (planned steps)
+        self._measured_for = {}     # key -> steps measured so far
+        self._layers = [_LayerRecord() for _ in blocks]
+        self._layers_key = None
+        self._records: List[_StepRecord] = []
+        self._step = None
+        self._live = {}             # storage key -> (weakref, bytes): CPU meter
+        self._held = {}             # storage key -> (weakref, layer, index): shared storages
+        self._offloaded_inputs = []  # measuring step: (layer, index, weakref) offloaded
+        self._shared = set()        # (layer, index) of storages an earlier block holds
+        self._opt_state_counted = None
+        super().__init__(blocks, None, device=device, lookahead=lookahead,
+                         pinned_cap=pinned_cap, max_in_flight_bytes=max_in_flight_bytes,
+                         timing=timing, max_micro_batches=max_micro_batches)
+        self._clock = _Clock(self._cuda)
+        self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
+        self._opt_hook = None
+        if optimizer is not None and hasattr(optimizer, "register_step_post_hook"):
+            self._opt_hook = optimizer.register_step_post_hook(self._after_optimizer_step)
+
+    # --- OffloadHandle's seams --------------------------------------------------------------
+
+    def _initial_actions(self, plan):
+        return [_MeasureLayer() for _ in range(self._n)]
+
+    @staticmethod
+    def _engine_plan(actions):
+        return [[OFFLOAD] * MEASURE_SLOTS if isinstance(a, _MeasureLayer) else list(a)
+                for a in actions]
+
+    def _unrecomputable(self, i, j, t, nbytes, first_input):
+        if self._mode != "measure":
+            return super()._unrecomputable(i, j, t, nbytes, first_input)
+        # Note [The measuring step]: the hidden-state input is offloaded, the rest kept.
+        if (first_input is not None and first_input == storage_of(t)[0]
+                and nbytes >= MIN_OFFLOAD_BYTES and j < MEASURE_SLOTS and i < self._n - 1
+                and t.device == self.device and self._holder(i, t) is None):
+            return OFFLOAD
+        return KEEP
+
+    def _step_starting(self, mb, args, kwargs):
+        for v in kwargs.values():
+            if type(v).__name__.endswith("Cache") and torch.is_grad_enabled():
+                raise StashError(
+                    f"stash.torch.fit: block 0 is called with a {type(v).__name__} (a key/value "
+                    "cache) in training: it keeps every block's keys and values outside "
+                    "autograd and changes between a forward and its recompute. Turn it off "
+                    "for training (model.config.use_cache = False), as for gradient "
+                    "checkpointing.")
+        rec = self._step
+        # A further forward of the running step: another micro-batch, a forward of micro-
+        # batch 0 before the others' backwards, or (with the optimizer known) any forward
+        # before its step(). The plan can change only where no micro-batch holds tensors.
+        if rec is not None and not rec.finished and (
+                mb != 0 or not rec.backward_done or self._steps
+                or (self.optimizer is not None and rec.end is None)):
+            rec.passes += 1
+            return
+        self._begin_record(_signature(args, kwargs, self.blocks[0].training))
+
+    def _forward_began(self, i, step):
+        rec = self._step
+        if rec is not None:
+            rec.fwd[(step.mb, i)] = [self._clock.mark(), None]
+
+    def _saved(self, i, j, t, nbytes, action):
+        step = self._step
+        if step is None:
+            return
+        key = storage_of(t)[0]
+        if self._mode == "measure" and self._micro_batch == 0:
+            layer = self._layers[i]
+            if len(layer.entries) <= j:
+                layer.entries.append({"bytes": int(nbytes), "holder": self._holder(i, t),
+                                      "recomputable": action == RECOMPUTE,
+                                      "action": action})
+                if action == OFFLOAD:
+                    self._offloaded_inputs.append((i, j, _weak(t)))
+        if key not in self._held or self._held[key][0] is None or self._held[key][0].expired():
+            self._held[key] = (_weak(t), i, j)
+        if not self._cuda:
+            self._live[key] = (_weak(t), int(nbytes))
+            self._sample(f"forward[{i}]")
+
+    def _forward_ended(self, i, step, order):
+        rec = self._step
+        if rec is not None:
+            rec.fwd.setdefault((self._micro_batch, i), [None, None])[1] = self._clock.mark()
+            if self._mode == "measure" and self._micro_batch == 0:
+                # The recomputable flag is the record pass's: an input is not, whatever the
+                # action the hooks chose.
+                entries = self._layers[i].entries
+                for j, e in enumerate(order.entries):
+                    if j < len(entries):
+                        entries[j]["recomputable"] = bool(e["recomputable"])
+                        entries[j]["is_input"] = bool(e["is_input"])
+                if i == self._n - 1:
+                    # An input offloaded two or more blocks back has been handed back by now
+                    # (forward_begin(i+2)); if it still lives, the caller holds it (a Hugging
+                    # Face model keeps inputs_embeds through its forward): offloading it frees
+                    # nothing, so the profile keeps it (must_keep).
+                    for li, j, ref in self._offloaded_inputs:
+                        if li <= self._n - 3 and ref is not None and not ref.expired():
+                            self._layers[li].entries[j]["held_outside"] = True
+                    self._offloaded_inputs = []
+        self._sample(f"forward[{i}]")
+
+    def _backward_began(self, step, i):
+        rec = self._step
+        if rec is None:
+            return
+        m = self._clock.mark()
+        mb = step.mb
+        if step.backward_open is not None:
+            rec.bwd.setdefault((mb, step.backward_open), [None, None])[1] = m
+        rec.bwd.setdefault((mb, i), [None, None])[0] = m
+        self._sample(f"backward[{i}]")
+
+    def _backward_finished(self, step):
+        rec = self._step
+        if rec is None:
+            return
+        m = self._clock.mark()
+        b = rec.bwd.get((step.mb, 0))
+        if b is not None and b[1] is None:
+            b[1] = m
+        self._sample("backward end")
+        if not self._steps:  # every micro-batch's backward has ended
+            rec.backward_done = True
+            rec.bwd_end = m
+
+    def _replay_began(self, frame):
+        rec = self._step
+        if rec is not None:
+            rec.replay[(frame.step.mb, frame.layer)] = [self._clock.mark(), None, []]
+
+    def _replay_saved(self, frame, pos, seen, t):
+        rec = self._step
+        if rec is None or seen is None or not seen[1]:
+            return
+        r = rec.replay.get((frame.step.mb, frame.layer))
+        if r is not None:
+            r[2].append((seen[0], self._clock.mark()))
+        if not self._cuda:
+            key, nbytes = storage_of(t)
+            self._live[key] = (_weak(t), int(nbytes))
+
+    def _replay_ended(self, frame, replay):
+        rec = self._step
+        if rec is not None:
+            r = rec.replay.get((frame.step.mb, frame.layer))
+            if r is not None:
+                r[1] = self._clock.mark()
+        self._sample(f"backward[{frame.layer}]")
+
+    def _alloc(self, nbytes, stream):
+        ptr = super()._alloc(nbytes, stream)
+        if not self._cuda:
+            buf = self._buffers.get(ptr)
+            if buf is not None:
+                self._live[storage_of(buf)[0]] = (_weak(buf), int(nbytes))
+                self._sample("prefetch")
+        return ptr
+
+    # --- bookkeeping --------------------------------------------------------------------
+
+    def _holder(self, i, t):
+        """(layer, index) of an earlier block that saved this very storage and still holds
+        it (Note [The measuring step]: a storage shared by blocks), else None."""
+        held = self._held.get(storage_of(t)[0])
+        if held is None:
+            return None
+        ref, layer, j = held
+        if layer == i or ref is None or ref.expired():
+            return None
+        return (layer, j)
+
+    def _sample(self, where):
+        """CPU: the most activation bytes held at once (Note [What the budget counts])."""
+        if self._cuda or self._step is None:
+            return
+        total, dead = 0, []
+        for k, (ref, n) in self._live.items():
+            if ref is None or ref.expired():
+                dead.append(k)
+            else:
+                total += n
+        for k in dead:
+            del self._live[k]
+        if total > self._step.live_peak:
+            self._step.live_peak = total
+            self._step.peak_at = where
+
+    def _fixed_counted(self) -> int:
+        """Parameters, gradients (as if allocated), buffers and optimizer state, from their
+        tensors: the CPU path's non-activation bytes."""
+        params = [p for b in self.blocks for p in b.parameters()]
+        n = _tensor_bytes(params) + _tensor_bytes(p for p in params if p.requires_grad)
+        n += _tensor_bytes(x for b in self.blocks for x in b.buffers())
+        n += _optimizer_state_estimate(self.optimizer)
+        return n
+
+    def _begin_record(self, key: str):
+        """A new step begins (block 0, micro-batch 0): close the previous one, choose the
+        step's mode and plan."""
+        prev = self._step
+        now = None
+        if prev is not None and not prev.finished:
+            now = self._clock.mark()
+            if prev.end is None:
+                prev.end = now
+            self._finish(prev)
+        mode = self._choose(key)
+        if self._cuda:
+            if self._pool:
+                from . import _allocator
+                _allocator.reset_peak(self.device.index)
+            else:
+                torch.cuda.reset_peak_memory_stats(self.device)
+        start = now if now is not None else self._clock.mark()
+        rec = _StepRecord(len(self._records), mode, key, start)
+        rec.passes = 1
+        rec.exposed_before = self._exposed_total()
+        self._records.append(rec)
+        self._step = rec
+        self._live = {}
+        self._held = {}
+        self._offloaded_inputs = []
+
+    def _exposed_total(self) -> float:
+        if self.engine is None or not self.timing_enabled():
+            return 0.0
+        try:
+            return float(self.engine.overlap()["total"]["exposed_ms"])
+        except StashError:
+            return 0.0
+
+    def timing_enabled(self) -> bool:
+        return bool(getattr(self.engine, "timing", False))
+
+    def _finish(self, rec: _StepRecord):
+        """Closes a step's figures (its marks are complete)."""
+        self._clock.sync()
+        rec.finished = True
+        if self._cuda:
+            if self._pool:
+                from . import _allocator
+                rec.peak_bytes = int(_allocator.allocator_stats(self.device.index)["peak_bytes"])
+            else:
+                rec.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+        else:
+            rec.peak_bytes = self._fixed_counted() + rec.live_peak
+        rec.exposed_ms = max(0.0, self._exposed_total() - rec.exposed_before)
+        rec.step_ms = self._clock.ms(rec.start, rec.end)
+        entry = self._cache.get(rec.key)
+        if rec.mode == "plan" and entry is not None:
+            rec.predicted_peak = int(entry["figures"]["predicted_peak_bytes"])
+            over = entry["profile"].get("step_overhead_ms", 0.0)
+            per_pass = entry["figures"]["predicted_step_ms"] - over
+            rec.predicted_step = rec.passes * per_pass + over
+        else:
+            rec.predicted_peak = None
+            rec.predicted_step = None
+        if rec.mode == "measure":
+            self._measured_for[rec.key] = self._measured_for.get(rec.key, 0) + 1
+            self._record_profile(rec)
+        budget = self.budget_bytes
+        if budget is not None and rec.peak_bytes > budget:
+            warnings.warn(
+                f"stash.torch.fit: step {rec.index} ({rec.mode}) peaked at "
+                f"{_gib(rec.peak_bytes)}, OVER the budget of {_gib(budget)}", stacklevel=3)
+
+    # --- measuring -> profile -> plan -------------------------------------------------------
+
+    def _choose(self, key: str) -> str:
+        """The mode of a step with this shape key (Note [Re-planning and the cache])."""
+        if key != self._key:
+            self._key = key
+            self._entry = self._cache.get(key) or self._load_cached(key)
+        entry = self._entry
+        if entry is not None and "plan" in entry:
+            self._switch(entry["actions"], "plan")
+            return "plan"
+        if self._measured_for.get(key, 0) >= self.measure_steps:
+            entry = self._plan_from_measurement(key)
+            self._switch(entry["actions"], "plan")
+            return "plan"
+        if self._layers_key != key:
+            self._layers = [_LayerRecord() for _ in self.blocks]
+            self._layers_key = key
+        self._switch([_MeasureLayer() for _ in self.blocks], "measure")
+        return "measure"
+
+    def _switch(self, actions, mode):
+        if mode == self._mode and actions is self.actions:
+            return
+        self.engine.set_plan(self._engine_plan(actions))
+        self.actions = actions
+        self._mode = mode
+
+    def _record_profile(self, rec: _StepRecord):
+        """Turns a finished measuring step into a stash.profile/1 (kept in the cache)."""
+        clock = self._clock
+        layers = []
+        total_fwd = total_bwd = 0.0
+        # The first holder of a storage later blocks share is must_keep too: offloading it
+        # would free nothing while they hold it.
+        first_holders = {e["holder"] for layer in self._layers for e in layer.entries
+                         if e["holder"] is not None}
+        for i, layer in enumerate(self._layers):
+            fwd = [clock.ms(*v) for (mb, l), v in rec.fwd.items() if l == i and v[0] is not None]
+            bwd = [clock.ms(*v) for (mb, l), v in rec.bwd.items() if l == i and v[1] is not None]
+            reps = [v for (mb, l), v in rec.replay.items() if l == i and v[1] is not None]
+            rep_ms = [clock.ms(v[0], v[1]) for v in reps]
+            total_fwd += sum(fwd)
+            total_bwd += sum(bwd)
+            n = max(1, len(fwd))
+            fwd_ms = sum(fwd) / n
+            bwd_ms = max(0.0, (sum(bwd) - sum(rep_ms)) / max(1, len(bwd)))
+            # Note [Recompute cost as the replay pays it]
+            cost = {}
+            if reps:
+                begin, _, marks = reps[0]
+                prev = begin
+                for j, m in marks:
+                    if j not in cost:
+                        cost[j] = clock.ms(prev, m)
+                        prev = m
+            tensors = []
+            seen_names = set()
+            for j, e in enumerate(layer.entries):
+                again = e["holder"] is not None        # listed by an earlier block
+                keep = again or (i, j) in first_holders or e.get("held_outside", False)
+                name = "input" if e.get("is_input") and "input" not in seen_names else f"saved.{j}"
+                seen_names.add(name)
+                tensors.append({
+                    "name": name,
+                    "bytes": 0 if again else int(e["bytes"]),
+                    "recompute_ms": float(cost.get(j, 0.0)) if e["recomputable"] else 0.0,
+                    "offloadable": not keep,
+                    "recomputable": bool(e["recomputable"]) and not keep,
+                    "must_keep": keep,
+                })
+            digest = hashlib.sha256(json.dumps(
+                [(t["bytes"], t["recomputable"], t["must_keep"]) for t in tensors]).encode()
+            ).hexdigest()[:16]
+            layers.append({"name": f"{type(self.blocks[i]).__name__}.{i}",
+                           "signature": f"{type(self.blocks[i]).__name__}:{digest}",
+                           "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "bwd_temp_bytes": 0,
+                           "tensors": tensors})
+        end = rec.end if rec.end is not None else getattr(rec, "bwd_end", None)
+        step_ms = clock.ms(rec.start, end)
+        overhead = max(0.0, step_ms - total_fwd - total_bwd) / max(1, rec.passes)
+        doc = {
+            "schema": _profile.SCHEMA,
+            "source": "measured",
+            "device": _device_info(self.device),
+            "link": self._link(),
+            "host": {"pinnable_bytes": _pinnable_bytes()},
+            "fixed_bytes": 0,
+            "step_overhead_ms": overhead,
+            "layers": layers,
+            "measurement": {"timing": clock.kind, "passes": rec.passes,
+                            "notes": ["fit: least-memory measuring step"]},
+        }
+        doc["fixed_bytes"] = self._fixed_from(doc, rec)
+        entry = {"profile": doc, "measured_peak_bytes": rec.peak_bytes,
+                 "measure_actions": self._measure_actions_seen()}
+        self._cache[rec.key] = entry
+        self._entry = entry
+        self._store(rec.key, "profile", doc)
+
+    def _measure_actions_seen(self):
+        """What the measuring step did with each tensor, by name."""
+        names = {KEEP: "keep", RECOMPUTE: "recompute", OFFLOAD: "offload"}
+        return [[names[e["action"]] for e in layer.entries] for layer in self._layers]
+
+    def _fixed_from(self, doc, rec) -> int:
+        """Note [What the budget counts]."""
+        counted = self._fixed_counted()
+        self._opt_state_counted = _optimizer_state_estimate(self.optimizer)
+        if not self._cuda:
+            return counted
+        probe = dict(doc, fixed_bytes=0)
+        measure_plan = _plan_doc(probe, self._measure_actions_seen())
+        act = evaluate(probe, measure_plan, 1 << 62, strict=False)["predicted_peak_bytes"]
+        calibrated = rec.peak_bytes - act
+        missing = self._opt_state_counted if (
+            self.optimizer is not None and not len(self.optimizer.state)) else 0
+        return int(max(calibrated + missing, counted))
+
+    def _link(self) -> Dict[str, Any]:
+        if isinstance(self._link_arg, dict):
+            return {k: self._link_arg[k] for k in ("h2d_gbps", "d2h_gbps", "bidir_gbps")} | {
+                "local_ranks": int(self._link_arg.get("local_ranks", 1))}
+        if self._link_arg is not None and self._link_arg != "measure":
+            raise StashError(f"stash.torch.fit: link must be None, 'measure' or a dict with "
+                             f"h2d_gbps, d2h_gbps, bidir_gbps; got {self._link_arg!r}")
+        dev = self.device.index if self._cuda else 0
+        name = _device_info(self.device)["name"]
+        nbytes = 0 if self._cuda else 64 << 20
+        link = cached_link(f"{name}-{dev}", dev, nbytes, 0, self.cache_dir)
+        self.link_cached = link.get("cached", False)
+        return {"h2d_gbps": link["h2d_gbps"], "d2h_gbps": link["d2h_gbps"],
+                "bidir_gbps": link["bidir_gbps"], "local_ranks": int(link["local_ranks"])}
+
+    @property
+    def budget_bytes(self) -> Optional[int]:
+        """The budget in bytes: as given, or resolved from "70%" once a profile exists."""
+        if not self._budget_text.endswith("%"):
+            return int(self._budget_text)
+        entry = self._entry
+        if entry is not None and "figures" in entry:
+            return int(entry["figures"]["budget_bytes"])
+        return None
+
+    def _plan_from_measurement(self, key: str) -> Dict[str, Any]:
+        entry = self._cache[key]
+        doc = entry["profile"]
+        try:
+            plan, figures = make_plan(doc, self._budget_text, solver=self.solver)
+        except InfeasibleBudget as e:
+            self._fail(StashError(
+                f"stash.torch.fit: no plan fits the budget of {_gib(e.budget_bytes)} "
+                f"(requested {self._budget_text}): the smallest feasible budget for this model "
+                f"and shape is {_gib(e.min_feasible_bytes)} ({e.min_feasible_bytes} bytes); "
+                f"keep-all would peak at {_gib(e.keep_all_peak_bytes)}. The blocks are "
+                "restored; nothing was changed.", e.status))
+        # Note [The measuring step]: least-memory mode must fit before anything is planned.
+        budget = figures["budget_bytes"]
+        measured = entry.get("measured_peak_bytes")
+        if measured is not None and measured > budget:
+            self._fail(StashError(
+                f"stash.torch.fit: the measuring step (least memory: every block recomputed "
+                f"from its input, inputs offloaded) peaked at {_gib(measured)}, over the "
+                f"budget of {_gib(budget)}; the planner's smallest feasible budget for this "
+                f"model and shape is {_gib(_min_feasible(doc))}. The blocks are restored; "
+                "nothing was planned."))
+        plan, figures = self._prefix_closed(doc, plan, figures)
+        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
+        self._store(key, self._plan_name(), plan)
+        return entry
+
+    def _prefix_closed(self, doc, plan, figures):
+        """Note [Recompute cost as the replay pays it]."""
+        changed = False
+        for li, layer in enumerate(plan["layers"]):
+            ts = layer["tensors"]
+            prof = doc["layers"][li]["tensors"]
+            rec = [j for j, t in enumerate(ts) if t["action"] == "recompute"]
+            if not rec:
+                continue
+            last = max(rec)
+            for j in range(last):
+                if prof[j]["recomputable"] and ts[j]["action"] != "recompute":
+                    ts[j]["action"] = "recompute"
+                    changed = True
+        if changed:
+            priced = evaluate(doc, plan, figures["budget_bytes"])
+            figures = dict(figures, predicted_peak_bytes=priced["predicted_peak_bytes"],
+                           predicted_step_ms=priced["predicted_step_ms"])
+            plan["predicted"]["peak_bytes"] = priced["predicted_peak_bytes"]
+            plan["predicted"]["step_ms"] = priced["predicted_step_ms"]
+            plan["prefix_closed"] = True
+        return plan, figures
+
+    def _fail(self, error: StashError):
+        self._failed = error
+        self.close()
+        raise error
+
+    def _after_optimizer_step(self, opt, *_):
+        rec = self._step
+        if rec is not None and rec.backward_done and rec.end is None:
+            rec.end = self._clock.mark()
+        # Note [What the budget counts]: the optimizer's real state, once it exists.
+        if self._opt_state_counted is None or self._entry is None:
+            return
+        real = _optimizer_state_bytes(opt)
+        if real != self._opt_state_counted and "profile" in self._entry:
+            entry = self._entry
+            entry["profile"]["fixed_bytes"] += real - self._opt_state_counted
+            self._opt_state_counted = real
+            if "plan" in entry:
+                del entry["plan"]
+                self._entry = entry
+                self._replan_pending = True
+
+    # --- the cache on disk (Note [Re-planning and the cache]) ---------------------------
+
+    def _plan_name(self) -> str:
+        b = hashlib.sha1(self._budget_text.encode()).hexdigest()[:8]
+        return f"plan-{b}-{self.solver}"
+
+    def _path(self, key: str, what: str) -> Optional[str]:
+        if self.cache_dir is None:
+            return None
+        return os.path.join(self.cache_dir, f"fit-{self._digest}-{key}.{what}.json")
+
+    def _store(self, key: str, what: str, doc):
+        path = self._path(key, what)
+        if path is None:
+            return
+        os.makedirs(self.cache_dir, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+
+    def _load_cached(self, key: str) -> Optional[Dict[str, Any]]:
+        ppath = self._path(key, "profile")
+        if ppath is None or not os.path.exists(ppath):
+            return None
+        try:
+            with open(ppath) as f:
+                doc = json.load(f)
+            _profile.validate(doc)
+        except (OSError, ValueError, StashError) as e:
+            warnings.warn(f"stash.torch.fit: ignoring the cached profile {ppath}: {e}")
+            return None
+        entry = {"profile": doc, "from_disk": True}
+        self._cache[key] = entry
+        qpath = self._path(key, self._plan_name())
+        plan = None
+        if os.path.exists(qpath):
+            try:
+                with open(qpath) as f:
+                    plan = json.load(f)
+                figures = evaluate(doc, plan)
+                figures["keep_all_peak_bytes"] = plan["baselines"]["keep_all"]["peak_bytes"]
+            except (OSError, ValueError, KeyError, StashError):
+                plan = None
+        if plan is None:
+            entry["measured_peak_bytes"] = None
+            self._measured_for[key] = self.measure_steps
+            self._entry = entry
+            return self._plan_from_measurement(key)
+        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
+        return entry
+
+    # --- public ---------------------------------------------------------------------------
+
+    @property
+    def plan(self) -> Optional[Dict[str, Any]]:
+        """The stash.plan/1 document in force (None while measuring)."""
+        e = self._entry
+        return e.get("plan") if e else None
+
+    @property
+    def profile(self) -> Optional[Dict[str, Any]]:
+        """The stash.profile/1 measured (or read from cache_dir) for the current shape."""
+        e = self._entry
+        return e.get("profile") if e else None
+
+    def report(self) -> Dict[str, Any]:
+        """The budget, one entry per finished step (measured and predicted peak and step
+        time, exposed copy time, mode), the plan's summary and how it was measured."""
+        rec = self._step
+        if rec is not None and not rec.finished and rec.backward_done:
+            if rec.end is None:
+                rec.end = self._clock.mark()
+            self._finish(rec)
+        steps = []
+        for s in self._records:
+            if not s.finished:
+                continue
+            steps.append({"step": s.index, "mode": s.mode,
+                          "measured_peak_bytes": s.peak_bytes, "measured_peak_at": s.peak_at,
+                          "predicted_peak_bytes": s.predicted_peak,
+                          "step_ms": s.step_ms, "predicted_step_ms": s.predicted_step,
+                          "exposed_copy_ms": s.exposed_ms, "micro_batches": s.passes,
+                          "over_budget": (self.budget_bytes is not None
+                                          and s.peak_bytes > self.budget_bytes)})
+        plan = self.plan
+        summary = None
+        if plan is not None:
+            counts = {"keep": 0, "recompute": 0, "offload": 0}
+            for layer in plan["layers"]:
+                for t in layer["tensors"]:
+                    counts[t["action"]] += 1
+            summary = {"solver": plan["solver"], "actions": counts,
+                       "predicted_peak_bytes": plan["predicted"]["peak_bytes"],
+                       "predicted_step_ms": plan["predicted"]["step_ms"],
+                       "keep_all_peak_bytes": plan["baselines"]["keep_all"]["peak_bytes"],
+                       "offloaded_bytes": plan["predicted"]["offloaded_bytes"],
+                       "binding_constraints": plan["binding_constraints"][:8]}
+        prof = self.profile
+        return {"budget": self._budget_text, "budget_bytes": self.budget_bytes,
+                "timing": self._clock.kind,
+                "memory": ("stash pool peak" if self._pool else
+                           "torch.cuda.max_memory_allocated" if self._cuda else
+                           "tracked saved storages + parameters, gradients, optimizer state"),
+                "link": prof["link"] if prof else None,
+                "fixed_bytes": prof["fixed_bytes"] if prof else None,
+                "steps": steps, "plan": summary}
+
+    def format_report(self) -> str:
+        """report() as the table the README shows."""
+        r = self.report()
+        lines = [f"stash.torch.fit: budget {r['budget']} = "
+                 f"{_gib(r['budget_bytes']) if r['budget_bytes'] else '(not yet known)'}; "
+                 f"timing {r['timing']}; memory {r['memory']}",
+                 "step  mode     peak GiB (pred)     step ms (pred)   exposed ms"]
+        for s in r["steps"]:
+            pp = f"{s['predicted_peak_bytes'] / GiB:.3f}" if s["predicted_peak_bytes"] else "-"
+            ps = f"{s['predicted_step_ms']:.2f}" if s["predicted_step_ms"] else "-"
+            flag = "  OVER BUDGET" if s["over_budget"] else ""
+            lines.append(f"{s['step']:>4}  {s['mode']:<7}  {s['measured_peak_bytes'] / GiB:8.3f}"
+                         f" ({pp:>7})  {s['step_ms']:9.2f} ({ps:>8})  {s['exposed_copy_ms']:8.3f}"
+                         f"{flag}")
+        if r["plan"]:
+            p = r["plan"]
+            lines.append(f"plan: {p['solver']}, {p['actions']['keep']} keep / "
+                         f"{p['actions']['recompute']} recompute / {p['actions']['offload']} "
+                         f"offload; predicted peak {_gib(p['predicted_peak_bytes'])} of keep-all "
+                         f"{_gib(p['keep_all_peak_bytes'])}")
+        return "\n".join(lines)
+
+    def close(self):
+        """Restores the blocks exactly and frees the engine (OffloadHandle.close)."""
+        if getattr(self, "_opt_hook", None) is not None:
+            self._opt_hook.remove()
+            self._opt_hook = None
+        super().close()
+
+
+def _weak(t):
+    try:
+        from torch.multiprocessing.reductions import StorageWeakRef
+        return StorageWeakRef(t.untyped_storage())
+    except Exception:  # noqa: BLE001 -- a tensor without a storage (e.g. a subclass)
+        return None
+
+
+def _allocator_state():
+    from . import _allocator
+    return _allocator
+
+
+def _device_info(device) -> Dict[str, Any]:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {"name": props.name, "memory_bytes": int(props.total_memory)}
+    return {"name": "cpu", "memory_bytes": 0}
+
+
+def _plan_doc(profile, actions) -> Dict[str, Any]:
+    """A stash.plan/1 document with these per-layer actions, for evaluate()."""
+    layers = []
+    for i, (layer, acts) in enumerate(zip(profile["layers"], actions)):
+        layers.append({"index": i, "name": layer["name"],
+                       "fractions": {"keep": 0, "recompute": 0, "offload": 0},
+                       "tensors": [{"name": t["name"], "action": a}
+                                   for t, a in zip(layer["tensors"], acts)]})
+    return {"schema": "stash.plan/1", "budget_bytes": 1 << 62, "solver": "greedy",
+            "solve_ms": 0, "profile_sha256": "", "layers": layers}
+
+
+def _actions_of(plan) -> List[List[int]]:
+    return [[ACTION_NAMES[t["action"]] for t in layer["tensors"]] for layer in plan["layers"]]
+
+
+def _min_feasible(doc) -> int:
+    try:
+        make_plan(doc, "1")
+    except InfeasibleBudget as e:
+        return e.min_feasible_bytes
+    return 0
+
+
+def fit(blocks: Sequence[torch.nn.Module], budget: Union[int, str], *, optimizer=None,
+        solver: str = "greedy", cache_dir=None, measure_steps: int = 1, lookahead: int = 1,
+        max_in_flight_bytes=None, pinned_cap=None, max_micro_batches: int = 8,
+        device=None, link=None, timing: bool = True) -> BudgetHandle:
+    """Meets a device-memory budget while training, with nothing else in the loop changed.
+
+    blocks: the model's repeated blocks in order (``model.model.layers`` of a Hugging Face
+    decoder, ``model.transformer.h`` of GPT-2, a list of nn.TransformerEncoderLayer), called
+    by the model's own forward with any arguments and outputs. budget: bytes, "40GiB", or
+    "70%" of the keep-all peak estimated from the measurement (Note [What the budget
+    counts]).
+
+    The first step (measure_steps of them) for each shape of block 0's inputs measures the
+    model in least-memory mode (Note [The measuring step]); later steps run the plan the
+    planner makes from it (solver "greedy", "ilp" or "exact") through stash's engine
+    (offload with one-block-ahead prefetch, selective recompute, keep). A new input shape
+    re-plans from the cache (Note [Re-planning and the cache]); cache_dir persists
+    profiles and plans, so a second run of the same script starts planned. optimizer:
+    lets fit count its state exactly once it exists and end each step at its step().
+    link: None or "measure" (measured once per machine and cached), or a dict with
+    h2d_gbps, d2h_gbps and bidir_gbps. The engine's knobs are OffloadHandle's
+    (lookahead, max_in_flight_bytes, pinned_cap, max_micro_batches; micro-batches through
+    handle.micro_batch(i)).
+
+    Returns a :class:`BudgetHandle`: ``report()`` (a dict; ``format_report()`` as text),
+    ``plan``, ``profile``, ``write_trace(path)``, ``close()``, and a with-block. Raises
+    StashError for a budget that does not parse or cannot hold the parameters, for blocks
+    that run out of order or twice per step, for CPU blocks without stash's CPU runtime,
+    and, at the first planned step and before anything is planned, for a budget the
+    least-memory mode itself does not meet (with the measured peak and the smallest
+    feasible budget); the blocks are restored then."""
+    return BudgetHandle(blocks, budget, optimizer=optimizer, solver=solver,
+                        cache_dir=cache_dir, measure_steps=measure_steps, lookahead=lookahead,
+                        max_in_flight_bytes=max_in_flight_bytes, pinned_cap=pinned_cap,
+                        max_micro_batches=max_micro_batches, device=device, link=link,
+                        timing=timing)
