@@ -99,7 +99,7 @@ MEASURE_SLOTS = 64           # engine slots per layer in a measuring step
 
 
 def _gib(n: float) -> str:
-    return f"{n / GiB:.2f} GiB"
+    return f"{n / GiB:.3g} GiB"
 
 
 class _MeasureLayer:
@@ -288,7 +288,7 @@ class BudgetHandle(OffloadHandle):
         self._layers_key = None
         self._records: List[_StepRecord] = []
         self._step = None
-        self._live = {}             # storage key -> (weakref, bytes): CPU meter
+        self._tracked = {}             # storage key -> (weakref, bytes): CPU meter
         self._held = {}             # storage key -> (weakref, layer, index): shared storages
         self._offloaded_inputs = []  # measuring step: (layer, index, weakref) offloaded
         self._shared = set()        # (layer, index) of storages an earlier block holds
@@ -363,7 +363,7 @@ class BudgetHandle(OffloadHandle):
         if key not in self._held or self._held[key][0] is None or self._held[key][0].expired():
             self._held[key] = (_weak(t), i, j)
         if not self._cuda:
-            self._live[key] = (_weak(t), int(nbytes))
+            self._tracked[key] = (_weak(t), int(nbytes))
             self._sample(f"forward[{i}]")
 
     def _forward_ended(self, i, step, order):
@@ -427,7 +427,7 @@ class BudgetHandle(OffloadHandle):
             r[2].append((seen[0], self._clock.mark()))
         if not self._cuda:
             key, nbytes = storage_of(t)
-            self._live[key] = (_weak(t), int(nbytes))
+            self._tracked[key] = (_weak(t), int(nbytes))
 
     def _replay_ended(self, frame, replay):
         rec = self._step
@@ -442,7 +442,7 @@ class BudgetHandle(OffloadHandle):
         if not self._cuda:
             buf = self._buffers.get(ptr)
             if buf is not None:
-                self._live[storage_of(buf)[0]] = (_weak(buf), int(nbytes))
+                self._tracked[storage_of(buf)[0]] = (_weak(buf), int(nbytes))
                 self._sample("prefetch")
         return ptr
 
@@ -464,13 +464,13 @@ class BudgetHandle(OffloadHandle):
         if self._cuda or self._step is None:
             return
         total, dead = 0, []
-        for k, (ref, n) in self._live.items():
+        for k, (ref, n) in self._tracked.items():
             if ref is None or ref.expired():
                 dead.append(k)
             else:
                 total += n
         for k in dead:
-            del self._live[k]
+            del self._tracked[k]
         if total > self._step.live_peak:
             self._step.live_peak = total
             self._step.peak_at = where
@@ -479,6 +479,8 @@ class BudgetHandle(OffloadHandle):
         """Parameters, gradients (as if allocated), buffers and optimizer state, from their
         tensors: the CPU path's non-activation bytes."""
         params = [p for b in self.blocks for p in b.parameters()]
+        if self.optimizer is not None:  # the whole model's, embeddings and head included
+            params += [p for g in self.optimizer.param_groups for p in g["params"]]
         n = _tensor_bytes(params) + _tensor_bytes(p for p in params if p.requires_grad)
         n += _tensor_bytes(x for b in self.blocks for x in b.buffers())
         n += _optimizer_state_estimate(self.optimizer)
@@ -507,7 +509,7 @@ class BudgetHandle(OffloadHandle):
         rec.exposed_before = self._exposed_total()
         self._records.append(rec)
         self._step = rec
-        self._live = {}
+        self._tracked = {}
         self._held = {}
         self._offloaded_inputs = []
 
@@ -824,26 +826,33 @@ class BudgetHandle(OffloadHandle):
 
     # --- public ---------------------------------------------------------------------------
 
+    def _settle(self):
+        """Finishes the running step's figures if its backward has ended (its time runs to
+        its optimizer step, or to now)."""
+        rec = self._step
+        if rec is not None and not rec.finished and rec.backward_done:
+            if rec.end is None:
+                rec.end = self._clock.mark()
+            self._finish(rec)
+
     @property
     def plan(self) -> Optional[Dict[str, Any]]:
-        """The stash.plan/1 document in force (None while measuring)."""
+        """The stash.plan/1 document for the current shape (None until one was made)."""
+        self._settle()
         e = self._entry
         return e.get("plan") if e else None
 
     @property
     def profile(self) -> Optional[Dict[str, Any]]:
         """The stash.profile/1 measured (or read from cache_dir) for the current shape."""
+        self._settle()
         e = self._entry
         return e.get("profile") if e else None
 
     def report(self) -> Dict[str, Any]:
         """The budget, one entry per finished step (measured and predicted peak and step
         time, exposed copy time, mode), the plan's summary and how it was measured."""
-        rec = self._step
-        if rec is not None and not rec.finished and rec.backward_done:
-            if rec.end is None:
-                rec.end = self._clock.mark()
-            self._finish(rec)
+        self._settle()
         steps = []
         for s in self._records:
             if not s.finished:
@@ -855,7 +864,8 @@ class BudgetHandle(OffloadHandle):
                           "exposed_copy_ms": s.exposed_ms, "micro_batches": s.passes,
                           "over_budget": (self.budget_bytes is not None
                                           and s.peak_bytes > self.budget_bytes)})
-        plan = self.plan
+        e = self._entry
+        plan = e.get("plan") if e else None
         summary = None
         if plan is not None:
             counts = {"keep": 0, "recompute": 0, "offload": 0}
@@ -868,7 +878,7 @@ class BudgetHandle(OffloadHandle):
                        "keep_all_peak_bytes": plan["baselines"]["keep_all"]["peak_bytes"],
                        "offloaded_bytes": plan["predicted"]["offloaded_bytes"],
                        "binding_constraints": plan["binding_constraints"][:8]}
-        prof = self.profile
+        prof = e.get("profile") if e else None
         return {"budget": self._budget_text, "budget_bytes": self.budget_bytes,
                 "timing": self._clock.kind,
                 "memory": ("stash pool peak" if self._pool else

@@ -157,6 +157,12 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             raise
         self._originals = []
         try:
+            if len({id(b) for b in self.blocks}) != len(self.blocks):
+                dup = next(i for i, b in enumerate(self.blocks)
+                           if any(b is c for c in self.blocks[:i]))
+                raise StashError(f"stash.torch: block {dup} is the same module as an earlier "
+                                 "block (shared weights): each block must be a module of its "
+                                 "own, run once per forward")
             targets = [_call_target(i, block) for i, block in enumerate(self.blocks)]
         except StashError:
             self._teardown()

@@ -133,6 +133,12 @@ class OffloadHooks:
         mb = self._micro_batch
         step = self._steps.get(mb)
         if i == 0:
+            if step is not None and 0 < step.next_block < len(self.blocks):
+                raise StashError(
+                    f"stash.torch: block 0 ran again in micro-batch {mb} before block "
+                    f"{step.next_block} ran: a block called twice in one forward (shared "
+                    "weights) is not supported; each block must run once per forward, in "
+                    "order")
             if step is not None:
                 self._warn_once(("abandon", mb), (
                     f"micro-batch {mb} ran forward again before its backward; the earlier "
