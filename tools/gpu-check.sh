@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one-shot GPU check (README "On a GPU"): build, the gpu-labelled tests, the link and
-# copy benchmarks, the engine's submit path with the real runtime, and `stash demo`, with
-# every figure in one report file. Meant to finish in under 5 minutes on an H200.
+# copy benchmarks, the engine's submit path with the real runtime, `stash demo`, and
+# stash.torch.fit on a Hugging Face Llama (python -m stash.bench.fit), with every figure in
+# one report file. Meant to finish in under 5 minutes on an H200.
 #   tools/gpu-check.sh [REPORT]     default: $OUT/gpu-check.txt when $OUT is set (the
 #                                   device tool's output folder), else out/gpu-check.txt
 # It never calls apt-get: a GPU machine may reach no package registry. Dependencies come
@@ -12,8 +13,10 @@
 # is of this commit and this GPU's architecture (Note [A build made here] in gpu-carry.sh);
 # otherwise the script builds here.
 # Environment: STASH_GPU_ARCH (default: the first GPU's compute capability, e.g. 90-real),
-# STASH_GPU_CHECK_STEPS (default: all of "build tests bench demo"), STASH_GPU_BUILD_DIR
-# (default build-gpu/; a carried build always lands at /tmp/stash-gpu-root/build-gpu).
+# STASH_GPU_CHECK_STEPS (default: all of "build tests bench demo fit"), STASH_GPU_BUILD_DIR
+# (default build-gpu/; a carried build always lands at /tmp/stash-gpu-root/build-gpu),
+# STASH_GPU_FIT_SIZE (the fit step's model: h200, default, or tiny), STASH_GPU_FIT_SHARES
+# (default 85,70,55: % of keep-all) and STASH_GPU_FIT_GIB (default 40: GiB budgets).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -27,7 +30,7 @@ out_dir="$root/out/gpu-check"
 rm -rf "$out_dir"
 mkdir -p "$out_dir"
 : >"$report"
-steps=${STASH_GPU_CHECK_STEPS:-build tests bench demo}
+steps=${STASH_GPU_CHECK_STEPS:-build tests bench demo fit}
 failed=()
 
 say() { echo "$*" | tee -a "$report"; }
@@ -155,9 +158,20 @@ if want demo; then
   run "stash demo" 300 "$stash" demo --out "$out_dir/demo"
 fi
 
+# stash.torch.fit on a Hugging Face Llama sized for the H200 (bf16, SDPA), with the machine's
+# own torch and transformers: keep-all, then 85%, 70%, 55% of its peak and a 40 GiB budget.
+if want fit; then
+  PYTHONPATH="$root/bindings/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    STASH_LIB_DIR="$bdir/bindings:$bdir/bindings/torch_alloc" \
+    run "stash.bench.fit (Llama, bf16)" 300 python3 -m stash.bench.fit \
+      --size "${STASH_GPU_FIT_SIZE:-h200}" \
+      --shares "${STASH_GPU_FIT_SHARES:-85,70,55}" --gib "${STASH_GPU_FIT_GIB:-40}" \
+      --steps 5 --out "$out_dir/fit"
+fi
+
 # Next to the report: the figures' sources (at most 7 files besides the report).
 keep=("$out_dir/link.json" "$out_dir/copy.json" "$out_dir/demo/profile.json"
-      "$out_dir/demo/pareto.svg" "$out_dir/demo/trace-70.json" "$out_dir/demo/plan-70.json"
+      "$out_dir/demo/pareto.svg" "$out_dir/demo/trace-70.json" "$out_dir/fit/fit.json"
       "$out_dir/demo/memory-70.svg")
 for f in "${keep[@]}"; do
   [ -f "$f" ] && [ "$(dirname "$f")" != "$(dirname "$report")" ] && cp "$f" "$(dirname "$report")/"

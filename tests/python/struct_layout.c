@@ -86,6 +86,12 @@ int main(void) {
   FIELD(stash_plan_result_t, predicted_peak_bytes);
   FIELD(stash_plan_result_t, predicted_step_ms);
   end();
+  STRUCT(stash_link_result_t);
+  FIELD(stash_link_result_t, struct_size); FIELD(stash_link_result_t, h2d_gbps);
+  FIELD(stash_link_result_t, d2h_gbps); FIELD(stash_link_result_t, bidir_gbps);
+  FIELD(stash_link_result_t, local_ranks); FIELD(stash_link_result_t, sharers);
+  FIELD(stash_link_result_t, buffer_bytes); FIELD(stash_link_result_t, device_name);
+  end();
   printf("},\n \"enums\": {\"STASH_ACTION_KEEP\": %d, \"STASH_ACTION_RECOMPUTE\": %d, "
          "\"STASH_ACTION_OFFLOAD\": %d, \"STASH_SOLVER_GREEDY\": %d, \"STASH_SOLVER_ILP\": %d, "
          "\"STASH_SOLVER_EXACT\": %d, \"STASH_ERROR_UNKNOWN_TENSOR\": %d, "

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 import stash
-from stash import _engine, _lib, _planner
+from stash import _engine, _lib, _link, _planner
 
 
 def test_libraries_come_from_the_package_without_stash_lib_dir():
@@ -42,6 +42,7 @@ MIRRORS = {
     "stash_overlap_t": _engine.Overlap,
     "stash_plan_options_t": _planner.PlanOptions,
     "stash_plan_result_t": _planner.PlanResult,
+    "stash_link_result_t": _link.LinkResult,
 }
 
 

@@ -20,7 +20,13 @@ bytes, must_keep, and with 0 bytes where it appears again). Times, on the comput
 (CUDA events; on the CPU test double, the host clock): each block's forward, each block's
 backward less its replay, the replay itself with a mark at each save (Note [Recompute
 cost as the replay pays it]), and the whole step, whose remainder is the profile's
-step_overhead_ms. The step's measured peak is the check that least-memory mode fits: if
+step_overhead_ms. Events, not CUPTI's kernel sums, give the plan its times: a copy
+overlaps the compute stream's wall time, gaps between kernels included, which is what
+events span and kernel sums leave out. Where the in-process CUPTI profiler can start (a
+GPU with CUPTI and no other CUPTI client), each block's forward is a CUPTI layer scope as
+well and report()["cupti"] gives its kernel time beside the events' span (the share of
+the forward the GPU spent in kernels); elsewhere it gives CUPTI's reason. The step's
+measured peak is the check that least-memory mode fits: if
 it does not, fit raises before planning, restoring the blocks, with the measured figure
 and the planner's smallest feasible budget.
 
@@ -86,6 +92,7 @@ from .._engine import KEEP, OFFLOAD, RECOMPUTE, ACTION_NAMES
 from .._lib import StashError, parse_bytes
 from .._link import cache_root, cached_link
 from .._planner import InfeasibleBudget, evaluate, make_plan
+from .._profiler import FORWARD, Profiler
 from .. import profile as _profile
 from ._offload import OffloadHandle
 from ._record import _pinnable_bytes
@@ -297,6 +304,8 @@ class BudgetHandle(OffloadHandle):
                          pinned_cap=pinned_cap, max_in_flight_bytes=max_in_flight_bytes,
                          timing=timing, max_micro_batches=max_micro_batches)
         self._clock = _Clock(self._cuda)
+        self._cupti = Profiler()
+        self._cupti_used = None  # None: not tried (CPU); else (used, reason)
         self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
         self._opt_hook = None
         if optimizer is not None and hasattr(optimizer, "register_step_post_hook"):
@@ -346,6 +355,8 @@ class BudgetHandle(OffloadHandle):
         rec = self._step
         if rec is not None:
             rec.fwd[(step.mb, i)] = [self._clock.mark(), None]
+            if rec.mode == "measure":
+                self._cupti.begin(FORWARD, i)
 
     def _saved(self, i, j, t, nbytes, action):
         step = self._step
@@ -370,6 +381,8 @@ class BudgetHandle(OffloadHandle):
         rec = self._step
         if rec is not None:
             rec.fwd.setdefault((self._micro_batch, i), [None, None])[1] = self._clock.mark()
+            if rec.mode == "measure":
+                self._cupti.end()
             if self._mode == "measure" and self._micro_batch == 0:
                 # The recomputable flag is the record pass's: an input is not, whatever the
                 # action the hooks chose.
@@ -509,6 +522,8 @@ class BudgetHandle(OffloadHandle):
         rec.exposed_before = self._exposed_total()
         self._records.append(rec)
         self._step = rec
+        if mode == "measure" and self._cuda:
+            self._cupti_used = self._cupti.start()
         self._tracked = {}
         self._held = {}
         self._offloaded_inputs = []
@@ -528,6 +543,7 @@ class BudgetHandle(OffloadHandle):
         """Closes a step's figures (its marks are complete)."""
         self._clock.sync()
         rec.finished = True
+        rec.cupti = self._cupti.stop() if rec.mode == "measure" else None
         if self._cuda:
             if self._pool:
                 from . import _allocator
@@ -588,6 +604,7 @@ class BudgetHandle(OffloadHandle):
         """Turns a finished measuring step into a stash.profile/1 (kept in the cache)."""
         clock = self._clock
         layers = []
+        cupti_fwd = []
         total_fwd = total_bwd = 0.0
         # The first holder of a storage later blocks share is must_keep too: offloading it
         # would free nothing while they hold it.
@@ -602,6 +619,9 @@ class BudgetHandle(OffloadHandle):
             total_bwd += sum(bwd)
             n = max(1, len(fwd))
             fwd_ms = sum(fwd) / n
+            kernel = _cupti_fwd(rec.cupti, i)
+            if kernel is not None:
+                cupti_fwd.append({"layer": i, "kernel_ms": kernel, "span_ms": fwd_ms})
             bwd_ms = max(0.0, (sum(bwd) - sum(rep_ms)) / max(1, len(bwd)))
             # Note [Recompute cost as the replay pays it]
             cost = {}
@@ -646,7 +666,8 @@ class BudgetHandle(OffloadHandle):
             "fixed_bytes": 0,
             "step_overhead_ms": overhead,
             "layers": layers,
-            "measurement": {"timing": clock.kind, "passes": rec.passes,
+            "measurement": {"timing": self._timing_kind(), "passes": rec.passes,
+                            "cupti": self._cupti_summary(cupti_fwd),
                             "notes": ["fit: least-memory measuring step"]},
         }
         doc["fixed_bytes"] = self._fixed_from(doc, rec)
@@ -749,6 +770,22 @@ class BudgetHandle(OffloadHandle):
             plan["predicted"]["step_ms"] = priced["predicted_step_ms"]
             plan["prefix_closed"] = True
         return plan, figures
+
+    def _timing_kind(self) -> str:
+        """The clock the plan's times come from: "host-clock" (CPU) or "cuda-events"."""
+        return self._clock.kind
+
+    def _cupti_summary(self, fwd) -> Dict[str, Any]:
+        """Note [The measuring step]: CUPTI's forward kernel time beside the events' span,
+        or why CUPTI did not run."""
+        if self._cupti_used is None:
+            return {"used": False, "reason": "no CUDA device (the host clock times the step)"}
+        used, reason = self._cupti_used
+        if used and fwd:
+            return {"used": True, "forward": fwd,
+                    "kernel_share": sum(f["kernel_ms"] for f in fwd)
+                    / max(1e-9, sum(f["span_ms"] for f in fwd))}
+        return {"used": False, "reason": reason or self._cupti.reason or "no records"}
 
     def _fail(self, error: StashError):
         self._failed = error
@@ -880,7 +917,8 @@ class BudgetHandle(OffloadHandle):
                        "binding_constraints": plan["binding_constraints"][:8]}
         prof = e.get("profile") if e else None
         return {"budget": self._budget_text, "budget_bytes": self.budget_bytes,
-                "timing": self._clock.kind,
+                "timing": self._timing_kind(),
+                "cupti": prof.get("measurement", {}).get("cupti") if prof else None,
                 "memory": ("stash pool peak" if self._pool else
                            "torch.cuda.max_memory_allocated" if self._cuda else
                            "tracked saved storages + parameters, gradients, optimizer state"),
@@ -952,6 +990,16 @@ def _plan_doc(profile, actions) -> Dict[str, Any]:
 
 def _actions_of(plan) -> List[List[int]]:
     return [[ACTION_NAMES[t["action"]] for t in layer["tensors"]] for layer in plan["layers"]]
+
+
+def _cupti_fwd(cupti, i):
+    """Layer i's forward kernel time from a CUPTI run's per-layer output, if measured."""
+    if not cupti:
+        return None
+    for layer in cupti.get("layers", []):
+        if layer.get("index") == i and layer.get("fwd_ms"):
+            return float(layer["fwd_ms"])
+    return None
 
 
 def _min_feasible(doc) -> int:

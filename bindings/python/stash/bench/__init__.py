@@ -1,0 +1,1 @@
+"""Benchmarks a user can rerun: `python -m stash.bench.fit`."""

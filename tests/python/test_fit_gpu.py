@@ -1,0 +1,75 @@
+"""GPU: stash.torch.fit on a Hugging Face Llama in bf16 with SDPA, on the real runtime.
+
+ctest `python.offload_gpu` (label gpu) runs this file with test_offload_gpu.py; without a
+device, or without transformers, it skips with the marker ctest's SKIP_REGULAR_EXPRESSION
+looks for. Every step's torch.cuda.max_memory_allocated(), the measuring step's
+included, must be within the budget, the planned steps must offload, and the losses must
+follow keep-all's (bf16: to a tolerance; the math SDPA kernel keeps both runs
+deterministic).
+"""
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("[ STASH NO DEVICE ] torch sees no CUDA device", allow_module_level=True)
+try:
+    import transformers
+except ImportError:
+    pytest.skip("[ STASH NO DEVICE ] transformers is not installed (tools/gpu-carry.sh carries "
+                "it)", allow_module_level=True)
+
+import stash.torch  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+STEPS = 4
+
+
+def _model():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=8192, hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,
+        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
+        use_cache=False, attn_implementation="sdpa")
+    with torch.device("cuda"):
+        m = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    m.train()
+    return m
+
+
+def _train(budget=None):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    h = stash.torch.fit(model.model.layers, budget, optimizer=opt) if budget else None
+    g = torch.Generator().manual_seed(1)
+    losses, peaks = [], []
+    with sdpa_kernel(SDPBackend.MATH):
+        for _ in range(STEPS):
+            ids = torch.randint(0, 8192, (4, 2048), generator=g).cuda()
+            torch.cuda.reset_peak_memory_stats()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated())
+            losses.append(loss.item())
+    report = h.report() if h else None
+    if h:
+        h.close()
+    return losses, peaks, report
+
+
+def test_fit_meets_the_budget_on_a_llama_in_bf16():
+    keep_losses, keep_peaks, _ = _train()
+    losses, peaks, report = _train("70%")
+    budget = report["budget_bytes"]
+    assert budget < max(keep_peaks)
+    assert [s["mode"] for s in report["steps"]] == ["measure"] + ["plan"] * (STEPS - 1)
+    for p, s in zip(peaks, report["steps"]):
+        assert p <= budget, (p, budget, s)
+        assert s["measured_peak_bytes"] <= budget
+    assert report["plan"]["actions"]["offload"] > 0, report["plan"]
+    assert report["timing"] == "cuda-events"
+    for a, b in zip(keep_losses, losses):
+        assert abs(a - b) <= 2e-2 * abs(a), (keep_losses, losses)
