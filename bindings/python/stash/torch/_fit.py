@@ -65,6 +65,21 @@ buffers and the recompute captures held at once, sampled at every pack, block en
 boundary and replay: the bytes the blocks hold, never the planner's prediction.
 "70%" is a share of the keep-all peak the canonical model gives for the measured profile.
 
+Note [Why not torch.cuda.MemPool]
+torch >= 2.5 can route the allocations made inside a `torch.cuda.use_mem_pool(pool)`
+block to a MemPool backed by a pluggable allocator, so stash's pool could serve only the
+blocks' activations while torch's caching allocator keeps everything else. fit does not:
+(1) the budget is the process's peak, and two allocators that each cache their own free
+blocks peak higher together than one that shares them: activations freed in backward
+could not be reused by the gradients and optimizer temporaries allocated outside the pool
+at that moment, and the reverse; (2) the saved tensors are created by the blocks' own ops,
+some in backward (the prefetch buffers, the recompute's outputs), and the autograd engine
+runs backward on its own thread, outside any use_mem_pool context set in forward, so a
+pool would hold only part of the activations and the peak split between the two would be
+harder to predict, not easier. Plans are therefore made and measured against one
+allocator: torch's own, or stash's pool for the whole process (stash.torch.use_allocator),
+whose peak fit then reads.
+
 Note [Re-planning and the cache]
 A step's shape key is what block 0 is called with: each tensor argument's shape, dtype
 and device, autocast state and training mode. At the start of a step with a new key the
