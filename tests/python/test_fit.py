@@ -280,7 +280,7 @@ def test_infeasible_budget_names_the_smallest_and_restores_the_blocks(llama_refe
             before = [p.detach().clone() for p in model.parameters()]
             with pytest.raises(stash.StashError, match=r"smallest feasible budget .* GiB") as e:
                 model(input_ids=ids, labels=ids)
-            assert "restored" in str(e.value)
+            assert "restored" in str(e.value) and "peaked at" in str(e.value)
             after = [p.detach().clone() for p in model.parameters()]
             assert all(torch.equal(a, b) for a, b in zip(before, after))
             assert not any("forward" in vars(b) for b in blocks)
@@ -297,6 +297,15 @@ def test_budget_that_does_not_parse(bad):
     _, blocks = llama(layers=2, hidden=64)
     with pytest.raises(stash.StashError, match="budget"):
         stash.torch.fit(blocks, bad)
+    assert not any("forward" in vars(b) for b in blocks)
+
+
+def test_bad_link_is_refused_at_once():
+    _, blocks = llama(layers=2, hidden=64)
+    with pytest.raises(stash.StashError, match="link"):
+        stash.torch.fit(blocks, "90%", link={"h2d_gbps": 10})
+    with pytest.raises(stash.StashError, match="positive"):
+        stash.torch.fit(blocks, "90%", link={"h2d_gbps": 0, "d2h_gbps": 1, "bidir_gbps": 1})
     assert not any("forward" in vars(b) for b in blocks)
 
 

@@ -263,6 +263,7 @@ class _StepRecord:
         self.exposed_ms = 0.0
         self.backward_done = False
         self.finished = False
+        self.planning_ms = 0.0
 
 
 class _LayerRecord:
@@ -313,8 +314,8 @@ class BudgetHandle(OffloadHandle):
         self._tracked = {}             # storage key -> (weakref, bytes): CPU meter
         self._held = {}             # storage key -> (weakref, layer, index): shared storages
         self._offloaded_inputs = []  # measuring step: (layer, index, weakref) offloaded
-        self._shared = set()        # (layer, index) of storages an earlier block holds
         self._opt_state_counted = None
+        self._finish_ms = 0.0
         super().__init__(blocks, None, device=device, lookahead=lookahead,
                          pinned_cap=pinned_cap, max_in_flight_bytes=max_in_flight_bytes,
                          timing=timing, max_micro_batches=max_micro_batches)
@@ -323,6 +324,14 @@ class BudgetHandle(OffloadHandle):
         self._cupti_used = None  # None: not tried (CPU); else (used, reason)
         self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
         self._opt_hook = None
+        self.link_cached = False
+        try:
+            # Measured now, before the training step allocates anything, and once per
+            # machine (cached): it needs free device memory for its buffers.
+            self._link_section = self._link()
+        except BaseException:
+            OffloadHandle.close(self)
+            raise
         if optimizer is not None and hasattr(optimizer, "register_step_post_hook"):
             self._opt_hook = optimizer.register_step_post_hook(self._after_optimizer_step)
 
@@ -524,15 +533,19 @@ class BudgetHandle(OffloadHandle):
             if prev.end is None:
                 prev.end = now
             self._finish(prev)
+        t0 = time.perf_counter()
         mode = self._choose(key)
+        setup_ms = (time.perf_counter() - t0) * 1e3  # planning (and a first link measurement)
         if self._cuda:
             if self._pool:
                 from . import _allocator
                 _allocator.reset_peak(self.device.index)
             else:
                 torch.cuda.reset_peak_memory_stats(self.device)
-        start = now if now is not None else self._clock.mark()
-        rec = _StepRecord(len(self._records), mode, key, start)
+        # The step starts after its planning: that time belongs to no step (report()'s
+        # planning_ms says how much it was).
+        rec = _StepRecord(len(self._records), mode, key, self._clock.mark())
+        rec.planning_ms = setup_ms + (self._finish_ms if now is not None else 0.0)
         rec.passes = 1
         rec.exposed_before = self._exposed_total()
         self._records.append(rec)
@@ -555,7 +568,15 @@ class BudgetHandle(OffloadHandle):
         return bool(getattr(self.engine, "timing", False))
 
     def _finish(self, rec: _StepRecord):
-        """Closes a step's figures (its marks are complete)."""
+        """Closes a step's figures. Synchronizes the device once per step (event times), so
+        the next step's first kernels are enqueued after the previous step has ended."""
+        t0 = time.perf_counter()
+        try:
+            self._finish_figures(rec)
+        finally:
+            self._finish_ms = (time.perf_counter() - t0) * 1e3
+
+    def _finish_figures(self, rec: _StepRecord):
         self._clock.sync()
         rec.finished = True
         rec.cupti = self._cupti.stop() if rec.mode == "measure" else None
@@ -639,12 +660,15 @@ class BudgetHandle(OffloadHandle):
                 cupti_fwd.append({"layer": i, "kernel_ms": kernel, "span_ms": fwd_ms})
             bwd_ms = max(0.0, (sum(bwd) - sum(rep_ms)) / max(1, len(bwd)))
             # Note [Recompute cost as the replay pays it]
+            # A segment that ends at an input's save (restored, not recomputed) belongs to the
+            # next recomputable tensor, so the costs still add up to the replay's prefix.
             cost = {}
             if reps:
                 begin, _, marks = reps[0]
                 prev = begin
                 for j, m in marks:
-                    if j not in cost:
+                    e = layer.entries[j] if j < len(layer.entries) else None
+                    if e is not None and e["recomputable"] and j not in cost:
                         cost[j] = clock.ms(prev, m)
                         prev = m
             tensors = []
@@ -671,12 +695,13 @@ class BudgetHandle(OffloadHandle):
                            "tensors": tensors})
         end = rec.end if rec.end is not None else getattr(rec, "bwd_end", None)
         step_ms = clock.ms(rec.start, end)
-        overhead = max(0.0, step_ms - total_fwd - total_bwd) / max(1, rec.passes)
+        # Once per step (the loss, the optimizer, the uploads), whatever the micro-batches.
+        overhead = max(0.0, step_ms - total_fwd - total_bwd)
         doc = {
             "schema": _profile.SCHEMA,
             "source": "measured",
             "device": _device_info(self.device),
-            "link": self._link(),
+            "link": dict(self._link_section),
             "host": {"pinnable_bytes": _pinnable_bytes()},
             "fixed_bytes": 0,
             "step_overhead_ms": overhead,
@@ -713,15 +738,28 @@ class BudgetHandle(OffloadHandle):
 
     def _link(self) -> Dict[str, Any]:
         if isinstance(self._link_arg, dict):
-            return {k: self._link_arg[k] for k in ("h2d_gbps", "d2h_gbps", "bidir_gbps")} | {
-                "local_ranks": int(self._link_arg.get("local_ranks", 1))}
+            try:
+                link = {k: float(self._link_arg[k]) for k in ("h2d_gbps", "d2h_gbps",
+                                                               "bidir_gbps")}
+            except (KeyError, TypeError, ValueError) as e:
+                raise StashError(f"stash.torch.fit: link needs h2d_gbps, d2h_gbps and "
+                                 f"bidir_gbps as numbers; got {self._link_arg!r}") from e
+            if not all(v > 0 for v in link.values()):
+                raise StashError(f"stash.torch.fit: link bandwidths must be positive, got {link}")
+            link["local_ranks"] = int(self._link_arg.get("local_ranks", 1))
+            return link
         if self._link_arg is not None and self._link_arg != "measure":
             raise StashError(f"stash.torch.fit: link must be None, 'measure' or a dict with "
                              f"h2d_gbps, d2h_gbps, bidir_gbps; got {self._link_arg!r}")
         dev = self.device.index if self._cuda else 0
         name = _device_info(self.device)["name"]
         nbytes = 0 if self._cuda else 64 << 20
-        link = cached_link(f"{name}-{dev}", dev, nbytes, 0, self.cache_dir)
+        try:
+            link = cached_link(f"{name}-{dev}", dev, nbytes, 0, self.cache_dir)
+        except StashError as e:
+            raise StashError(f"stash.torch.fit: measuring the host-device link failed ({e}); "
+                             "pass link={'h2d_gbps': ..., 'd2h_gbps': ..., 'bidir_gbps': ...} "
+                             "(`stash bench link` measures them)", e.status) from e
         self.link_cached = link.get("cached", False)
         return {"h2d_gbps": link["h2d_gbps"], "d2h_gbps": link["d2h_gbps"],
                 "bidir_gbps": link["bidir_gbps"], "local_ranks": int(link["local_ranks"])}
@@ -739,29 +777,38 @@ class BudgetHandle(OffloadHandle):
     def _plan_from_measurement(self, key: str) -> Dict[str, Any]:
         entry = self._cache[key]
         doc = entry["profile"]
+        measured = entry.get("measured_peak_bytes")
+        # Note [The measuring step]: least-memory mode must fit before anything is planned.
+        # A byte budget is checked against it first; a share is a budget only once the
+        # planner has the keep-all peak, so it is checked right after.
+        budget = None if self._budget_text.endswith("%") else int(self._budget_text)
+        if budget is not None and measured is not None and measured > budget:
+            self._fail_least_memory(doc, measured, budget)
         try:
             plan, figures = make_plan(doc, self._budget_text, solver=self.solver)
         except InfeasibleBudget as e:
+            seen = (f"; the measuring step (least memory) peaked at {_gib(measured)}"
+                    if measured is not None else "")
             self._fail(StashError(
                 f"stash.torch.fit: no plan fits the budget of {_gib(e.budget_bytes)} "
                 f"(requested {self._budget_text}): the smallest feasible budget for this model "
                 f"and shape is {_gib(e.min_feasible_bytes)} ({e.min_feasible_bytes} bytes); "
-                f"keep-all would peak at {_gib(e.keep_all_peak_bytes)}. The blocks are "
+                f"keep-all would peak at {_gib(e.keep_all_peak_bytes)}{seen}. The blocks are "
                 "restored; nothing was changed.", e.status))
-        # Note [The measuring step]: least-memory mode must fit before anything is planned.
-        budget = figures["budget_bytes"]
-        measured = entry.get("measured_peak_bytes")
-        if measured is not None and measured > budget:
-            self._fail(StashError(
-                f"stash.torch.fit: the measuring step (least memory: every block recomputed "
-                f"from its input, inputs offloaded) peaked at {_gib(measured)}, over the "
-                f"budget of {_gib(budget)}; the planner's smallest feasible budget for this "
-                f"model and shape is {_gib(_min_feasible(doc))}. The blocks are restored; "
-                "nothing was planned."))
+        if measured is not None and measured > figures["budget_bytes"]:
+            self._fail_least_memory(doc, measured, figures["budget_bytes"])
         plan, figures = self._prefix_closed(doc, plan, figures)
         entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
         self._store(key, self._plan_name(), plan)
         return entry
+
+    def _fail_least_memory(self, doc, measured, budget):
+        self._fail(StashError(
+            f"stash.torch.fit: the measuring step (least memory: every block recomputed from "
+            f"its input, inputs offloaded) peaked at {_gib(measured)} ({measured} bytes), over "
+            f"the budget of {_gib(budget)} ({budget} bytes); the planner's smallest feasible "
+            f"budget for this model and shape is {_gib(_min_feasible(doc))}. The blocks are "
+            "restored; nothing was planned."))
 
     def _prefix_closed(self, doc, plan, figures):
         """Note [Recompute cost as the replay pays it]."""
@@ -914,6 +961,7 @@ class BudgetHandle(OffloadHandle):
                           "predicted_peak_bytes": s.predicted_peak,
                           "step_ms": s.step_ms, "predicted_step_ms": s.predicted_step,
                           "exposed_copy_ms": s.exposed_ms, "micro_batches": s.passes,
+                          "planning_ms": s.planning_ms,
                           "over_budget": (self.budget_bytes is not None
                                           and s.peak_bytes > self.budget_bytes)})
         e = self._entry
