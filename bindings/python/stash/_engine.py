@@ -195,6 +195,7 @@ class Engine:
                  pinned_cap_bytes=0, max_in_flight_bytes=0, max_in_flight_count=0,
                  timing=True, max_micro_batches=8):
         lib = _lib()
+        self._fn = lib
         self._handle = None
         cfg = EngineConfig()
         lib.stash_engine_config_init(ctypes.byref(cfg))
@@ -272,37 +273,47 @@ class Engine:
                     f"stash_engine_action(layer {layer}, index {index})")
         return out.value
 
+    # The per-tensor and per-layer calls run once per saved tensor or block: the message of
+    # a failure is built only when there is one (an f-string per call costs microseconds).
+
     def forward_begin(self, mb, layer):
-        self._check(_lib().stash_engine_forward_begin(self._live(), mb, layer),
-                    f"stash_engine_forward_begin(micro-batch {mb}, layer {layer})")
+        st = self._fn.stash_engine_forward_begin(self._live(), mb, layer)
+        if st or self.callback_errors:
+            self._check(st, f"stash_engine_forward_begin(micro-batch {mb}, layer {layer})")
 
     def forward_end(self, mb, layer):
-        self._check(_lib().stash_engine_forward_end(self._live(), mb, layer),
-                    f"stash_engine_forward_end(micro-batch {mb}, layer {layer})")
+        st = self._fn.stash_engine_forward_end(self._live(), mb, layer)
+        if st or self.callback_errors:
+            self._check(st, f"stash_engine_forward_end(micro-batch {mb}, layer {layer})")
 
     def backward_begin(self, mb, layer):
-        self._check(_lib().stash_engine_backward_begin(self._live(), mb, layer),
-                    f"stash_engine_backward_begin(micro-batch {mb}, layer {layer})")
+        st = self._fn.stash_engine_backward_begin(self._live(), mb, layer)
+        if st or self.callback_errors:
+            self._check(st, f"stash_engine_backward_begin(micro-batch {mb}, layer {layer})")
 
     def backward_end(self, mb, layer):
-        self._check(_lib().stash_engine_backward_end(self._live(), mb, layer),
-                    f"stash_engine_backward_end(micro-batch {mb}, layer {layer})")
+        st = self._fn.stash_engine_backward_end(self._live(), mb, layer)
+        if st or self.callback_errors:
+            self._check(st, f"stash_engine_backward_end(micro-batch {mb}, layer {layer})")
 
     def offload(self, key, ptr, nbytes, producer_stream):
-        self._check(_lib().stash_engine_offload(self._live(), TensorKey(*key), ptr, nbytes,
-                                                producer_stream),
-                    f"stash_engine_offload{tuple(key)}")
+        st = self._fn.stash_engine_offload(self._live(), TensorKey(*key), ptr, nbytes,
+                                           producer_stream)
+        if st or self.callback_errors:
+            self._check(st, f"stash_engine_offload{tuple(key)}")
 
     def acquire(self, key, consumer_stream):
         out = ctypes.c_void_p()
-        self._check(_lib().stash_engine_acquire(self._live(), TensorKey(*key), consumer_stream,
-                                                ctypes.byref(out)),
-                    f"stash_engine_acquire{tuple(key)}")
+        st = self._fn.stash_engine_acquire(self._live(), TensorKey(*key), consumer_stream,
+                                           ctypes.byref(out))
+        if st or self.callback_errors:
+            self._check(st, f"stash_engine_acquire{tuple(key)}")
         return out.value
 
     def release(self, key):
-        self._check(_lib().stash_engine_release(self._live(), TensorKey(*key)),
-                    f"stash_engine_release{tuple(key)}")
+        st = self._fn.stash_engine_release(self._live(), TensorKey(*key))
+        if st or self.callback_errors:
+            self._check(st, f"stash_engine_release{tuple(key)}")
 
     def tensor_state(self, key):
         """(state name, error status) of a tensor."""

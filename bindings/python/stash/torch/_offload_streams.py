@@ -53,12 +53,7 @@ from .._lib import StashError
 
 def _flat_bytes(t):
     """A 1-D uint8 tensor over t's whole storage (it keeps the storage alive)."""
-    if hasattr(t, "untyped_storage"):
-        s = t.untyped_storage()
-    else:
-        s = t.storage()
-        s = s._untyped() if hasattr(s, "_untyped") else s.untyped()
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(s)
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
 class _CudaRt:

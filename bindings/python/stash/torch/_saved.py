@@ -6,12 +6,9 @@ import torch
 
 
 def storage_of(t):
-    """(key, nbytes) of a tensor's storage, on torch 1.13 and 2.x. The key is the storage's
-    data pointer: views of one storage share it."""
-    if hasattr(t, "untyped_storage"):
-        s = t.untyped_storage()
-    else:
-        s = t.storage()
+    """(key, nbytes) of a tensor's storage. The key is the storage's data pointer: views of
+    one storage share it."""
+    s = t.untyped_storage()
     return s.data_ptr(), s.nbytes()
 
 
