@@ -6,6 +6,7 @@ training without it, through the measuring step and the planned steps.
 The double runs with STASHDBL_FOREIGN_IS_DEVICE=1 (torch's CPU tensors are the engine's
 device memory) and stash's libraries load on it through STASH_CUDART."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -399,3 +400,34 @@ def test_link_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert links[0][0] is False and links[1][0] is True
     assert links[0][1] == links[1][1] and links[0][1]["h2d_gbps"] > 0
     assert any(p.name.startswith("link-") for p in (tmp_path / "stash").iterdir())
+
+
+def test_gradient_accumulation_with_micro_batches():
+    # Both forwards first, then both backwards (fit's micro_batch contexts), AdamW once
+    # per step: bitwise equal to the same accumulation without stash.
+    data = batches(6, batch=2, seq=128)
+
+    def run(with_fit):
+        model, blocks = llama(layers=3, hidden=128)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        h = stash.torch.fit(blocks, "85%", optimizer=opt, link=LINK) if with_fit else None
+        losses = []
+        for step in range(3):
+            pair = []
+            for mb, ids in enumerate(data[2 * step:2 * step + 2]):
+                ctx = h.micro_batch(mb) if h else contextlib.nullcontext()
+                with ctx:
+                    pair.append(model(input_ids=ids, labels=ids).loss)
+            pair[1].backward()
+            pair[0].backward()
+            opt.step()
+            opt.zero_grad()
+            losses += [p.detach() for p in pair]
+        return losses, [p.detach().clone() for p in model.parameters()], h
+
+    expected, got = run(False), run(True)
+    assert_bitwise(expected, got)
+    steps = got[2].report()["steps"]
+    assert [s["mode"] for s in steps] == ["measure", "plan", "plan"]
+    assert all(s["micro_batches"] == 2 for s in steps)
+    got[2].close()
