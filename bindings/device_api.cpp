@@ -1,7 +1,10 @@
 // The device pool behind the C API (stash.h).
+#include <type_traits>
+
 #include "api_boundary.h"
 #include "handles.h"
 #include "device_pool.h"
+#include "struct_version.h"
 
 using namespace stash;
 using stash::api::api_call;
@@ -35,35 +38,22 @@ STASH_API stash_status_t stash_device_pool_create(const stash_device_pool_config
   return api_call(fn, [&] {
     if (!out) return fail(status::invalid_argument, "%s: out is NULL", fn);
     *out = nullptr;
-    stash_device_pool_config_t defaults;
-    if (!config) {
-      stash_device_pool_config_init(&defaults);
-      config = &defaults;
-    }
-    if (config->struct_size != sizeof(stash_device_pool_config_t) ||
-        config->version != STASH_DEVICE_POOL_CONFIG_VERSION) {
-      return fail(status::version_mismatch,
-                  "%s: config has struct_size %zu and version %u; this library expects %zu "
-                  "and %d (call stash_device_pool_config_init)",
-                  fn, config->struct_size, config->version, sizeof(stash_device_pool_config_t),
-                  STASH_DEVICE_POOL_CONFIG_VERSION);
-    }
+    stash_device_pool_config_t given;
+    if (const status s = api::read_config(fn, "config", config, &given); s != status::ok)
+      return s;
     device_pool_config c;
-    c.device = config->device;
-    c.budget_bytes = config->budget_bytes;
-    c.slab_bytes = config->slab_bytes;
-    c.alignment = config->alignment;
+    c.device = given.device;
+    c.budget_bytes = given.budget_bytes;
+    c.slab_bytes = given.slab_bytes;
+    c.alignment = given.alignment;
     *out = new stash_device_pool_t(c);
     return status::ok;
   });
 }
 
-STASH_API void stash_device_pool_destroy(stash_device_pool_t* pool) {
-  try {
-    delete pool;
-  } catch (...) {
-  }
-}
+// A destructor cannot throw (the pool's is noexcept), so delete needs no api_call.
+static_assert(std::is_nothrow_destructible_v<stash_device_pool_t>);
+STASH_API void stash_device_pool_destroy(stash_device_pool_t* pool) { delete pool; }
 
 STASH_API stash_status_t stash_device_alloc(stash_device_pool_t* pool, size_t bytes,
                                             stash_stream_t stream, void** out) {

@@ -1,12 +1,14 @@
 // The prefetch engine behind the C API (stash.h, "Prefetch engine").
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "api_boundary.h"
 #include "handles.h"
 #include "device_pool.h"
 #include "engine_status.h"
 #include "prefetch_engine.h"
+#include "struct_version.h"
 
 using namespace stash;
 using stash::api::api_call;
@@ -28,6 +30,9 @@ static_assert(static_cast<int>(eng::Action::recompute) == STASH_ACTION_RECOMPUTE
 static_assert(static_cast<int>(eng::Action::offload) == STASH_ACTION_OFFLOAD);
 static_assert(static_cast<int>(eng::tensor_state::released) == STASH_TENSOR_RELEASED);
 static_assert(static_cast<int>(eng::tensor_state::ready) == STASH_TENSOR_READY);
+static_assert(static_cast<int>(eng::pinned_exhausted::keep_on_device) ==
+              STASH_PINNED_KEEP_ON_DEVICE);
+static_assert(static_cast<int>(eng::pinned_exhausted::wait) == STASH_PINNED_WAIT);
 
 namespace {
 
@@ -36,13 +41,6 @@ status no_engine(const char* fn) { return fail(status::invalid_argument, "%s: en
 eng::tensor_key key_of(stash_tensor_key_t k) { return {k.micro_batch, k.layer, k.index}; }
 
 cudaStream_t stream_of(stash_stream_t s) { return reinterpret_cast<cudaStream_t>(s); }
-
-// Keeps the C callbacks' types apart from the engine's (they differ in the stream type).
-struct callbacks {
-  stash_device_alloc_fn alloc;
-  stash_device_release_fn release;
-  void* user;
-};
 
 template <class F>
 stash_status_t with_engine(const char* fn, stash_engine_t* e, F&& body) noexcept {
@@ -74,48 +72,34 @@ STASH_API stash_status_t stash_engine_create(const stash_engine_config_t* config
   return api_call(fn, [&]() -> status {
     if (!out) return fail(status::invalid_argument, "%s: out is NULL", fn);
     *out = nullptr;
-    stash_engine_config_t defaults;
-    if (!config) {
-      stash_engine_config_init(&defaults);
-      config = &defaults;
-    }
-    if (config->struct_size != sizeof(stash_engine_config_t) ||
-        config->version != STASH_ENGINE_CONFIG_VERSION) {
-      return fail(status::version_mismatch,
-                  "%s: config has struct_size %zu and version %u; this library expects %zu "
-                  "and %d (call stash_engine_config_init)",
-                  fn, config->struct_size, config->version, sizeof(stash_engine_config_t),
-                  STASH_ENGINE_CONFIG_VERSION);
-    }
-    if (config->max_micro_batches == 0)
+    stash_engine_config_t g;  // the caller's config over the defaults
+    if (const status s = api::read_config(fn, "config", config, &g); s != status::ok) return s;
+    if (g.max_micro_batches == 0)
       return fail(status::invalid_argument, "%s: max_micro_batches is 0", fn);
     eng::engine_config c;
-    c.compute = stream_of(config->compute_stream);
-    c.lookahead = config->lookahead;
-    c.max_in_flight_bytes = config->max_in_flight_bytes;
-    c.max_in_flight_count = config->max_in_flight_count;
-    c.pinned.cap_bytes = config->pinned_cap_bytes;
-    c.pinned.reserve_bytes = config->pinned_reserve_bytes;
-    c.pinned.wait_timeout_ms = config->pinned_wait_timeout_ms;
-    c.on_pinned_exhausted = static_cast<eng::pinned_exhausted>(config->on_pinned_exhausted);
-    c.pool = config->device_pool ? &config->device_pool->pool : nullptr;
+    c.compute = stream_of(g.compute_stream);
+    c.lookahead = g.lookahead;
+    c.max_in_flight_bytes = g.max_in_flight_bytes;
+    c.max_in_flight_count = g.max_in_flight_count;
+    c.pinned.cap_bytes = g.pinned_cap_bytes;
+    c.pinned.reserve_bytes = g.pinned_reserve_bytes;
+    c.pinned.wait_timeout_ms = g.pinned_wait_timeout_ms;
+    c.on_pinned_exhausted = static_cast<eng::pinned_exhausted>(g.on_pinned_exhausted);
+    c.pool = g.device_pool ? &g.device_pool->pool : nullptr;
     // stash_stream_t is cudaStream_t's struct pointer, so the function types agree.
-    c.alloc = reinterpret_cast<eng::device_alloc_fn>(config->device_alloc);
-    c.release = reinterpret_cast<eng::device_release_fn>(config->device_release);
-    c.user = config->device_user;
-    c.timing = config->timing != 0;
-    c.max_micro_batches = config->max_micro_batches;
+    c.alloc = reinterpret_cast<eng::device_alloc_fn>(g.device_alloc);
+    c.release = reinterpret_cast<eng::device_release_fn>(g.device_release);
+    c.user = g.device_user;
+    c.timing = g.timing != 0;
+    c.max_micro_batches = g.max_micro_batches;
     *out = new stash_engine_t(c);
     return status::ok;
   });
 }
 
-STASH_API void stash_engine_destroy(stash_engine_t* engine) {
-  try {
-    delete engine;
-  } catch (...) {
-  }
-}
+// A destructor cannot throw (the engine's is noexcept), so delete needs no api_call.
+static_assert(std::is_nothrow_destructible_v<stash_engine_t>);
+STASH_API void stash_engine_destroy(stash_engine_t* engine) { delete engine; }
 
 STASH_API stash_status_t stash_engine_load_plan(stash_engine_t* e, const char* path) {
   static const char* fn = "stash_engine_load_plan";
@@ -218,10 +202,7 @@ STASH_API stash_status_t stash_engine_stats(stash_engine_t* e, stash_engine_stat
   static const char* fn = "stash_engine_stats";
   return with_engine(fn, e, [&](eng::prefetch_engine& x) {
     if (!out) return fail(status::invalid_argument, "%s: stats is NULL", fn);
-    if (out->struct_size < sizeof(size_t) || out->struct_size > sizeof(stash_engine_stats_t))
-      return fail(status::version_mismatch,
-                  "%s: stats->struct_size is %zu; call stash_engine_stats_init first", fn,
-                  out->struct_size);
+    if (const status st = api::check_size(fn, "stats", *out); st != status::ok) return st;
     const eng::engine_stats s = x.stats();
     stash_engine_stats_t full;
     stash_engine_stats_init(&full);

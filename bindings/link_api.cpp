@@ -6,6 +6,7 @@
 #include "api_boundary.h"
 #include "runtime/measure/link_bench.h"
 #include "runtime/measure/measure_prim.h"
+#include "struct_version.h"
 
 using namespace stash;
 using stash::api::api_call;
@@ -23,11 +24,7 @@ STASH_API stash_status_t stash_link_measure(int device, size_t bytes, int sharer
   static const char* fn = "stash_link_measure";
   return api_call(fn, [&]() -> status {
     if (!result) return fail(status::invalid_argument, "%s: result is NULL", fn);
-    if (result->struct_size != sizeof(stash_link_result_t)) {
-      return fail(status::version_mismatch,
-                  "%s: result->struct_size is %zu; call stash_link_result_init first", fn,
-                  result->struct_size);
-    }
+    if (const status s = api::check_size(fn, "result", *result); s != status::ok) return s;
     if (device < 0 || sharers < 0) {
       return fail(status::invalid_argument, "%s: device %d and sharers %d must be >= 0", fn,
                   device, sharers);
@@ -46,13 +43,18 @@ STASH_API stash_status_t stash_link_measure(int device, size_t bytes, int sharer
       return fail(status::invalid_argument, "%s: %s", fn, e.what());
     }
     const planner::LinkProfile l = r.link();
-    result->h2d_gbps = l.h2d_gbps;
-    result->d2h_gbps = l.d2h_gbps;
-    result->bidir_gbps = l.bidir_gbps;
-    result->local_ranks = l.local_ranks;
-    result->sharers = r.sharers;
-    result->buffer_bytes = r.buffer_bytes;
-    std::snprintf(result->device_name, sizeof result->device_name, "%s", r.device_name.c_str());
+    stash_link_result_t full;
+    stash_link_result_init(&full);
+    full.h2d_gbps = l.h2d_gbps;
+    full.d2h_gbps = l.d2h_gbps;
+    full.bidir_gbps = l.bidir_gbps;
+    full.local_ranks = l.local_ranks;
+    full.sharers = r.sharers;
+    full.buffer_bytes = r.buffer_bytes;
+    std::snprintf(full.device_name, sizeof full.device_name, "%s", r.device_name.c_str());
+    // Written as far as the caller's struct goes (Note [Versioned structs]).
+    full.struct_size = result->struct_size;
+    std::memcpy(result, &full, result->struct_size);
     return status::ok;
   });
 }

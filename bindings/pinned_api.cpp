@@ -1,11 +1,17 @@
 // The pinned pool behind the C API (stash.h).
+#include <type_traits>
+
 #include "api_boundary.h"
 #include "handles.h"
 #include "pinned_pool.h"
+#include "struct_version.h"
 
 using namespace stash;
 using stash::api::api_call;
 
+// The C policy crosses as its number (to_config, stash_pinned_pool_config_init).
+static_assert(static_cast<int>(exhaustion_policy::fail) == STASH_EXHAUSTED_FAIL);
+static_assert(static_cast<int>(exhaustion_policy::wait) == STASH_EXHAUSTED_WAIT);
 
 namespace {
 
@@ -58,30 +64,16 @@ STASH_API stash_status_t stash_pinned_pool_create(const stash_pinned_pool_config
   return api_call(fn, [&] {
     if (!out) return fail(status::invalid_argument, "%s: out is NULL", fn);
     *out = nullptr;
-    stash_pinned_pool_config_t defaults;
-    if (!config) {
-      stash_pinned_pool_config_init(&defaults);
-      config = &defaults;
-    }
-    if (config->struct_size != sizeof(stash_pinned_pool_config_t) ||
-        config->version != STASH_PINNED_POOL_CONFIG_VERSION) {
-      return fail(status::version_mismatch,
-                  "%s: config has struct_size %zu and version %u; this library expects %zu "
-                  "and %d (call stash_pinned_pool_config_init)",
-                  fn, config->struct_size, config->version, sizeof(stash_pinned_pool_config_t),
-                  STASH_PINNED_POOL_CONFIG_VERSION);
-    }
-    *out = new stash_pinned_pool_t(to_config(*config));
+    stash_pinned_pool_config_t c;
+    if (const status s = api::read_config(fn, "config", config, &c); s != status::ok) return s;
+    *out = new stash_pinned_pool_t(to_config(c));
     return status::ok;
   });
 }
 
-STASH_API void stash_pinned_pool_destroy(stash_pinned_pool_t* pool) {
-  try {
-    delete pool;
-  } catch (...) {
-  }
-}
+// A destructor cannot throw (the pool's is noexcept), so delete needs no api_call.
+static_assert(std::is_nothrow_destructible_v<stash_pinned_pool_t>);
+STASH_API void stash_pinned_pool_destroy(stash_pinned_pool_t* pool) { delete pool; }
 
 STASH_API stash_status_t stash_pinned_alloc(stash_pinned_pool_t* pool, size_t bytes, void** out) {
   static const char* fn = "stash_pinned_alloc";

@@ -10,6 +10,7 @@
 
 #include "api_boundary.h"
 #include "planner/planner.h"
+#include "struct_version.h"
 
 using namespace stash;
 using stash::api::api_call;
@@ -20,11 +21,12 @@ namespace {
 constexpr status bad_profile = static_cast<status>(STASH_ERROR_BAD_PROFILE);
 constexpr status infeasible = static_cast<status>(STASH_ERROR_INFEASIBLE_BUDGET);
 
-// A caller's struct may be older (smaller) than this library's: read what it has. The
-// smallest size we accept ends after the last field of the struct's first version.
-template <class T>
-bool size_known(std::size_t struct_size, std::size_t first_version_size) {
-  return struct_size >= first_version_size && struct_size <= sizeof(T);
+// The figures, as far as the caller's struct goes (its struct_size stays the caller's).
+void deliver_result(const stash_plan_result_t& r, stash_plan_result_t* result) noexcept {
+  if (!result) return;
+  std::memcpy(reinterpret_cast<char*>(result) + sizeof(std::size_t),
+              reinterpret_cast<const char*>(&r) + sizeof(std::size_t),
+              result->struct_size - sizeof(std::size_t));
 }
 
 }  // namespace
@@ -60,28 +62,11 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
       return fail(status::invalid_argument, "%s: %s is NULL", fn,
                   !profile_json ? "profile_json" : !budget ? "budget" : "plan_json");
     }
-    constexpr std::size_t kOptionsV1 = offsetof(stash_plan_options_t, polish) + sizeof(int);
-    constexpr std::size_t kResultV1 =
-        offsetof(stash_plan_result_t, predicted_step_ms) + sizeof(double);
-    if (result && !size_known<stash_plan_result_t>(result->struct_size, kResultV1)) {
-      return fail(status::version_mismatch,
-                  "%s: result->struct_size is %zu; call stash_plan_result_init first", fn,
-                  result->struct_size);
+    if (result) {
+      if (const status s = api::check_size(fn, "result", *result); s != status::ok) return s;
     }
-    stash_plan_options_t o;
-    stash_plan_options_init(&o);
-    if (options) {
-      if (!size_known<stash_plan_options_t>(options->struct_size, kOptionsV1) ||
-          options->version == 0 || options->version > STASH_PLAN_OPTIONS_VERSION) {
-        return fail(status::version_mismatch,
-                    "%s: options have struct_size %zu and version %u; this library knows "
-                    "struct_size %zu..%zu and versions 1..%d (call stash_plan_options_init)",
-                    fn, options->struct_size, options->version, kOptionsV1,
-                    sizeof(stash_plan_options_t), STASH_PLAN_OPTIONS_VERSION);
-      }
-      std::memcpy(&o, options, options->struct_size);  // newer fields keep their defaults
-      o.struct_size = sizeof o;
-    }
+    stash_plan_options_t o;  // newer fields than the caller's keep their defaults
+    if (const status s = api::read_config(fn, "options", options, &o); s != status::ok) return s;
     pl::PlanOptions opt;
     switch (o.solver) {
       case STASH_SOLVER_GREEDY: opt.solver = pl::solver_kind::greedy; break;
@@ -99,11 +84,7 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
 
     stash_plan_result_t r;
     stash_plan_result_init(&r);
-    auto deliver = [&] {
-      if (result) std::memcpy(reinterpret_cast<char*>(result) + sizeof(std::size_t),
-                              reinterpret_cast<const char*>(&r) + sizeof(std::size_t),
-                              result->struct_size - sizeof(std::size_t));
-    };
+    auto deliver = [&] { deliver_result(r, result); };
     pl::Profile p;
     std::uint64_t bytes = 0;
     try {
@@ -165,12 +146,8 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
       return fail(status::invalid_argument, "%s: %s is NULL", fn,
                   !profile_json ? "profile_json" : "plan_json");
     }
-    constexpr std::size_t kResultV1 =
-        offsetof(stash_plan_result_t, predicted_step_ms) + sizeof(double);
-    if (result && !size_known<stash_plan_result_t>(result->struct_size, kResultV1)) {
-      return fail(status::version_mismatch,
-                  "%s: result->struct_size is %zu; call stash_plan_result_init first", fn,
-                  result->struct_size);
+    if (result) {
+      if (const status s = api::check_size(fn, "result", *result); s != status::ok) return s;
     }
     pl::Profile p;
     pl::Plan plan;
@@ -197,11 +174,7 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
     r.keep_all_peak_bytes = pl::evaluate(p, pl::keep_all(p), UINT64_MAX).peak_bytes;
     r.predicted_peak_bytes = ev.peak_bytes;
     r.predicted_step_ms = ev.step_ms;
-    if (result) {
-      std::memcpy(reinterpret_cast<char*>(result) + sizeof(std::size_t),
-                  reinterpret_cast<const char*>(&r) + sizeof(std::size_t),
-                  result->struct_size - sizeof(std::size_t));
-    }
+    deliver_result(r, result);
     if (!ev.valid) {
       std::string names;
       for (const std::string& v : ev.violations) names += (names.empty() ? "" : ", ") + v;

@@ -5,6 +5,7 @@
 #include "api_boundary.h"
 #include "c_stats.h"
 #include "pool_stats.h"
+#include "struct_version.h"
 
 using namespace stash;
 
@@ -52,11 +53,7 @@ namespace stash::api {
 
 status copy_stats(const pool_stats& in, stash_pool_stats_t* out, const char* function) noexcept {
   if (!out) return fail(status::invalid_argument, "%s: stats is NULL", function);
-  if (out->struct_size < sizeof(size_t) || out->struct_size > sizeof(stash_pool_stats_t)) {
-    return fail(status::version_mismatch,
-                "%s: stats->struct_size is %zu; call stash_pool_stats_init first", function,
-                out->struct_size);
-  }
+  if (const status s = check_size(function, "stats", *out); s != status::ok) return s;
   bindings::fill_c_stats(in, out);  // struct_size checked above
   return status::ok;
 }

@@ -13,6 +13,22 @@
  *  - Handles are opaque. Each stash_*_destroy accepts NULL and does nothing then.
  *  - Sizes are in bytes. Every symbol starts with stash_ / STASH_.
  *  - "Since" gives the version in which a declaration appeared.
+ *  - Every enum has a *_FORCE_INT_ member: not a value, it keeps the type int-sized.
+ *
+ * Versioned structs
+ *  - Every struct passed in or filled in starts with struct_size; configs and options then
+ *    have version. Fill them with their _init function. Fields are only ever added at the
+ *    end, each with its "since"; each struct lists its fields per version.
+ *  - A program may run against a newer libstash.so than its stash.h. So the library
+ *    accepts any struct_size from the struct's first size (the offset just past its last
+ *    field in the version where it appeared, which may be less than that version's sizeof)
+ *    up to the library's own sizeof. Fields past the caller's struct_size take their _init
+ *    defaults (configs, options) or are not written (results, statistics). Statistics
+ *    accept any struct_size that holds struct_size itself.
+ *  - A struct_size below the first size, one above this library's sizeof (a program built
+ *    against a newer stash.h: compare stash_version()), or a version this library does not
+ *    know gives STASH_ERROR_VERSION_MISMATCH; the message names the struct, the size and
+ *    the sizes accepted.
  *
  * Thread safety is stated per handle below. Process-wide functions (version, status
  * strings, last error) are always thread-safe.
@@ -99,6 +115,8 @@ typedef struct CUstream_st* stash_stream_t;
 /* ---------------------------------------------------------------------------------------
  * Statistics (since 0.1.0), shared by both pools. All figures are exact. "Bytes" of a block
  * are its size as carved: the request rounded up to the pool's alignment (nothing else).
+ * Fields: 0.1.0 all. stash_engine_stats_t holds one by value, so this layout cannot grow
+ * (the engine's later fields sit right after it): new pool figures need a new struct.
  * ------------------------------------------------------------------------------------- */
 typedef struct stash_pool_stats_t {
   size_t struct_size;            /* in: sizeof(stash_pool_stats_t), set by _init */
@@ -137,6 +155,12 @@ STASH_API void stash_pool_stats_init(stash_pool_stats_t* stats);
  * ------------------------------------------------------------------------------------- */
 typedef struct stash_pinned_pool_t stash_pinned_pool_t;
 
+/* What an allocation does when the cap is reached and no free block fits. The engine has
+ * its own policy for its pinned pool, stash_pinned_exhausted_t, with the same numbers and
+ * the same wait; both exist because what the caller gets differs. A pool has nowhere else
+ * for the bytes, so not waiting fails the allocation; the engine still holds the tensor's
+ * device block, so not waiting keeps the tensor there and succeeds. One name could not
+ * describe both (STASH_EXHAUSTED_FAIL on an engine would return STASH_OK). */
 typedef enum stash_exhaustion_t {
   STASH_EXHAUSTED_FAIL = 0, /* return STASH_ERROR_OUT_OF_MEMORY with the pool's statistics */
   STASH_EXHAUSTED_WAIT = 1, /* wait up to wait_timeout_ms for pending blocks; then TIMEOUT */
@@ -145,6 +169,7 @@ typedef enum stash_exhaustion_t {
 
 #define STASH_PINNED_POOL_CONFIG_VERSION 1
 
+/* Fields: 0.1.0 all, through wait_timeout_ms (the first size). */
 typedef struct stash_pinned_pool_config_t {
   size_t struct_size;   /* sizeof(stash_pinned_pool_config_t), set by _init */
   unsigned version;     /* STASH_PINNED_POOL_CONFIG_VERSION, set by _init */
@@ -168,10 +193,10 @@ typedef struct stash_pinned_pool_config_t {
 STASH_API void stash_pinned_pool_config_init(stash_pinned_pool_config_t* config);
 
 /* Creates a pool. config NULL: the defaults. A config not filled by
- * stash_pinned_pool_config_init (wrong struct_size or version) gives
- * STASH_ERROR_VERSION_MISMATCH. out NULL: STASH_ERROR_INVALID_ARGUMENT. On failure *out is
- * NULL and nothing stays pinned. With a synchronous reservation this call pins
- * reserve_bytes first (slow: ~ms per GiB). */
+ * stash_pinned_pool_config_init (a struct_size or version this library does not know, see
+ * "Versioned structs") gives STASH_ERROR_VERSION_MISMATCH. out NULL:
+ * STASH_ERROR_INVALID_ARGUMENT. On failure *out is NULL and nothing stays pinned. With a
+ * synchronous reservation this call pins reserve_bytes first (slow: ~ms per GiB). */
 STASH_API stash_status_t stash_pinned_pool_create(const stash_pinned_pool_config_t* config,
                                                   stash_pinned_pool_t** out);
 
@@ -226,6 +251,7 @@ typedef struct stash_device_pool_t stash_device_pool_t;
 
 #define STASH_DEVICE_POOL_CONFIG_VERSION 1
 
+/* Fields: 0.1.0 all, through alignment (the first size). */
 typedef struct stash_device_pool_config_t {
   size_t struct_size;  /* sizeof(stash_device_pool_config_t), set by _init */
   unsigned version;    /* STASH_DEVICE_POOL_CONFIG_VERSION, set by _init */
@@ -279,9 +305,10 @@ typedef enum stash_solver_t {
   STASH_SOLVER_GREEDY = 0, /* per distinct layer: cheapest recompute cost per byte first */
   STASH_SOLVER_ILP = 1,    /* per distinct layer: a GLPK MIP (time limit, gap) */
   STASH_SOLVER_EXACT = 2,  /* one MIP over the whole model: the reference, small models */
-  STASH_SOLVER_FORCE_INT_ = 0x7fffffff
+  STASH_SOLVER_FORCE_INT_ = 0x7fffffff /* not a solver; keeps the type int-sized */
 } stash_solver_t;
 
+/* Fields: 0.3.0 all, through polish (the first size). */
 #define STASH_PLAN_OPTIONS_VERSION 1
 typedef struct stash_plan_options_t {
   size_t struct_size;     /* sizeof(stash_plan_options_t), set by _init */
@@ -292,7 +319,8 @@ typedef struct stash_plan_options_t {
   int polish;             /* nonzero: local improvement after rounding (default 1) */
 } stash_plan_options_t;
 
-/* The figures of one planning call, also when it fails for the budget. */
+/* The figures of one planning call, also when it fails for the budget. Fields: 0.3.0 all,
+ * through predicted_step_ms (the first size). */
 typedef struct stash_plan_result_t {
   size_t struct_size;              /* in: sizeof(stash_plan_result_t), set by _init */
   uint64_t budget_bytes;           /* the budget as parsed ("70%" resolved) */
@@ -321,11 +349,9 @@ STASH_API void stash_plan_result_init(stash_plan_result_t* result);
  *    says it in bytes and GiB;
  *  - STASH_ERROR_INVALID_ARGUMENT: NULL profile_json, budget or plan_json, or bad
  *    options (unknown solver, non-positive time limit, negative gap);
- *  - STASH_ERROR_VERSION_MISMATCH: options or result with a struct_size this library
- *    does not know.
- * result may be NULL. A struct_size smaller than this header's (a caller built against
- * an older stash.h) is accepted: the fields it lacks take their defaults or are not
- * written. */
+ *  - STASH_ERROR_VERSION_MISMATCH: options or result with a struct_size (or options with a
+ *    version) this library does not know ("Versioned structs").
+ * result may be NULL. */
 STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* budget,
                                          const stash_plan_options_t* options,
                                          char** plan_json, stash_plan_result_t* result);
@@ -353,6 +379,7 @@ STASH_API void stash_free(void* ptr);
  * link to itself.
  * ------------------------------------------------------------------------------------- */
 
+/* Fields: 0.3.0 all, through device_name (the first size). */
 typedef struct stash_link_result_t {
   size_t struct_size;     /* in: sizeof(stash_link_result_t), set by _init */
   double h2d_gbps;        /* per rank, 1e9 B/s */
@@ -395,7 +422,8 @@ STASH_API stash_status_t stash_link_measure(int device, size_t bytes, int sharer
 typedef enum stash_scope_kind_t {
   STASH_SCOPE_FORWARD = 0,  /* "stash:layer:<layer>:fwd"; name unused (may be NULL) */
   STASH_SCOPE_BACKWARD = 1, /* "stash:layer:<layer>:bwd"; name unused (may be NULL) */
-  STASH_SCOPE_TENSOR = 2    /* "stash:tensor:<name>"; layer unused */
+  STASH_SCOPE_TENSOR = 2,   /* "stash:tensor:<name>"; layer unused */
+  STASH_SCOPE_FORCE_INT_ = 0x7fffffff /* not a kind; keeps the type int-sized */
 } stash_scope_kind_t;
 
 /* Opens a scope on the calling thread. layer < 0 for a layer scope, NULL or "" name for a
@@ -473,7 +501,8 @@ typedef struct stash_engine_t stash_engine_t;
 typedef enum stash_action_t {
   STASH_ACTION_KEEP = 0,
   STASH_ACTION_RECOMPUTE = 1,
-  STASH_ACTION_OFFLOAD = 2
+  STASH_ACTION_OFFLOAD = 2,
+  STASH_ACTION_FORCE_INT_ = 0x7fffffff /* not an action; keeps the type int-sized */
 } stash_action_t;
 
 typedef enum stash_tensor_state_t {
@@ -483,7 +512,8 @@ typedef enum stash_tensor_state_t {
   STASH_TENSOR_ON_HOST = 2,
   STASH_TENSOR_PREFETCHING = 3,
   STASH_TENSOR_READY = 4,        /* acquired */
-  STASH_TENSOR_RELEASED = 5
+  STASH_TENSOR_RELEASED = 5,
+  STASH_TENSOR_FORCE_INT_ = 0x7fffffff /* not a state; keeps the type int-sized */
 } stash_tensor_state_t;
 
 typedef struct stash_tensor_key_t {
@@ -494,12 +524,15 @@ typedef struct stash_tensor_key_t {
 
 /* What the engine does when its pinned pool cannot hold another tensor. Data is never
  * dropped: the tensor stays on the device (the engine frees it at release) and is counted
- * in stash_engine_stats_t.kept_on_device_count. */
+ * in stash_engine_stats_t.kept_on_device_count. The engine's pinned pool runs with
+ * STASH_EXHAUSTED_WAIT under STASH_PINNED_WAIT and STASH_EXHAUSTED_FAIL otherwise; see
+ * stash_exhaustion_t for why the two enums are not one. */
 typedef enum stash_pinned_exhausted_t {
   STASH_PINNED_KEEP_ON_DEVICE = 0, /* keep it and return STASH_OK */
-  STASH_PINNED_WAIT = 1 /* wait up to pinned_wait_timeout_ms for pinned blocks still held by
-                           in-flight copies; if none frees up, keep it and return
-                           STASH_ERROR_OUT_OF_MEMORY or STASH_ERROR_TIMEOUT */
+  STASH_PINNED_WAIT = 1, /* wait up to pinned_wait_timeout_ms for pinned blocks still held by
+                            in-flight copies; if none frees up, keep it and return
+                            STASH_ERROR_OUT_OF_MEMORY or STASH_ERROR_TIMEOUT */
+  STASH_PINNED_FORCE_INT_ = 0x7fffffff /* not a policy; keeps the type int-sized */
 } stash_pinned_exhausted_t;
 
 /* The caller's allocator (used instead of a stash device pool). alloc: *out = a block of
@@ -512,6 +545,7 @@ typedef void (*stash_device_release_fn)(void* ptr, size_t bytes, stash_stream_t 
 
 #define STASH_ENGINE_CONFIG_VERSION 1
 
+/* Fields: 0.1.0 all, through max_micro_batches (the first size). */
 typedef struct stash_engine_config_t {
   size_t struct_size;            /* sizeof(stash_engine_config_t), set by _init */
   unsigned version;              /* STASH_ENGINE_CONFIG_VERSION, set by _init */
@@ -540,7 +574,8 @@ STASH_API void stash_engine_config_init(stash_engine_config_t* config);
 
 /* Creates an engine with its two streams and its pinned pool. Neither or both of
  * device_pool and the callbacks, lookahead < 1: STASH_ERROR_INVALID_ARGUMENT. A config not
- * from stash_engine_config_init: STASH_ERROR_VERSION_MISMATCH. On failure *out is NULL.
+ * from stash_engine_config_init (a struct_size or version this library does not know):
+ * STASH_ERROR_VERSION_MISMATCH. On failure *out is NULL.
  * The device pool, if any, must outlive the engine. */
 STASH_API stash_status_t stash_engine_create(const stash_engine_config_t* config,
                                              stash_engine_t** out);
@@ -611,6 +646,8 @@ STASH_API stash_status_t stash_engine_tensor_state(stash_engine_t* engine,
 /* Blocks until the engine's copies are done and runs pending release callbacks. */
 STASH_API stash_status_t stash_engine_synchronize(stash_engine_t* engine);
 
+/* Fields: 0.1.0 through pinned; 0.2.0 ordered_handback_count and ordered_handback_bytes.
+ * Filled as far as struct_size goes (any size that holds struct_size). */
 typedef struct stash_engine_stats_t {
   size_t struct_size;              /* in: sizeof(stash_engine_stats_t), set by _init */
   uint64_t offloaded_count, offloaded_bytes;   /* device-to-host copies enqueued */
@@ -629,7 +666,10 @@ typedef struct stash_engine_stats_t {
   uint64_t ordered_handback_count, ordered_handback_bytes;
 } stash_engine_stats_t;
 
-/* Sets struct_size (and pinned.struct_size); the other fields to 0. NULL: no-op. */
+/* Sets struct_size (and pinned.struct_size); the other fields to 0. NULL: no-op. It
+ * writes the struct as this library has it, since it cannot know the caller's: a program
+ * built against 0.1.0 (16 bytes smaller) must set struct_size itself instead when it may
+ * run against 0.2.0 or later. */
 STASH_API void stash_engine_stats_init(stash_engine_stats_t* stats);
 STASH_API stash_status_t stash_engine_stats(stash_engine_t* engine, stash_engine_stats_t* stats);
 

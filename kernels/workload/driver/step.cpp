@@ -85,6 +85,8 @@ void model::hand_over(std::uint32_t mb, std::uint32_t layer, int index, void* p)
       break;  // rebuilt in backward
     case STASH_ACTION_OFFLOAD:
       break;  // the engine's block from now on
+    case STASH_ACTION_FORCE_INT_:
+      break;  // not an action: the plan never holds it
   }
 }
 
