@@ -29,6 +29,21 @@
 # matches; otherwise it builds afresh. The GPU Python test's interpreter is
 # /tmp/stash-gpu-python, which gpu-check.sh writes there as a wrapper around the machine's
 # python3 (the one with a CUDA torch).
+#
+# Note [Why the carry is a build tree, not an install]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `cmake --install` makes a relocatable prefix (cmake/StashInstall.cmake: $ORIGIN RUNPATHs,
+# no path of the build or the source tree), which would need neither the fixed link nor the
+# copy back to build-gpu/. But the check's first step is `ctest -L gpu`, and what ctest runs
+# cannot be installed that way: CTestTestfile.cmake names every program, argument and
+# environment by absolute path; the test programs read data from the source tree
+# (STASH_SOURCE_DIR compiled in); the GPU Python tests are registered with the source tree's
+# paths and STASH_GPU_PYTHON. An installed `tests` component would need a test registry of
+# its own, relative paths in all of those, and still the sources beside it: more than the
+# one link it would replace. The other steps (bench, demo, fit) run the CLI and the
+# libraries of that same tree, so a prefix beside it would be a second copy to carry and
+# to check against the sources. The carry stays the staged tree; the fixed path is what
+# makes it valid on the GPU machine, and SOURCES what tells it the sources changed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=0
@@ -74,8 +89,11 @@ echo "stash gpu-carry: building for $arch in $bdir (Release; this takes a while 
 stage="$root/.carry/build-gpu"
 rm -rf "$stage"
 mkdir -p "$stage"
+# tests/install/{prefix,consumer}: what the install test (label cpu) leaves in a build tree
+# that ran it; ctest -L gpu does not use them.
 tar -C "$bdir" --exclude='*.o' --exclude='*.a' --exclude='CMakeFiles' --exclude='.ninja_*' \
-    --exclude='Testing' -cf - . | tar -C "$stage" -xf -
+    --exclude='Testing' --exclude='./tests/install/prefix' --exclude='./tests/install/consumer' \
+    -cf - . | tar -C "$stage" -xf -
 printf 'commit %s\narch %s\nbuilt %s\n' "$commit" "$arch" "$(date -u '+%Y-%m-%d %H:%M UTC')" \
   >"$stage/STAMP"
 # The sources it was built from, by content: gpu-check.sh checks them without git. Markdown

@@ -11,7 +11,9 @@
 # uses whatever the machine has installed.
 # A build made beforehand by `tools/gpu-carry.sh --build` (.carry/build-gpu) is used when it
 # is of this commit and this GPU's architecture (Note [A build made here] in gpu-carry.sh);
-# otherwise the script builds here.
+# otherwise the script builds here. It is a build tree rather than an installed prefix
+# because ctest -L gpu runs from one (Note [Why the carry is a build tree, not an install]
+# there).
 # Environment: STASH_GPU_ARCH (default: the first GPU's compute capability, e.g. 90-real),
 # STASH_GPU_CHECK_STEPS (default: all of "build tests bench demo fit"), STASH_GPU_BUILD_DIR
 # (default build-gpu/; a carried build always lands at /tmp/stash-gpu-root/build-gpu),

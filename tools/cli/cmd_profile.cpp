@@ -10,7 +10,9 @@
 // CUDA_INJECTION64_PATH needs an absolute path to libstash_inject.so. In order:
 //   1. $STASH_INJECT_LIBRARY, when set (a relocated install);
 //   2. next to the stash executable (/proc/self/exe): the build tree puts it there;
-//   3. <exe dir>/../lib/libstash_inject.so: an installed prefix (bin/ and lib/).
+//   3. <exe dir>/STASH_BIN_TO_LIB/libstash_inject.so: an installed prefix (bin/ and lib/;
+//      cmake/StashInstall.cmake defines the relative path, ../lib unless GNUInstallDirs
+//      names another lib folder).
 // NVTX_INJECTION64_PATH gets the libcupti that stash itself loads (measure_prim.h), so
 // NVTX hands every range to the same CUPTI the injection library subscribes to.
 #include <dirent.h>
@@ -52,6 +54,10 @@ bool is_file(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+#ifndef STASH_BIN_TO_LIB
+#define STASH_BIN_TO_LIB "../lib"
+#endif
+
 std::string find_inject_library() {
   if (const char* env = std::getenv("STASH_INJECT_LIBRARY"); env && *env) {
     return is_file(env) ? env : "";
@@ -62,7 +68,8 @@ std::string find_inject_library() {
   exe[n] = '\0';
   std::string dir(exe);
   dir.erase(dir.find_last_of('/'));
-  for (const std::string& c : {dir + "/libstash_inject.so", dir + "/../lib/libstash_inject.so"}) {
+  for (const std::string& c :
+       {dir + "/libstash_inject.so", dir + "/" STASH_BIN_TO_LIB "/libstash_inject.so"}) {
     if (is_file(c)) return c;
   }
   return "";
