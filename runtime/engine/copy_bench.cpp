@@ -44,17 +44,6 @@ void check(status s) {
 
 double gbps(std::size_t bytes, float ms) { return ms > 0 ? bytes / (ms * 1e6) : 0.0; }
 
-copy_rate summarize(std::vector<double> v) {
-  copy_rate r;
-  if (v.empty()) return r;
-  std::sort(v.begin(), v.end());
-  r.min_gbps = v.front();
-  r.max_gbps = v.back();
-  const std::size_t n = v.size();
-  r.median_gbps = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  return r;
-}
-
 struct round_rates {
   double d2h = 0, h2d = 0;
 };
@@ -178,10 +167,10 @@ copy_bench_result run_copy_bench(const copy_bench_options& options) {
     ed.push_back(e.d2h);
     eh.push_back(e.h2d);
   }
-  r.plain_d2h = summarize(pd);
-  r.plain_h2d = summarize(ph);
-  r.engine_d2h = summarize(ed);
-  r.engine_h2d = summarize(eh);
+  r.plain_d2h = planner::summarize_rates(pd);
+  r.plain_h2d = planner::summarize_rates(ph);
+  r.engine_d2h = planner::summarize_rates(ed);
+  r.engine_h2d = planner::summarize_rates(eh);
   r.ratio_d2h = r.plain_d2h.median_gbps > 0 ? r.engine_d2h.median_gbps / r.plain_d2h.median_gbps : 0;
   r.ratio_h2d = r.plain_h2d.median_gbps > 0 ? r.engine_h2d.median_gbps / r.plain_h2d.median_gbps : 0;
   return r;
@@ -196,7 +185,8 @@ std::string format_copy_table(const copy_bench_result& r) {
                 r.tensors, r.bytes / double(kMiB), r.samples, r.warmups);
   out += line;
   out += "  direction  plain cudaMemcpyAsync GB/s   engine GB/s   engine/plain\n";
-  auto row = [&](const char* dir, const copy_rate& p, const copy_rate& e, double ratio) {
+  auto row = [&](const char* dir, const planner::rate_summary& p, const planner::rate_summary& e,
+                 double ratio) {
     std::snprintf(line, sizeof line, "  %-9s  %8.2f [%.2f..%.2f]   %8.2f [%.2f..%.2f]   %.4f\n",
                   dir, p.median_gbps, p.min_gbps, p.max_gbps, e.median_gbps, e.min_gbps,
                   e.max_gbps, ratio);
@@ -214,7 +204,7 @@ std::string format_copy_table(const copy_bench_result& r) {
 }
 
 nlohmann::json copy_bench_to_json(const copy_bench_result& r) {
-  auto rate = [](const copy_rate& x) {
+  auto rate = [](const planner::rate_summary& x) {
     return nlohmann::json{{"median_gbps", x.median_gbps}, {"min_gbps", x.min_gbps},
                           {"max_gbps", x.max_gbps}};
   };

@@ -30,6 +30,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "planner/stats.h"
+
 namespace stash::engine {
 
 struct copy_bench_options {
@@ -42,14 +44,10 @@ struct copy_bench_options {
 // sizes in the shipped profiles.
 std::vector<std::size_t> default_copy_mix();
 
-struct copy_rate {
-  double median_gbps = 0, min_gbps = 0, max_gbps = 0;
-};
-
 struct copy_bench_result {
   std::size_t tensors = 0, bytes = 0;  // one direction
   int samples = 0, warmups = 0;
-  copy_rate plain_d2h, plain_h2d, engine_d2h, engine_h2d;
+  planner::rate_summary plain_d2h, plain_h2d, engine_d2h, engine_h2d;
   double ratio_d2h = 0, ratio_h2d = 0;  // engine / plain, medians
 };
 

@@ -101,23 +101,12 @@ class copy_timer {
 
 double gbps(size_t bytes, double ms) { return ms > 0 ? static_cast<double>(bytes) / (ms * 1e6) : 0; }
 
-rate summarize(std::vector<double> v) {
-  rate r;
-  if (v.empty()) return r;
-  std::sort(v.begin(), v.end());
-  r.min_gbps = v.front();
-  r.max_gbps = v.back();
-  const size_t mid = v.size() / 2;
-  r.median_gbps = v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
-  return r;
-}
-
 // Runs `lanes` warm-up + sample times. per_group[g] collects, per sample, the GB/s of the
 // lanes whose group is g (bytes of the group over the slowest lane of the group); the
 // aggregate is all bytes over the slowest lane.
 struct measured {
-  std::vector<rate> groups;
-  rate aggregate;
+  std::vector<planner::rate_summary> groups;
+  planner::rate_summary aggregate;
 };
 measured measure(copy_timer& timer, const std::vector<lane>& lanes, const std::vector<int>& group,
                  int n_groups, const link_bench_options& o) {
@@ -140,8 +129,8 @@ measured measure(copy_timer& timer, const std::vector<lane>& lanes, const std::v
     aggregate.push_back(gbps(total, slowest));
   }
   measured m;
-  for (auto& v : per_group) m.groups.push_back(summarize(v));
-  m.aggregate = summarize(aggregate);
+  for (auto& v : per_group) m.groups.push_back(planner::summarize_rates(v));
+  m.aggregate = planner::summarize_rates(aggregate);
   return m;
 }
 
@@ -251,7 +240,7 @@ link_bench_result run_link_bench(const link_bench_options& o) {
 }
 
 namespace {
-std::string row(const char* name, const rate& x) {
+std::string row(const char* name, const planner::rate_summary& x) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "  %-30s %9.2f %9.2f %9.2f\n", name, x.median_gbps, x.min_gbps,
                 x.max_gbps);
@@ -259,7 +248,7 @@ std::string row(const char* name, const rate& x) {
 }
 // Event timers resolve ~0.5 us; digits past 1e-4 GB/s are float noise in the file.
 double tidy(double gbps) { return std::round(gbps * 1e4) / 1e4; }
-nlohmann::json rate_json(const rate& x) {
+nlohmann::json rate_json(const planner::rate_summary& x) {
   return {{"median_gbps", tidy(x.median_gbps)}, {"min_gbps", tidy(x.min_gbps)},
           {"max_gbps", tidy(x.max_gbps)}};
 }

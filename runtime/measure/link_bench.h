@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/profile.h"
+#include "planner/stats.h"
 
 namespace stash::measure {
 
@@ -53,23 +54,20 @@ struct link_bench_options {
 // Note [Link buffer size]. 0 when the result would be below kMinLinkBytes.
 size_t link_buffer_bytes(size_t requested, size_t free_bytes);
 
-struct rate {
-  double median_gbps = 0, min_gbps = 0, max_gbps = 0;
-};
-
 struct link_bench_result {
   std::string device_name;
   int device = 0;
   int numa_node = -1;
   size_t requested_bytes = 0, buffer_bytes = 0, free_bytes = 0;
   int samples = 0, warmups = 0;
-  rate h2d, d2h;                      // pinned, one copy at a time
-  rate both_h2d, both_d2h, both_sum;  // pinned, one copy per direction at once
+  planner::rate_summary h2d, d2h;                      // pinned, one copy at a time
+  planner::rate_summary both_h2d, both_d2h, both_sum;  // pinned, one copy per direction at once
   bool pageable = false;
-  rate pageable_h2d, pageable_d2h;
-  int sharers = 1;                    // Note [Per-rank link share]
-  rate shared_h2d, shared_d2h, shared_both;  // aggregates with `sharers` copies in flight
-  int local_ranks = 1;                // LOCAL_WORLD_SIZE
+  planner::rate_summary pageable_h2d, pageable_d2h;
+  int sharers = 1;                                     // Note [Per-rank link share]
+  // The aggregates with `sharers` copies in flight.
+  planner::rate_summary shared_h2d, shared_d2h, shared_both;
+  int local_ranks = 1;                                 // LOCAL_WORLD_SIZE
 
   // The profile's link section (per rank).
   planner::LinkProfile link() const;

@@ -1,7 +1,5 @@
 #include "runtime/measure/measurement.h"
 
-#include <algorithm>
-
 #include <nlohmann/json.hpp>
 
 #include "planner/profile.h"
@@ -39,16 +37,6 @@ void measurement::merge(const measurement& o) {
   dropped_records += o.dropped_records;
   processes += o.processes;
   warnings.insert(warnings.end(), o.warnings.begin(), o.warnings.end());
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + mid, v.end());
-  if (v.size() % 2 == 1) return v[mid];
-  const double hi = v[mid];
-  const double lo = *std::max_element(v.begin(), v.begin() + mid);
-  return (lo + hi) / 2;
 }
 
 json measurement_to_json(const measurement& m) {

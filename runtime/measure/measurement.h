@@ -14,6 +14,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "planner/stats.h"
+
 namespace stash::measure {
 
 inline constexpr const char* kMeasurementSchema = "stash.measurement/1";
@@ -52,11 +54,12 @@ struct measurement {
   void merge(const measurement& other);
 };
 
-// The median of the samples (the mean of the middle two for an even count); 0 when empty.
+// The median of the samples (the mean of the middle two for an even count); 0 when empty:
+// planner/stats.h's, under the name the profiler's code and tests call it by.
 // Note [Steps and the median]: a profiled program usually runs several steps, the first
 // slower (cuBLAS handles, autotuning, allocator growth); the median of the per-step
 // samples ignores such outliers without a "skip the first N" knob.
-double median(std::vector<double> samples);
+using planner::median;
 
 nlohmann::json measurement_to_json(const measurement& m);
 // Throws planner::input_error naming the field for malformed input.

@@ -187,7 +187,7 @@ TEST_F(LinkBench, RealLinkFiguresArePlausible) {
   link_bench_options o = small();
   o.bytes = 256 * kMiB;
   const link_bench_result r = run_link_bench(o);
-  for (const rate* x : {&r.h2d, &r.d2h, &r.both_sum}) {
+  for (const planner::rate_summary* x : {&r.h2d, &r.d2h, &r.both_sum}) {
     EXPECT_GT(x->median_gbps, 1.0);
     EXPECT_LT(x->median_gbps, 2000.0);
     EXPECT_LE(x->min_gbps, x->median_gbps);

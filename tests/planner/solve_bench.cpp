@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "planner/planner.h"
+#include "planner/stats.h"
 #include "plan_fixtures.h"
 
 using namespace stash::planner;
@@ -24,12 +25,6 @@ using stash::planner::testing::llama_like;
 using stash::planner::testing::random_profile;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2]
-                                      : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
 
 // Thread CPU time: the machine running the table may be shared, and wall time then
 // measures the neighbours. Both are printed.

@@ -23,6 +23,7 @@
 #include "planner/json_file.h"
 #include "planner/memory_svg.h"
 #include "planner/planner.h"
+#include "planner/stats.h"
 #include "runtime/measure/link_bench.h"
 #include "runtime/measure/profile_fill.h"
 
@@ -102,8 +103,8 @@ run_outcome run_plan(const workload::model_config& c, workload::backend_kind kin
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  o.step_ms = times[times.size() / 2];
+  // The upper middle of an even count, as the profile's scope times (scope_timer.h).
+  o.step_ms = planner::median(std::move(times), planner::even_median::upper_middle);
   o.peak = m.peaks().held_bytes;
   o.in_use_peak = m.peaks().in_use_bytes;
   o.grads = m.read_gradients();

@@ -57,11 +57,13 @@ class scope_timer {
   void end_step(std::size_t handle, int passes) noexcept;
   // Reads every completed pair into the samples (call after synchronizing the stream).
   void harvest();
-  // Median of the samples of a scope in ms; -1 when none.
+  // Median of the samples of a scope in ms; -1 when none. An even count takes the upper
+  // middle sample (planner::even_median::upper_middle), a time one instance really took.
   double median_ms(stash_scope_kind_t kind, int layer, int tensor) const;
   std::size_t sample_count(stash_scope_kind_t kind, int layer, int tensor) const;
   // Note [Event timing of the step overhead]: the median per-pass time outside the layer
-  // scopes, over the harvested steps, in ms (never negative); -1 when no step was timed.
+  // scopes, over the harvested steps, in ms (never negative; the upper middle of an even
+  // count, as median_ms); -1 when no step was timed.
   double step_overhead_median_ms() const;
   std::size_t step_count() const { return step_overhead_.size(); }
 

@@ -3,12 +3,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <stdexcept>
 #include <string>
+
+#include "allocator/host_memory.h"
 
 namespace stash::workload {
 
@@ -35,24 +33,6 @@ void device_facts(std::string* name, std::uint64_t* memory_bytes) {
   *memory_bytes = prop.totalGlobalMem;
 }
 
-std::uint64_t host_pinnable_bytes() {
-  std::uint64_t avail_kib = 0;
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  std::uint64_t value = 0;
-  std::string unit;
-  while (in >> key >> value >> unit) {
-    if (key == "MemAvailable:") {
-      avail_kib = value;
-      break;
-    }
-  }
-  int ranks = 1;
-  if (const char* env = std::getenv("LOCAL_WORLD_SIZE"); env && std::atoi(env) > 0)
-    ranks = std::atoi(env);
-  return static_cast<std::uint64_t>(0.8 * static_cast<double>(avail_kib) * 1024.0) / ranks;
-}
-
 planner::Profile make_skeleton(const model_config& c, backend_kind kind, const skeleton_options& o,
                                std::size_t pool_alignment) {
   if (const std::string p = c.problem(); !p.empty())
@@ -63,7 +43,8 @@ planner::Profile make_skeleton(const model_config& c, backend_kind kind, const s
   p.device_name = o.device_name;
   p.device_memory_bytes = o.device_memory_bytes;
   p.link = o.link ? *o.link : assumed_link();
-  p.pinnable_bytes = o.pinnable_bytes ? o.pinnable_bytes : host_pinnable_bytes();
+  // skeleton_options::pinnable_bytes: the pinned pool's own default cap.
+  p.pinnable_bytes = o.pinnable_bytes ? o.pinnable_bytes : probe_host_memory().default_cap;
   p.fixed_bytes = m.fixed_bytes();
   const std::string signature = "mlp_block:" + std::to_string(c.hidden) + ":" +
                                 std::to_string(c.ffn()) + ":" + std::to_string(c.tokens());

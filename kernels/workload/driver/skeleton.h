@@ -33,7 +33,10 @@ struct skeleton_options {
   // The link section: a measurement (stash bench link, measure::run_link_bench) when one
   // was made; otherwise a stated assumption (kAssumedLink) that the output names.
   std::optional<planner::LinkProfile> link;
-  std::uint64_t pinnable_bytes = 0;  // 0: host_pinnable_bytes()
+  // 0: the pinned pool's default cap, 0.8 x min(MemAvailable, cgroup headroom) /
+  // LOCAL_WORLD_SIZE (allocator/host_memory.h), so the planner never counts on more pinned
+  // memory than the engine's pool gives.
+  std::uint64_t pinnable_bytes = 0;
 };
 
 // PCIe Gen5 x16 as measured by nvbandwidth on H100/H200 (planner/analytic.h uses the same):
@@ -43,10 +46,6 @@ planner::LinkProfile assumed_link();
 // The device's name and memory from the CUDA runtime (device 0 or the current one);
 // std::runtime_error naming the CUDA error when there is none.
 void device_facts(std::string* name, std::uint64_t* memory_bytes);
-
-// 0.8 x MemAvailable (/proc/meminfo) divided by LOCAL_WORLD_SIZE: the engine's pinned pool
-// default cap (stash.h), so the planner never counts on more pinned memory than it gets.
-std::uint64_t host_pinnable_bytes();
 
 // The skeleton as a validated profile (source "measured": its times are to be measured).
 planner::Profile make_skeleton(const model_config& c, backend_kind kind, const skeleton_options& o,
