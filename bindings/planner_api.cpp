@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,11 @@ namespace {
 
 constexpr status bad_profile = static_cast<status>(STASH_ERROR_BAD_PROFILE);
 constexpr status infeasible = static_cast<status>(STASH_ERROR_INFEASIBLE_BUDGET);
+constexpr status bad_plan = static_cast<status>(STASH_ERROR_BAD_PLAN);
+
+static_assert(static_cast<int>(pl::Action::keep) == STASH_ACTION_KEEP);
+static_assert(static_cast<int>(pl::Action::recompute) == STASH_ACTION_RECOMPUTE);
+static_assert(static_cast<int>(pl::Action::offload) == STASH_ACTION_OFFLOAD);
 
 // The figures, as far as the caller's struct goes (its struct_size stays the caller's).
 void deliver_result(const stash_plan_result_t& r, stash_plan_result_t* result) noexcept {
@@ -161,10 +167,9 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
     try {
       plan = pl::plan_from_json(nlohmann::json::parse(plan_json), p);
     } catch (const nlohmann::json::parse_error& e) {
-      return fail(static_cast<status>(STASH_ERROR_BAD_PLAN), "%s: the plan is not JSON: %s", fn,
-                  e.what());
+      return fail(bad_plan, "%s: the plan is not JSON: %s", fn, e.what());
     } catch (const pl::input_error& e) {
-      return fail(static_cast<status>(STASH_ERROR_BAD_PLAN), "%s: plan: %s", fn, e.what());
+      return fail(bad_plan, "%s: plan: %s", fn, e.what());
     }
     const std::uint64_t budget = budget_bytes ? budget_bytes : plan.budget_bytes;
     const pl::Evaluation ev = pl::evaluate(p, plan.decisions(), budget);
@@ -181,6 +186,50 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
       return fail(infeasible, "%s: the plan is not valid under a budget of %llu bytes: %s", fn,
                   static_cast<unsigned long long>(budget), names.c_str());
     }
+    return status::ok;
+  });
+}
+
+STASH_API const char* stash_action_name(stash_action_t action) {
+  switch (action) {
+    case STASH_ACTION_KEEP: return pl::to_string(pl::Action::keep);
+    case STASH_ACTION_RECOMPUTE: return pl::to_string(pl::Action::recompute);
+    case STASH_ACTION_OFFLOAD: return pl::to_string(pl::Action::offload);
+    default: return nullptr;
+  }
+}
+
+STASH_API stash_status_t stash_plan_read_actions(const char* plan_json, size_t* n_layers,
+                                                 size_t* tensors_per_layer,
+                                                 size_t layer_capacity, size_t* n_actions,
+                                                 stash_action_t* actions,
+                                                 size_t action_capacity) {
+  static const char* fn = "stash_plan_read_actions";
+  return api_call(fn, [&]() -> status {
+    if (!plan_json) return fail(status::invalid_argument, "%s: plan_json is NULL", fn);
+    if ((!tensors_per_layer && layer_capacity) || (!actions && action_capacity)) {
+      return fail(status::invalid_argument, "%s: %s is NULL with a capacity of %zu", fn,
+                  !tensors_per_layer && layer_capacity ? "tensors_per_layer" : "actions",
+                  !tensors_per_layer && layer_capacity ? layer_capacity : action_capacity);
+    }
+    pl::Plan plan;  // Note [One plan reader] (planner/plan.h): the engine's reader
+    try {
+      plan = pl::read_plan(nlohmann::json::parse(plan_json));
+    } catch (const nlohmann::json::parse_error& e) {
+      return fail(bad_plan, "%s: the plan is not JSON: %s", fn, e.what());
+    } catch (const pl::input_error& e) {
+      return fail(bad_plan, "%s: plan: %s", fn, e.what());
+    }
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < plan.layers.size(); ++i) {
+      const std::vector<pl::Action>& a = plan.layers[i].actions;
+      if (i < layer_capacity) tensors_per_layer[i] = a.size();
+      for (std::size_t j = 0; j < a.size(); ++j, ++at) {
+        if (at < action_capacity) actions[at] = static_cast<stash_action_t>(a[j]);
+      }
+    }
+    if (n_layers) *n_layers = plan.layers.size();
+    if (n_actions) *n_actions = at;
     return status::ok;
   });
 }

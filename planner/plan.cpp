@@ -219,11 +219,12 @@ std::uint64_t size_or(const json& o, const char* key, std::uint64_t dflt) {
   return it != o.end() && it->is_number_unsigned() ? it->get<std::uint64_t>() : dflt;
 }
 
-}  // namespace
-
-// Only the structure and the decisions are trusted: the predicted figures and baselines
-// are read back for display, but `stash check` recomputes everything with evaluate().
-Plan plan_from_json(const json& j, const Profile& p) {
+// Note [One plan reader]: the one parser of stash.plan/1 documents, with and without a
+// profile. Checks run in document order, so the first problem named is the first in the
+// file. Only the structure and the decisions are trusted: the predicted figures and
+// baselines are read back for display, but `stash check` recomputes everything with
+// evaluate().
+Plan parse_plan(const json& j, const Profile* p) {
   if (!j.is_object()) fail("<root>", "a plan must be a JSON object");
   const json& schema = member(j, "", "schema");
   if (!schema.is_string() || schema.get<std::string>() != kPlanSchema) {
@@ -231,48 +232,78 @@ Plan plan_from_json(const json& j, const Profile& p) {
                        "\"");
   }
   Plan plan;
-  const json& budget = member(j, "", "budget_bytes");
-  if (!budget.is_number_unsigned()) fail("budget_bytes", "must be a non-negative integer");
-  plan.budget_bytes = budget.get<std::uint64_t>();
-  const json& solver = member(j, "", "solver");
-  if (!solver.is_string()) fail("solver", "must be a string");
-  plan.solver = solver.get<std::string>();
+  // The planner's header: required against a profile, optional (but typed) without one.
+  if (p || j.contains("budget_bytes")) {
+    const json& budget = member(j, "", "budget_bytes");
+    if (!budget.is_number_unsigned()) fail("budget_bytes", "must be a non-negative integer");
+    plan.budget_bytes = budget.get<std::uint64_t>();
+  }
+  if (p || j.contains("solver")) {
+    const json& solver = member(j, "", "solver");
+    if (!solver.is_string()) fail("solver", "must be a string");
+    plan.solver = solver.get<std::string>();
+  }
   plan.solve_ms = number_or(j, "solve_ms", 0);
   if (auto it = j.find("profile_sha256"); it != j.end() && it->is_string()) {
     plan.profile_sha256 = it->get<std::string>();
   }
   const json& layers = member(j, "", "layers");
-  if (!layers.is_array()) fail("layers", "must be an array");
-  if (layers.size() != p.layers.size()) {
+  if (!layers.is_array()) fail("layers", p ? "must be an array" : "must be a non-empty array");
+  if (p && layers.size() != p->layers.size()) {
     fail("layers", "plan has " + std::to_string(layers.size()) + " layers, profile has " +
-                       std::to_string(p.layers.size()));
+                       std::to_string(p->layers.size()));
   }
+  if (layers.empty()) fail("layers", "must be a non-empty array");
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const std::string lp = "layers[" + std::to_string(i) + "]";
-    const LayerProfile& prof = p.layers[i];
+    const LayerProfile* prof = p ? &p->layers[i] : nullptr;
+    if (!layers[i].is_object()) fail(lp, "expected an object");
     LayerPlan l;
     l.index = i;
-    const json& name = member(layers[i], lp, "name");
-    if (!name.is_string() || name.get<std::string>() != prof.name) {
-      fail(lp + ".name", "expected \"" + prof.name + "\" as in the profile, got " + name.dump());
+    if (auto ix = layers[i].find("index"); ix != layers[i].end()) {
+      if (!ix->is_number_unsigned() || ix->get<std::uint64_t>() != i) {
+        fail(lp + ".index", "expected " + std::to_string(i) + " (the layer's position), got " +
+                                ix->dump());
+      }
     }
-    l.name = prof.name;
+    if (prof) {
+      const json& name = member(layers[i], lp, "name");
+      if (!name.is_string() || name.get<std::string>() != prof->name) {
+        fail(lp + ".name",
+             "expected \"" + prof->name + "\" as in the profile, got " + name.dump());
+      }
+      l.name = prof->name;
+    } else if (auto name = layers[i].find("name"); name != layers[i].end()) {
+      if (!name->is_string()) fail(lp + ".name", "must be a string");
+      l.name = name->get<std::string>();
+    }
     if (auto f = layers[i].find("fractions"); f != layers[i].end() && f->is_object()) {
       l.fractions.keep = number_or(*f, "keep", 1);
       l.fractions.recompute = number_or(*f, "recompute", 0);
       l.fractions.offload = number_or(*f, "offload", 0);
     }
     const json& ts = member(layers[i], lp, "tensors");
-    if (!ts.is_array() || ts.size() != prof.tensors.size()) {
-      fail(lp + ".tensors", "must list the profile's " + std::to_string(prof.tensors.size()) +
+    if (prof && (!ts.is_array() || ts.size() != prof->tensors.size())) {
+      fail(lp + ".tensors", "must list the profile's " + std::to_string(prof->tensors.size()) +
                                 " tensors in order");
     }
+    if (!ts.is_array()) fail(lp + ".tensors", "must be an array");
     for (std::size_t k = 0; k < ts.size(); ++k) {
       const std::string tp = lp + ".tensors[" + std::to_string(k) + "]";
-      const json& tn = member(ts[k], tp, "name");
-      if (!tn.is_string() || tn.get<std::string>() != prof.tensors[k].name) {
-        fail(tp + ".name",
-             "expected \"" + prof.tensors[k].name + "\" as in the profile, got " + tn.dump());
+      std::string tensor_name;  // "" when a profile-free plan leaves it out
+      if (prof) {
+        const json& tn = member(ts[k], tp, "name");
+        if (!tn.is_string() || tn.get<std::string>() != prof->tensors[k].name) {
+          fail(tp + ".name",
+               "expected \"" + prof->tensors[k].name + "\" as in the profile, got " + tn.dump());
+        }
+        tensor_name = prof->tensors[k].name;
+      } else {
+        if (!ts[k].is_object()) fail(tp, "expected an object");
+        if (auto tn = ts[k].find("name"); tn != ts[k].end()) {
+          if (!tn->is_string()) fail(tp + ".name", "must be a string");
+          tensor_name = tn->get<std::string>();
+        }
       }
       const json& act = member(ts[k], tp, "action");
       if (!act.is_string()) fail(tp + ".action", "must be a string");
@@ -281,7 +312,7 @@ Plan plan_from_json(const json& j, const Profile& p) {
       } catch (const input_error& e) {
         fail(tp + ".action", e.what());
       }
-      l.tensor_names.push_back(prof.tensors[k].name);
+      l.tensor_names.push_back(std::move(tensor_name));
     }
     plan.layers.push_back(std::move(l));
   }
@@ -320,13 +351,29 @@ Plan plan_from_json(const json& j, const Profile& p) {
   return plan;
 }
 
-Plan load_plan(const std::string& path, const Profile& p) {
-  const json j = read_json_file(path);
+// The file's JSON through `parse`, every error prefixed with the path.
+template <class Parse>
+Plan parse_plan_file(const std::string& path, Parse parse) {
+  const json j = read_json_file(path);  // its errors name the path already
   try {
-    return plan_from_json(j, p);
+    return parse(j);
   } catch (const input_error& e) {
     throw input_error(path + ": " + e.what());
   }
+}
+
+}  // namespace
+
+Plan read_plan(const json& j) { return parse_plan(j, nullptr); }
+
+Plan plan_from_json(const json& j, const Profile& p) { return parse_plan(j, &p); }
+
+Plan read_plan_file(const std::string& path) {
+  return parse_plan_file(path, [](const json& j) { return read_plan(j); });
+}
+
+Plan load_plan(const std::string& path, const Profile& p) {
+  return parse_plan_file(path, [&p](const json& j) { return plan_from_json(j, p); });
 }
 
 }  // namespace stash::planner

@@ -112,8 +112,29 @@ struct Plan {
 };
 
 nlohmann::json plan_to_json(const Plan& plan);
-// Validates structure and that tensor names match the profile's, in order.
+
+// Note [One plan reader]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Every stash.plan/1 document is read by one parser (plan.cpp), with or without a profile:
+// `stash check` and `stash simulate` (load_plan), the C API's planner (stash_plan_evaluate),
+// the engine (stash_engine_load_plan: engine_plan::from_file) and Python (plan_actions,
+// through stash_plan_actions). Errors are input_error "<json path>: <problem>", e.g.
+// "layers[3].tensors[2].action: unknown action \"evict\" (...)"; the file readers prefix
+// the path ("plan.json: layers[3]..."). Checks run in document order, so the first
+// problem reported is the first in the document.
+//  * Both readers: a JSON object; "schema" is "stash.plan/1"; "budget_bytes" a
+//    non-negative integer and "solver" a string when present; "layers" a non-empty array
+//    of objects, each with "index" (when present) its position, "name" (when present) a
+//    string, "tensors" an array of objects with "name" (when present) a string and
+//    "action" one of keep, recompute, offload. Other fields are read leniently or ignored.
+//  * Without a profile (read_plan): that is all. A missing name reads as "" (the engine
+//    calls such a tensor "t<index>"); budget_bytes and solver may be absent.
+//  * With a profile (plan_from_json): budget_bytes, solver and every name are required,
+//    and the layers and their tensors must be the profile's, in order and by name.
+// Validity under a budget and the rules is evaluate()'s job, never the reader's.
+Plan read_plan(const nlohmann::json& j);
+Plan read_plan_file(const std::string& path);  // read_json_file, then read_plan
 Plan plan_from_json(const nlohmann::json& j, const Profile& p);
-Plan load_plan(const std::string& path, const Profile& p);
+Plan load_plan(const std::string& path, const Profile& p);  // read_json_file, then plan_from_json
 
 }  // namespace stash::planner

@@ -1,5 +1,6 @@
 // simulator.cpp: the discrete-event replay (simulator.h has the semantics and the notes).
 #include "planner/simulator.h"
+#include "planner/schedule.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,6 +11,8 @@
 namespace stash::planner {
 
 namespace {
+
+using schedule::LayerSpan;
 
 // step_overhead: the profile's time outside the layers, at the turn (layer -1).
 enum class OpKind { forward, recompute, backward, step_overhead };
@@ -50,6 +53,7 @@ class Replay {
   };
 
   bool ready(const ComputeOp& op) const;
+  bool d2h_done(LayerSpan layers) const;
   void start_op(double t);
   void finish_op(double t);
   void issue_prefetch(int layer, const std::string& label, double t);
@@ -84,7 +88,8 @@ std::string phase(const char* what, int layer) {
 
 Replay::Replay(const Profile& p, const Decisions& d, const SimOptions& opt)
     : p_(p), d_(d), opt_(opt), L_(static_cast<int>(p.layers.size())), layers_(p.layers.size()) {
-  if (opt.lookahead < 1) throw input_error("simulate: lookahead depth must be at least 1");
+  if (opt.lookahead < schedule::kMinLookahead)
+    throw input_error("simulate: lookahead depth must be at least 1");
   if (d.size() != p.layers.size())
     throw input_error("simulate: the plan has " + std::to_string(d.size()) +
                       " layers, the profile " + std::to_string(p.layers.size()));
@@ -118,20 +123,23 @@ Replay::Replay(const Profile& p, const Decisions& d, const SimOptions& opt)
   }
 }
 
-// Whether the next compute op's copy dependencies are met (Note [Runtime semantics the simulator replays]).
+bool Replay::d2h_done(LayerSpan layers) const {
+  for (std::size_t i = layers.lo; i <= layers.hi; ++i)
+    if (layers_[i].d2h_pending > 0) return false;
+  return true;
+}
+
+// Whether the next compute op's copy dependencies are met (Note [The step's schedule] in
+// schedule.h; Note [Runtime semantics the simulator replays]).
 bool Replay::ready(const ComputeOp& op) const {
-  const auto all_d2h_done = [&] {
-    for (int i = 0; i < L_; ++i)
-      if (layers_[i].d2h_pending > 0) return false;
-    return true;
-  };
+  const LayerSpan turn = schedule::turn_waits_for(layers_.size());
   if (op.kind == OpKind::forward)
-    return op.layer < 2 || layers_[op.layer - 2].d2h_pending == 0;
-  if (op.kind == OpKind::step_overhead) return !opt_.turn_barrier || all_d2h_done();
+    return d2h_done(schedule::forward_waits_for(static_cast<std::size_t>(op.layer)));
+  if (op.kind == OpKind::step_overhead) return !opt_.turn_barrier || d2h_done(turn);
   const bool first_of_layer = op.kind == OpKind::recompute || next_op_ == 0 ||
                               ops_[next_op_ - 1].kind != OpKind::recompute;
   if (!first_of_layer) return true;
-  if (op.layer == L_ - 1 && opt_.turn_barrier && !all_d2h_done()) return false;
+  if (op.layer == L_ - 1 && opt_.turn_barrier && !d2h_done(turn)) return false;
   return layers_[op.layer].h2d_pending == 0;
 }
 
@@ -146,13 +154,16 @@ void Replay::start_op(double t) {
       const double at = is_d2h ? layers_[l].d2h_done_ms : layers_[l].h2d_done_ms;
       if (at > latest) latest = at, layer = l, d2h = is_d2h;
     };
+    const auto consider_d2h = [&](LayerSpan span) {
+      for (std::size_t i = span.lo; i <= span.hi; ++i) consider(static_cast<int>(i), true);
+    };
+    const LayerSpan turn = schedule::turn_waits_for(layers_.size());
     if (op.kind == OpKind::forward) {
-      if (op.layer >= 2) consider(op.layer - 2, true);
+      consider_d2h(schedule::forward_waits_for(static_cast<std::size_t>(op.layer)));
     } else if (op.kind == OpKind::step_overhead) {
-      for (int i = 0; i < L_; ++i) consider(i, true);  // only the barrier holds it
+      consider_d2h(turn);  // only the barrier holds it
     } else {
-      if (op.layer == L_ - 1 && opt_.turn_barrier)
-        for (int i = 0; i < L_; ++i) consider(i, true);
+      if (op.layer == L_ - 1 && opt_.turn_barrier) consider_d2h(turn);
       consider(op.layer, false);
     }
     const double wait = t - prev_end_;
@@ -261,11 +272,13 @@ void Replay::issue_prefetch(int layer, const std::string& label, double t) {
   }
 }
 
-// Backward compute of `backward_layer` begins: issue the prefetches lookahead layers ahead.
+// Backward compute of `backward_layer` begins: issue the prefetches of its window (Note
+// [The step's schedule]; issue_prefetch skips the layers issued already).
 void Replay::trigger_prefetch(int backward_layer, const std::string& label, double t) {
-  const int target = backward_layer - opt_.lookahead;
-  const int first = backward_layer == L_ - 1 ? L_ - 2 : target;  // the turn issues a run
-  for (int i = first; i >= std::max(0, target); --i) issue_prefetch(i, label, t);
+  const LayerSpan window =
+      schedule::prefetch_window(static_cast<std::size_t>(backward_layer), opt_.lookahead);
+  for (std::size_t i = window.hi + 1; i-- > window.lo;)
+    issue_prefetch(static_cast<int>(i), label, t);
 }
 
 void Replay::retime(double t) {

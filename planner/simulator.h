@@ -3,17 +3,18 @@
 //
 // Note [Runtime semantics the simulator replays]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// These are the prefetch engine's rules (issue "Runtime"); the simulator is their model.
+// The prefetch engine's rules are Note [The step's schedule] (schedule.h): forward of i+2
+// waits for layer i's copies, the loss turn for all of them, backward of i issues the
+// prefetches of its lookahead window. The simulator applies them through the same
+// functions; this note says how it times them.
 //  * Compute runs fwd 0..L-1, then for i = L-1..0: recompute of layer i's recomputed
 //    tensors (R_i, on the compute stream, at the start of its backward), then bwd_i.
 //  * Offloads of layer i are issued on the D2H stream when its forward ends (the profile has
 //    no per-tensor production times, so the producer event is the layer's end). A device
-//    block is freed when its copy completes.
-//  * Forward of layer i+2 waits for every D2H copy of layer i: at most one layer is in
-//    flight, as the canonical peak assumes; an overrun costs time, never memory.
-//  * The loss turn is "forward of layer L": backward waits for every forward offload
-//    (turn_barrier). The canonical model charges max(0, O_{L-2}/d2h - fwd_{L-1}) in full,
-//    which is exactly this wait; without it the engine would be faster than the model.
+//    block is freed when its copy completes. A (rule-breaking) offload of the last layer is
+//    prefetched at its forward's end, since its backward cannot wait on itself.
+//  * The turn barrier (turn_barrier, on by default) holds the step overhead and the first
+//    backward until every forward offload is done.
 //  * The profile's step_overhead_ms (loss, optimizer, uploads: Note [Step overhead] in
 //    plan.h) runs as one compute span at the turn, after the barrier and before the first
 //    backward (its recompute included): the loss sits there, and the time outside the
@@ -25,11 +26,11 @@
 //    under it would make the overhead a copy window, which the canonical model, where it is
 //    a constant, does not have. Without the barrier it overlaps the last D2H. A zero
 //    overhead adds no span.
-//  * Prefetch of layer i is issued when the backward compute of layer i+depth begins, i.e.
-//    after that layer's recompute (prefetch_after_recompute): the canonical window for
-//    layer i's H2D is bwd_{i+1}, not R_{i+1} + bwd_{i+1}. Layers with i+depth > L-1 are
-//    issued at the backward compute of layer L-1. A prefetch copy also waits for its own
-//    D2H to have completed (stream-ordered event). The device block is allocated at issue.
+//  * Backward of layer i "begins", for the prefetch window, when its backward compute
+//    begins, i.e. after that layer's recompute (prefetch_after_recompute): the canonical
+//    window for layer i's H2D is bwd_{i+1}, not R_{i+1} + bwd_{i+1}. A prefetch copy also
+//    waits for its own D2H to have completed (stream-ordered event). The device block is
+//    allocated at issue.
 //  * Backward of layer i (its recompute included: recompute starts from the layer input,
 //    which may itself be offloaded) waits for all of layer i's prefetches.
 //  * Memory: fixed bytes throughout; a layer's saved tensors are allocated when its forward
@@ -89,7 +90,7 @@
 namespace stash::planner {
 
 struct SimOptions {
-  int lookahead = 1;  // prefetch of layer i is issued at the backward of layer i+lookahead
+  int lookahead = 1;  // the prefetch window's depth (Note [The step's schedule])
   std::uint64_t pinned_bytes = std::numeric_limits<std::uint64_t>::max();  // pool capacity
   bool share_link = true;                // apply bidir_gbps while both directions run
   bool turn_barrier = true;              // backward waits for every forward offload
@@ -117,7 +118,7 @@ struct SimResult {
 
 // Replays `d` (one action per tensor; input_error otherwise) on `p`. Plans that break the
 // rules (e.g. offloading the last layer) are replayed as written: validity is evaluate()'s
-// job. Throws input_error for lookahead < 1.
+// job. Throws input_error for lookahead < schedule::kMinLookahead.
 SimResult simulate(const Profile& p, const Decisions& d, const SimOptions& opt = {});
 
 }  // namespace stash::planner

@@ -462,14 +462,14 @@ STASH_API stash_status_t stash_profiler_stop(const char* skeleton_path, const ch
  *  - copies offload tensors to pinned host memory on its own stream "stash d2h", after an
  *    event recorded on the producer stream, and hands the device block back (to a stash
  *    device pool, or through the caller's release callback) as soon as it is free for the
- *    compute stream: right after forward_begin(i+2) or the loss turn enqueues the compute
- *    stream's wait for its copy (blocks allocated and produced on the compute stream), or
- *    once the copy is seen complete. The host never waits for a copy to free memory;
- *  - keeps no more than one layer's copies in flight: forward of layer i+2 waits for
- *    layer i's copies (a device-side wait on the compute stream; the host never blocks);
- *  - when backward of layer i+1 begins, starts the host-to-device copies of layer i's
- *    tensors on its stream "stash h2d" (lookahead depth configurable), into device blocks
- *    allocated for the compute stream;
+ *    compute stream: right after the compute stream's wait for its copy (blocks allocated
+ *    and produced on the compute stream), or once the copy is seen complete. The host never
+ *    waits for a copy to free memory;
+ *  - keeps no more than one layer's copies in flight and, during backward, starts the
+ *    host-to-device copies of the layers `lookahead` ahead on its stream "stash h2d", into
+ *    device blocks allocated for the compute stream. The layer hooks below say which
+ *    waits and copies each enqueues: the planner's schedule (Note [The step's schedule],
+ *    planner/schedule.h in stash's source), which `stash simulate` replays;
  *  - on acquire, makes the consumer stream wait for that one tensor and returns its device
  *    pointer.
  * Keep and recompute tensors pass through untouched (recompute is the caller's job).
@@ -504,6 +504,11 @@ typedef enum stash_action_t {
   STASH_ACTION_OFFLOAD = 2,
   STASH_ACTION_FORCE_INT_ = 0x7fffffff /* not an action; keeps the type int-sized */
 } stash_action_t;
+
+/* The action's name as stash.plan/1 spells it ("keep", "recompute", "offload"), a static
+ * string; NULL for a number that is not an action. Bindings check the numbers they use
+ * against it. Thread-safe. Since 0.3.0. */
+STASH_API const char* stash_action_name(stash_action_t action);
 
 typedef enum stash_tensor_state_t {
   STASH_TENSOR_NOT_OFFERED = -1, /* the key is in the plan; offload was not called yet */
@@ -585,8 +590,10 @@ STASH_API stash_status_t stash_engine_create(const stash_engine_config_t* config
 STASH_API void stash_engine_destroy(stash_engine_t* engine);
 
 /* Loads a stash.plan/1 file (only the actions and tensor names are read: validate it
- * against its profile with `stash check`). Malformed: STASH_ERROR_BAD_PLAN naming the
- * field. A plan cannot change while tensors are live (STASH_ERROR_ILLEGAL_TRANSITION). */
+ * against its profile with `stash check`). Malformed: STASH_ERROR_BAD_PLAN, the message
+ * naming the file, the JSON path and the problem ("plan.json: layers[3].tensors[2].action:
+ * unknown action ..."). A plan cannot change while tensors are live
+ * (STASH_ERROR_ILLEGAL_TRANSITION). */
 STASH_API stash_status_t stash_engine_load_plan(stash_engine_t* engine, const char* path);
 
 /* Builds the plan through the API: n_layers layers, layer i has tensors_per_layer[i]
@@ -594,6 +601,23 @@ STASH_API stash_status_t stash_engine_load_plan(stash_engine_t* engine, const ch
 STASH_API stash_status_t stash_engine_set_plan(stash_engine_t* engine, size_t n_layers,
                                                const size_t* tensors_per_layer,
                                                const stash_action_t* actions);
+
+/* Reads `plan_json` (NUL-terminated stash.plan/1 text) as stash_engine_load_plan reads a
+ * plan file, with the same reader and checks, into the arrays stash_engine_set_plan takes:
+ * *n_layers = the plan's layers and *n_actions = its tensors (either pointer may be NULL);
+ * the first layer_capacity per-layer tensor counts go to tensors_per_layer and the first
+ * action_capacity actions, layer by layer, to actions (an array may be NULL when its
+ * capacity is 0). Call once with capacities 0 for the sizes, then with arrays that large.
+ * Nothing is written on failure:
+ *  - STASH_ERROR_BAD_PLAN: not JSON, or not valid stash.plan/1; the message names the JSON
+ *    path and the problem ("layers[3].tensors[2].action: unknown action ...");
+ *  - STASH_ERROR_INVALID_ARGUMENT: plan_json NULL, or a NULL array with a nonzero capacity.
+ * Thread-safe: no shared state. Since 0.3.0. */
+STASH_API stash_status_t stash_plan_read_actions(const char* plan_json, size_t* n_layers,
+                                                 size_t* tensors_per_layer,
+                                                 size_t layer_capacity, size_t* n_actions,
+                                                 stash_action_t* actions,
+                                                 size_t action_capacity);
 
 /* *out = the plan's decision for tensor (layer, index); so the caller knows what to
  * recompute. */

@@ -5,12 +5,23 @@
 
 #include "engine_nvtx.h"
 #include "engine_trace.h"
+#include "planner/schedule.h"
 #include "prefetch_engine.h"
 
 namespace stash::engine {
 
 namespace {
 constexpr std::size_t kFwd = 0, kBwd = 1;
+
+namespace schedule = planner::schedule;
+
+// The highest layer of `span` with D2H copies in this micro-batch, or -1: the D2H stream is
+// FIFO, so the event after its latest copy covers every copy of the span (and before).
+int latest_copies(const micro_batch_slot& s, schedule::LayerSpan span) noexcept {
+  for (std::size_t l = span.hi + 1; l-- > span.lo;)
+    if (s.layer_copies[l]) return static_cast<int>(l);
+  return -1;
+}
 }  // namespace
 
 namespace {
@@ -54,13 +65,12 @@ status prefetch_engine::forward_begin(std::uint32_t mb, std::uint32_t layer) noe
     s->id = mb;
   }
   if (!in_flight_.empty()) retire(false);
-  // Note [Engine streams and events]: forward of layer i waits for layer i-2's copies.
-  if (layer >= 2 && s->layer_copies[layer - 2]) {
-    nvtx::range range(nvtx::kWaitInFlight, nvtx::payload(mb, layer - 2, 0));
-    st = timed_wait(trace_.get(), config_.compute, s->layer_copies[layer - 2],
-                    static_cast<int>(layer - 2), mb, "d2h");
+  // Note [The step's schedule] (planner/schedule.h): one layer in flight.
+  if (const int w = latest_copies(*s, schedule::forward_waits_for(layer)); w >= 0) {
+    nvtx::range range(nvtx::kWaitInFlight, nvtx::payload(mb, static_cast<std::uint32_t>(w), 0));
+    st = timed_wait(trace_.get(), config_.compute, s->layer_copies[w], w, mb, "d2h");
     if (st != status::ok) return st;
-    hand_back_through(s->layer_copies_seq[layer - 2]);  // Note [Handing offloaded blocks back]
+    hand_back_through(s->layer_copies_seq[w]);  // Note [Handing offloaded blocks back]
   }
   if (trace_) {
     cudaEvent_t& mark = s->compute_begin[2 * layer + kFwd];
@@ -190,25 +200,22 @@ status prefetch_engine::backward_begin(std::uint32_t mb, std::uint32_t layer) no
   if (st != status::ok) return st;
   if (!in_flight_.empty()) retire(false);
   if (!s->backward_started) {
-    // The loss turn: backward waits for every forward offload of this micro-batch. The
-    // D2H stream is FIFO, so the event after the latest layer's copies covers them all.
+    // The loss turn (Note [The step's schedule]): the micro-batch's first backward waits
+    // for every forward offload of it.
     s->backward_started = true;
-    for (std::size_t l = plan_.layers(); l-- > 0;) {
-      if (!s->layer_copies[l]) continue;
-      nvtx::range range(nvtx::kWaitTurn, nvtx::payload(mb, static_cast<std::uint32_t>(l), 0));
-      st = timed_wait(trace_.get(), config_.compute, s->layer_copies[l], static_cast<int>(l),
-                      mb, "d2h");
+    if (const int w = latest_copies(*s, schedule::turn_waits_for(plan_.layers())); w >= 0) {
+      nvtx::range range(nvtx::kWaitTurn, nvtx::payload(mb, static_cast<std::uint32_t>(w), 0));
+      st = timed_wait(trace_.get(), config_.compute, s->layer_copies[w], w, mb, "d2h");
       if (st != status::ok) return st;
-      hand_back_through(s->layer_copies_seq[l]);
-      break;
+      hand_back_through(s->layer_copies_seq[w]);
     }
   }
-  // Prefetch layers layer-1 .. layer-lookahead (and this layer, if it was skipped), each
-  // ordered after this point of the compute stream.
-  const std::uint32_t lo =
-      layer >= static_cast<std::uint32_t>(config_.lookahead) ? layer - config_.lookahead : 0;
+  // The prefetch window (Note [The step's schedule]), each ordered after this point of the
+  // compute stream.
+  const schedule::LayerSpan window = schedule::prefetch_window(layer, config_.lookahead);
   status first = status::ok;
-  for (std::uint32_t l = layer + 1; l-- > lo;) {
+  for (std::size_t i = window.hi + 1; i-- > window.lo;) {
+    const auto l = static_cast<std::uint32_t>(i);
     if (s->prefetch_issued[l]) continue;
     st = prefetch_layer(*s, l);
     if (st != status::ok && first == status::ok) first = st;

@@ -1,21 +1,8 @@
 #include "engine_plan.h"
 
-#include <fstream>
-#include <sstream>
-
-#include <nlohmann/json.hpp>
-
 #include "engine_status.h"
 
 namespace stash::engine {
-
-namespace {
-
-[[noreturn]] void plan_error(const std::string& where, const std::string& what) {
-  throw error(bad_plan, (where + ": " + what).c_str());
-}
-
-}  // namespace
 
 void engine_plan::add_layer(std::vector<Action> actions, std::vector<std::string> names) {
   char offloads = 0;
@@ -39,46 +26,16 @@ engine_plan engine_plan::from_plan(const planner::Plan& plan) {
   return p;
 }
 
+// Note [One plan reader] (planner/plan.h): the planner's profile-free reader; its
+// input_error ("<path>: <json path>: <problem>") becomes bad_plan with the same text.
 engine_plan engine_plan::from_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) plan_error(path, "cannot open the plan file");
-  nlohmann::json j;
+  planner::Plan plan;
   try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    plan_error(path, std::string("not valid JSON: ") + e.what());
+    plan = planner::read_plan_file(path);
+  } catch (const planner::input_error& e) {
+    throw error(bad_plan, e.what());
   }
-  if (!j.is_object() || !j.contains("schema") || j["schema"] != planner::kPlanSchema) {
-    plan_error(path, std::string("schema: expected \"") + planner::kPlanSchema + "\"");
-  }
-  if (!j.contains("layers") || !j["layers"].is_array() || j["layers"].empty())
-    plan_error(path, "layers: must be a non-empty array");
-  engine_plan p;
-  const auto& layers = j["layers"];
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const std::string lp = "layers[" + std::to_string(i) + "]";
-    if (!layers[i].is_object() || !layers[i].contains("tensors") ||
-        !layers[i]["tensors"].is_array())
-      plan_error(path, lp + ".tensors: must be an array");
-    std::vector<Action> actions;
-    std::vector<std::string> names;
-    const auto& ts = layers[i]["tensors"];
-    for (size_t k = 0; k < ts.size(); ++k) {
-      const std::string tp = lp + ".tensors[" + std::to_string(k) + "]";
-      if (!ts[k].is_object() || !ts[k].contains("action") || !ts[k]["action"].is_string())
-        plan_error(path, tp + ".action: missing or not a string");
-      try {
-        actions.push_back(planner::action_from_string(ts[k]["action"].get<std::string>()));
-      } catch (const std::exception& e) {
-        plan_error(path, tp + ".action: " + e.what());
-      }
-      names.push_back(ts[k].contains("name") && ts[k]["name"].is_string()
-                          ? ts[k]["name"].get<std::string>()
-                          : "t" + std::to_string(k));
-    }
-    p.add_layer(std::move(actions), std::move(names));
-  }
-  return p;
+  return from_plan(plan);
 }
 
 engine_plan engine_plan::from_actions(size_t n_layers, const size_t* per_layer,

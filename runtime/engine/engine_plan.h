@@ -2,9 +2,9 @@
 // addressed by (layer, index), flattened for O(1) lookup on the hot path.
 //
 // A plan reaches the engine three ways: from a planner::Plan in memory, from a plan.json
-// file (read without its profile: the engine needs only the actions and names, and the
-// planner's validation against the profile is `stash check`'s job), or built through the
-// API from an array of actions.
+// file (read by the planner's profile-free reader, Note [One plan reader] in
+// planner/plan.h: the engine needs only the actions and names, and the validation against
+// the profile is `stash check`'s job), or built through the API from an array of actions.
 #pragma once
 
 #include <cstddef>
@@ -22,7 +22,8 @@ class engine_plan {
   engine_plan() = default;
   // From the planner's model.
   static engine_plan from_plan(const planner::Plan& plan);
-  // From a stash.plan/1 file; throws stash::error(bad_plan) naming the path and field.
+  // From a stash.plan/1 file; throws stash::error(bad_plan) with the reader's message
+  // ("<path>: <json path>: <problem>").
   static engine_plan from_file(const std::string& path);
   // n_layers layers; layer i has per_layer[i] tensors; actions is the concatenation.
   // Throws stash::error(invalid_argument) for an empty plan.

@@ -8,6 +8,7 @@
 
 #include "engine_nvtx.h"
 #include "engine_trace.h"
+#include "planner/schedule.h"
 
 namespace stash::engine {
 
@@ -31,7 +32,7 @@ cudaStream_t make_stream(const char* name) {
 
 prefetch_engine::prefetch_engine(const engine_config& config)
     : config_(config), events_(config.timing) {
-  if (config.lookahead < 1)
+  if (config.lookahead < planner::schedule::kMinLookahead)
     throw error(status::invalid_argument, "engine config: lookahead must be at least 1");
   if (config.max_micro_batches == 0)
     throw error(status::invalid_argument, "engine config: max_micro_batches must be positive");

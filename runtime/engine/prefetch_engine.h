@@ -10,15 +10,15 @@
 //    always from an engine call on the caller's thread, never from a CUDA host-function
 //    thread: a Python caller would deadlock on the GIL) as Note [Handing offloaded blocks
 //    back] says.
-//  * forward_begin(mb, i): the compute stream waits on the event recorded after layer
-//    i-2's latest D2H, so no more than one layer's offloads are in flight (the planner's
-//    peak assumes it): an overrun costs time on the compute stream, never memory, and the
-//    host never blocks. backward_begin of a micro-batch's first backward layer waits for
-//    all its D2H copies (the loss turn), as the simulator's turn_barrier does.
-//  * backward_begin(mb, i): for each offloaded tensor of layers i-1 .. i-lookahead not
-//    prefetched yet, a device block is allocated for the compute stream (it is that
-//    stream's memory from this point of its order), then an event is recorded on the
-//    compute stream *after* the allocation, and the H2D stream waits on it and on the
+//  * forward_begin(mb, i): the compute stream waits on the event recorded after the latest
+//    D2H of the layer the schedule names (i-2: one layer in flight, Note [The step's
+//    schedule] in planner/schedule.h); the host never blocks. A micro-batch's first
+//    backward_begin waits likewise for the latest of all its D2H copies (the loss turn):
+//    the D2H stream is FIFO, so one event covers every earlier copy.
+//  * backward_begin(mb, i): for each offloaded tensor of its prefetch window's layers (the
+//    same Note) not prefetched yet, a device block is allocated for the compute stream (it
+//    is that stream's memory from this point of its order), then an event is recorded on
+//    the compute stream *after* the allocation, and the H2D stream waits on it and on the
 //    tensor's own D2H event before copying. Waiting on the compute stream is what makes the
 //    block safe to write: the pool may hand out a block the compute stream just freed, and
 //    a stream-ordered caller allocator (cudaMallocAsync) enqueues the allocation there. (The
@@ -103,7 +103,7 @@ enum class pinned_exhausted : int { keep_on_device = 0, wait = 1 };
 
 struct engine_config {
   cudaStream_t compute = nullptr;      // the stream layers run on (nullptr: legacy default)
-  int lookahead = 1;                   // prefetch layer i when backward of i+lookahead begins
+  int lookahead = 1;                   // the prefetch window's depth (planner/schedule.h)
   std::size_t max_in_flight_bytes = 0; // D2H bytes in transit; 0: unbounded
   std::size_t max_in_flight_count = 0; // D2H copies in transit; 0: unbounded
   pinned_pool_config pinned;           // the engine's own pinned pool

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -245,6 +246,100 @@ TEST(PlannerApi, EvaluatePricesAPlanAndNamesViolations) {
   EXPECT_EQ(stash_plan_evaluate(text.c_str(), j.dump().c_str(), 0, nullptr), STASH_ERROR_BAD_PLAN);
   EXPECT_NE(std::string(stash_last_error()).find("layers"), std::string::npos)
       << stash_last_error();
+}
+
+}  // namespace
+
+namespace {
+
+// Note [One plan reader]: stash_plan_read_actions reads what stash_engine_load_plan reads,
+// into stash_engine_set_plan's arrays.
+TEST(PlannerApi, ReadActionsGivesTheEngineArrays) {
+  char* text = nullptr;
+  ASSERT_EQ(stash_plan_make(tiny_profile().c_str(), "70%", nullptr, &text, nullptr), STASH_OK)
+      << stash_last_error();
+  const std::string plan_text = text;
+  stash_free(text);
+  const nlohmann::json j = nlohmann::json::parse(plan_text);
+
+  size_t n_layers = 0, n_actions = 0;
+  ASSERT_EQ(stash_plan_read_actions(plan_text.c_str(), &n_layers, nullptr, 0, &n_actions,
+                                    nullptr, 0),
+            STASH_OK)
+      << stash_last_error();
+  EXPECT_EQ(n_layers, 3u);
+  EXPECT_EQ(n_actions, 9u);
+  std::vector<size_t> counts(n_layers);
+  std::vector<stash_action_t> actions(n_actions);
+  ASSERT_EQ(stash_plan_read_actions(plan_text.c_str(), nullptr, counts.data(), counts.size(),
+                                    nullptr, actions.data(), actions.size()),
+            STASH_OK);
+  size_t at = 0;
+  for (size_t i = 0; i < n_layers; ++i) {
+    ASSERT_EQ(counts[i], j["layers"][i]["tensors"].size());
+    for (const auto& t : j["layers"][i]["tensors"]) {
+      EXPECT_EQ(stash_action_name(actions[at++]), t["action"].get<std::string>());
+    }
+  }
+  // A short buffer takes what fits; the totals are still the plan's.
+  stash_action_t first = STASH_ACTION_FORCE_INT_;
+  ASSERT_EQ(stash_plan_read_actions(plan_text.c_str(), &n_layers, nullptr, 0, &n_actions,
+                                    &first, 1),
+            STASH_OK);
+  EXPECT_EQ(first, actions[0]);
+  EXPECT_EQ(n_actions, 9u);
+
+  // The engine's plan needs no profile, names or header.
+  const char* bare = R"({"schema": "stash.plan/1", "layers": [
+      {"tensors": [{"action": "offload"}, {"action": "keep"}]}, {"tensors": []}]})";
+  ASSERT_EQ(stash_plan_read_actions(bare, &n_layers, counts.data(), counts.size(), &n_actions,
+                                    actions.data(), actions.size()),
+            STASH_OK)
+      << stash_last_error();
+  EXPECT_EQ(n_layers, 2u);
+  EXPECT_EQ(n_actions, 2u);
+  EXPECT_EQ(counts[0], 2u);
+  EXPECT_EQ(counts[1], 0u);
+  EXPECT_EQ(actions[0], STASH_ACTION_OFFLOAD);
+  EXPECT_EQ(actions[1], STASH_ACTION_KEEP);
+}
+
+TEST(PlannerApi, ReadActionsNamesTheJsonPath) {
+  size_t n = 0;
+  const auto bad = [&](const char* text, const char* what) {
+    n = 7;
+    EXPECT_EQ(stash_plan_read_actions(text, &n, nullptr, 0, nullptr, nullptr, 0),
+              STASH_ERROR_BAD_PLAN)
+        << text;
+    EXPECT_NE(std::string(stash_last_error()).find(what), std::string::npos)
+        << stash_last_error();
+    EXPECT_EQ(n, 7u);  // nothing written on failure
+  };
+  bad(R"({"schema": "stash.plan/1", "layers": [{"tensors": [{"action": "keep"},
+        {"action": "drop"}]}]})",
+      "stash_plan_read_actions: plan: layers[0].tensors[1].action: unknown action \"drop\"");
+  bad(R"({"schema": "stash.plan/9", "layers": [{"tensors": []}]})", "plan: schema:");
+  bad(R"({"schema": "stash.plan/1", "layers": []})", "plan: layers: must be a non-empty array");
+  bad(R"({"schema": "stash.plan/1", "layers": [{"tensors": [{}]}]})",
+      "layers[0].tensors[0].action: missing required field");
+  bad(R"({"schema": "stash.plan/1", "layers": [{"index": 1, "tensors": []}]})",
+      "layers[0].index: expected 0");
+  bad("{not json", "stash_plan_read_actions: the plan is not JSON");
+  EXPECT_EQ(stash_plan_read_actions(nullptr, &n, nullptr, 0, nullptr, nullptr, 0),
+            STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stash_plan_read_actions(R"({"schema": "stash.plan/1", "layers": [{"tensors": []}]})",
+                                    &n, nullptr, 1, nullptr, nullptr, 0),
+            STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stash_last_error()).find("tensors_per_layer is NULL"), std::string::npos)
+      << stash_last_error();
+}
+
+TEST(PlannerApi, ActionNamesAreThePlanSpelling) {
+  EXPECT_STREQ(stash_action_name(STASH_ACTION_KEEP), "keep");
+  EXPECT_STREQ(stash_action_name(STASH_ACTION_RECOMPUTE), "recompute");
+  EXPECT_STREQ(stash_action_name(STASH_ACTION_OFFLOAD), "offload");
+  EXPECT_EQ(stash_action_name(static_cast<stash_action_t>(3)), nullptr);
+  EXPECT_EQ(stash_action_name(static_cast<stash_action_t>(-1)), nullptr);
 }
 
 }  // namespace

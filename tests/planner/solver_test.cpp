@@ -1,6 +1,7 @@
 // Solvers: exact against brute force, the LP bound, infeasibility, plan JSON.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -236,4 +237,61 @@ TEST(PlanJson, RoundTripsAndValidates) {
   bad = j;
   bad["layers"].erase(2);
   EXPECT_THROW(plan_from_json(bad, p), input_error);
+}
+
+// Note [One plan reader]: the profile-free reader the engine and the C API use.
+TEST(PlanJson, ReadsWithoutAProfile) {
+  const Profile p = llama_like(3, 4);
+  const std::uint64_t lo = min_feasible_budget(p);
+  const Plan plan = make_plan(p, lo + (keep_all_peak(p) - lo) / 2, with(solver_kind::exact));
+  const nlohmann::json j = plan_to_json(plan);
+  const Plan back = read_plan(j);
+  EXPECT_EQ(back.decisions(), plan.decisions());
+  EXPECT_EQ(back.budget_bytes, plan.budget_bytes);
+  EXPECT_EQ(back.layers[1].tensor_names, plan.layers[1].tensor_names);
+
+  const auto message = [](const nlohmann::json& bad) {
+    try {
+      read_plan(bad);
+    } catch (const input_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  nlohmann::json bad = j;
+  bad["layers"][1]["tensors"][2]["action"] = "evict";
+  EXPECT_EQ(message(bad).rfind("layers[1].tensors[2].action: unknown action \"evict\"", 0), 0u)
+      << message(bad);
+  bad = j;
+  bad["layers"] = nlohmann::json::array();
+  EXPECT_EQ(message(bad), "layers: must be a non-empty array");
+  bad = j;
+  bad["layers"][2]["index"] = 7;
+  EXPECT_EQ(message(bad).rfind("layers[2].index: expected 2", 0), 0u) << message(bad);
+  bad = j;
+  bad["budget_bytes"] = -1;
+  EXPECT_EQ(message(bad), "budget_bytes: must be a non-negative integer");
+  // Without a profile names, budget and solver may be absent; with one they may not.
+  bad = j;
+  bad.erase("budget_bytes");
+  bad["layers"][0]["tensors"][0].erase("name");
+  EXPECT_EQ(read_plan(bad).layers[0].tensor_names[0], "");
+  EXPECT_THROW(plan_from_json(bad, p), input_error);
+
+  const std::string path = ::testing::TempDir() + "stash_read_plan_bad.json";
+  bad = j;
+  bad["layers"][0]["tensors"][1]["action"] = 3;
+  std::ofstream(path) << bad.dump();
+  try {
+    read_plan_file(path);
+    FAIL();
+  } catch (const input_error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": layers[0].tensors[1].action: must be a string");
+  }
+  try {
+    load_plan(path, p);
+    FAIL();
+  } catch (const input_error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": layers[0].tensors[1].action: must be a string");
+  }
 }

@@ -63,6 +63,7 @@ def test_enum_values_match_the_header():
     assert _planner.SOLVERS == {"greedy": e["STASH_SOLVER_GREEDY"], "ilp": e["STASH_SOLVER_ILP"],
                                 "exact": e["STASH_SOLVER_EXACT"]}
     assert _engine.STASH_ERROR_UNKNOWN_TENSOR == e["STASH_ERROR_UNKNOWN_TENSOR"]
+    assert _engine.STASH_ERROR_BAD_PLAN == e["STASH_ERROR_BAD_PLAN"]
     assert _planner.STASH_ERROR_BAD_PROFILE == e["STASH_ERROR_BAD_PROFILE"]
     assert _planner.STASH_ERROR_INFEASIBLE_BUDGET == e["STASH_ERROR_INFEASIBLE_BUDGET"]
     assert _engine.STATE_NAMES[e["STASH_TENSOR_RELEASED"]] == "released"
@@ -89,3 +90,33 @@ def test_planner_through_the_c_api():
         _planner.make_plan(text, "7 parsecs")
     with pytest.raises(ValueError, match="solver"):
         _planner.make_plan(text, "70%", solver="magic")
+
+
+def test_plans_are_read_by_the_library(tmp_path):
+    # Note [One plan reader]: plan_actions reads through stash_plan_read_actions, the
+    # engine's reader, and takes the action numbers from the library.
+    _engine._check_actions(_engine._lib())
+    plan = {"schema": "stash.plan/1", "layers": [
+        {"index": 0, "tensors": [{"name": "x", "action": "offload"}, {"action": "keep"}]},
+        {"tensors": []}, {"tensors": [{"action": "recompute"}]}]}
+    want = [[_engine.OFFLOAD, _engine.KEEP], [], [_engine.RECOMPUTE]]
+    assert _engine.plan_actions(plan) == want
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    assert _engine.plan_actions(str(path)) == want
+    assert _engine.plan_actions(path) == want
+    plan["layers"][2]["tensors"][0]["action"] = "evict"
+    with pytest.raises(stash.StashError,
+                       match=r"^plan: layers\[2\]\.tensors\[0\]\.action: unknown action") as e:
+        _engine.plan_actions(plan)
+    assert e.value.status == _engine.STASH_ERROR_BAD_PLAN
+    path.write_text(json.dumps(plan))
+    with pytest.raises(stash.StashError, match=r"plan\.json: layers\[2\]\.tensors\[0\]\.action"):
+        _engine.plan_actions(path)
+    path.write_text("{not json")
+    with pytest.raises(stash.StashError, match=r"plan\.json: the plan is not JSON"):
+        _engine.plan_actions(path)
+    with pytest.raises(stash.StashError, match="cannot read plan"):
+        _engine.plan_actions(tmp_path / "missing.json")
+    with pytest.raises(stash.StashError, match=r"plan: schema: unsupported plan schema"):
+        _engine.plan_actions({"schema": "stash.plan/0", "layers": []})

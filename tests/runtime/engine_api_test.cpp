@@ -116,6 +116,10 @@ TEST_F(EngineApi, PlanFromFileAndBadPlans) {
   EXPECT_EQ(stash_engine_load_plan(engine_, bad.c_str()), STASH_ERROR_BAD_PLAN);
   EXPECT_NE(std::string(stash_last_error()).find("layers[0].tensors[0].action"), std::string::npos)
       << stash_last_error();
+  EXPECT_NE(std::string(stash_last_error())
+                .find(bad + ": layers[0].tensors[0].action: unknown action"),
+            std::string::npos)
+      << stash_last_error();  // Note [One plan reader]: the file and the JSON path
   std::ofstream(bad) << R"({"schema": "stash.plan/9", "layers": []})";
   EXPECT_EQ(stash_engine_load_plan(engine_, bad.c_str()), STASH_ERROR_BAD_PLAN);
   EXPECT_NE(std::string(stash_last_error()).find("schema"), std::string::npos);

@@ -5,8 +5,10 @@ blocks it is handed and the ones it prefetches into belong to the caller (for Py
 torch's own allocator), and it gives them back through the release callback. Every
 failed call raises :class:`stash.StashError` with ``stash_last_error()``.
 
-Plans: :func:`plan_actions` reads a stash.plan/1 document (path or dict) or a list of
-per-layer action lists into the per-layer action lists :meth:`Engine.set_plan` takes.
+Plans: :func:`plan_actions` reads a stash.plan/1 document (path or dict) through the
+library's plan reader (stash_plan_read_actions: the one the engine loads plan files with,
+Note [One plan reader] in planner/plan.h), or checks a list of per-layer action lists, into
+the per-layer action lists :meth:`Engine.set_plan` takes.
 """
 
 import ctypes
@@ -15,6 +17,8 @@ import os
 
 from ._lib import PoolStats, StashError, load, status_string
 
+# stash_action_t. Constants, so that importing needs no library; the first use of the
+# library checks them against its stash_action_name (_check_actions).
 KEEP, RECOMPUTE, OFFLOAD = 0, 1, 2
 ACTION_NAMES = {"keep": KEEP, "recompute": RECOMPUTE, "offload": OFFLOAD}
 ACTION_OF = {v: k for k, v in ACTION_NAMES.items()}
@@ -22,6 +26,7 @@ ACTION_OF = {v: k for k, v in ACTION_NAMES.items()}
 STATE_NAMES = {-1: "not_offered", 0: "on_device", 1: "offloading", 2: "on_host",
                3: "prefetching", 4: "ready", 5: "released"}
 
+STASH_ERROR_BAD_PLAN = 101
 STASH_ERROR_UNKNOWN_TENSOR = 102
 
 # int (*)(void** out, size_t bytes, stash_stream_t stream, void* user)
@@ -119,13 +124,26 @@ def _lib():
         "stash_engine_overlap": ([P, ctypes.POINTER(Overlap), ctypes.POINTER(Overlap), S,
                                   ctypes.POINTER(S)], I),
         "stash_engine_streams": ([P, ctypes.POINTER(P), ctypes.POINTER(P)], I),
+        "stash_action_name": ([I], ctypes.c_char_p),
+        "stash_plan_read_actions": ([ctypes.c_char_p, ctypes.POINTER(S), ctypes.POINTER(S), S,
+                                     ctypes.POINTER(S), ctypes.POINTER(I), S], I),
     }
     for name, (args, res) in sigs.items():
         f = getattr(lib, name)
         f.argtypes = args
         f.restype = res
+    _check_actions(lib)
     lib._stash_engine_typed = True
     return lib
+
+
+def _check_actions(lib):
+    """KEEP, RECOMPUTE and OFFLOAD are the library's numbers for those actions."""
+    for name, value in ACTION_NAMES.items():
+        got = lib.stash_action_name(value)
+        if got is None or got.decode() != name:
+            raise StashError(f"libstash names action {value} {got!r}, this package calls it "
+                             f"{name!r}: the package and the library do not match")
 
 
 def _check(status, what):
@@ -136,37 +154,53 @@ def _check(status, what):
         raise StashError(f"{text} ({name}, status {status})", status)
 
 
+def _read_plan(text, where):
+    """Per-layer action lists of stash.plan/1 text (bytes), read by the library; errors
+    name `where` (the file, or "plan") and the JSON path."""
+    lib = _lib()
+    S = ctypes.c_size_t
+
+    def check(status):
+        if status != 0:
+            msg = lib.stash_last_error().decode(errors="replace")
+            for prefix in ("stash_plan_read_actions: ", "plan: "):
+                msg = msg[len(prefix):] if msg.startswith(prefix) else msg
+            raise StashError(f"{where}: {msg} ({status_string(status)}, status {status})",
+                             status)
+
+    n_layers, n_actions = S(), S()
+    check(lib.stash_plan_read_actions(text, ctypes.byref(n_layers), None, 0,
+                                      ctypes.byref(n_actions), None, 0))
+    counts = (S * max(1, n_layers.value))()
+    actions = (ctypes.c_int * max(1, n_actions.value))()
+    check(lib.stash_plan_read_actions(text, None, counts, n_layers.value, None, actions,
+                                      n_actions.value))
+    out, at = [], 0
+    for n in counts[:n_layers.value]:
+        out.append(list(actions[at:at + n]))
+        at += n
+    return out
+
+
 def plan_actions(plan):
     """Per-layer action lists (ints KEEP/RECOMPUTE/OFFLOAD) from a stash.plan/1 document (a
-    path or the parsed dict) or from a list of per-layer lists of actions ("keep",
-    "recompute", "offload", or the ints). Raises StashError naming the bad field."""
+    path or the parsed dict, read as stash_engine_load_plan reads a plan file) or from a
+    list of per-layer lists of actions ("keep", "recompute", "offload", or the ints).
+    Raises StashError naming the bad field ("plan: layers[3].tensors[2].action: ...", or
+    the file instead of "plan")."""
     if isinstance(plan, (str, os.PathLike)):
         try:
-            with open(plan) as f:
-                plan = json.load(f)
-        except (OSError, ValueError) as e:
+            with open(plan, "rb") as f:
+                text = f.read()
+        except OSError as e:
             raise StashError(f"cannot read plan {os.fspath(plan)!r}: {e}") from e
+        return _read_plan(text, os.fspath(plan))
     if isinstance(plan, dict):
-        if plan.get("schema") != "stash.plan/1":
-            raise StashError(f"plan: schema is {plan.get('schema')!r}, expected 'stash.plan/1'")
-        layers = plan.get("layers")
-        if not isinstance(layers, list):
-            raise StashError("plan: layers must be a list")
-        out = []
-        for i, layer in enumerate(layers):
-            if not isinstance(layer, dict) or not isinstance(layer.get("tensors"), list):
-                raise StashError(f"plan: layers[{i}].tensors must be a list")
-            if "index" in layer and layer["index"] != i:
-                raise StashError(f"plan: layers[{i}].index is {layer['index']}, expected {i}")
-            actions = []
-            for j, t in enumerate(layer["tensors"]):
-                a = t.get("action") if isinstance(t, dict) else None
-                if a not in ACTION_NAMES:
-                    raise StashError(f"plan: layers[{i}].tensors[{j}].action is {a!r}, expected "
-                                     "keep, recompute or offload")
-                actions.append(ACTION_NAMES[a])
-            out.append(actions)
-        return out
+        try:
+            text = json.dumps(plan, allow_nan=False).encode()
+        except (TypeError, ValueError) as e:
+            raise StashError(f"plan: the dict is not JSON: {e}") from e
+        return _read_plan(text, "plan")
     if isinstance(plan, (list, tuple)):
         out = []
         for i, layer in enumerate(plan):

@@ -18,9 +18,10 @@
 //    tensor stays;
 //  * the loss turn allocates the target and the output gradient `dout`, frees the target
 //    and the last output;
-//  * backward of layer i: the engine's prefetch of layer i-1 (backward_begin), the acquires
-//    of layer i's offloaded tensors, the recompute of its recomputed tensors in dependency
-//    order, then the temporaries da, dh (F wide) and du, next to dout. Layer i's saved
+//  * backward of layer i: the engine's prefetch of layer i-1 (backward_begin at lookahead
+//    1, Note [The step's schedule] in planner/schedule.h), the acquires of layer i's
+//    offloaded tensors, the recompute of its recomputed tensors in dependency order, then
+//    the temporaries da, dh (F wide) and du, next to dout. Layer i's saved
 //    tensors are released or freed when its backward ends, as the planner's model and the
 //    simulator assume; so at its widest the backward of layer i holds
 //        fixed + kept(< i) + A_i + prefetched(i-1) + (dout + da + dh)

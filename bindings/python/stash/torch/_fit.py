@@ -103,7 +103,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 
 from .. import _lib
-from .._engine import KEEP, OFFLOAD, RECOMPUTE, ACTION_NAMES
+from .._engine import KEEP, OFFLOAD, RECOMPUTE, plan_actions
 from .._lib import StashError, parse_bytes
 from .._link import cache_root, cached_link
 from .._planner import InfeasibleBudget, evaluate, make_plan
@@ -1052,7 +1052,7 @@ def _plan_doc(profile, actions) -> Dict[str, Any]:
 
 
 def _actions_of(plan) -> List[List[int]]:
-    return [[ACTION_NAMES[t["action"]] for t in layer["tensors"]] for layer in plan["layers"]]
+    return plan_actions(plan)
 
 
 def _cupti_fwd(cupti, i):

@@ -26,8 +26,9 @@ is called; run the blocks on it.
   wait for its H2D, so dropping the buffer cannot let the compute stream reuse memory
   the H2D still writes.
 - Host-visible memory: torch's allocator decides reuse on the host, at allocation time.
-  A storage produced on the compute stream returns to it when forward_begin(i+2)
-  enqueues the wait for its copy, with no host wait; one produced elsewhere only when
+  A storage produced on the compute stream returns to it when the engine enqueues the
+  compute stream's wait for its copy (forward_begin two blocks on: Note [The step's
+  schedule] in planner/schedule.h), with no host wait; one produced elsewhere only when
   the host has seen its copy complete (the engine polls at each call), so a host far
   ahead of the GPU holds more of those than the planner's one layer in flight.
   max_in_flight_bytes (about one block's offloaded bytes) bounds copies in transit: an
