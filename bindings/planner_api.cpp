@@ -191,7 +191,11 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
 }
 
 STASH_API const char* stash_action_name(stash_action_t action) {
-  switch (action) {
+  // Switching on the int: a caller may pass any number, which need not be a valid
+  // stash_action_t value (loading one as the enum would be undefined).
+  int value;
+  std::memcpy(&value, &action, sizeof value);
+  switch (value) {
     case STASH_ACTION_KEEP: return pl::to_string(pl::Action::keep);
     case STASH_ACTION_RECOMPUTE: return pl::to_string(pl::Action::recompute);
     case STASH_ACTION_OFFLOAD: return pl::to_string(pl::Action::offload);

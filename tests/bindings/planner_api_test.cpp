@@ -339,7 +339,7 @@ TEST(PlannerApi, ActionNamesAreThePlanSpelling) {
   EXPECT_STREQ(stash_action_name(STASH_ACTION_RECOMPUTE), "recompute");
   EXPECT_STREQ(stash_action_name(STASH_ACTION_OFFLOAD), "offload");
   EXPECT_EQ(stash_action_name(static_cast<stash_action_t>(3)), nullptr);
-  EXPECT_EQ(stash_action_name(static_cast<stash_action_t>(-1)), nullptr);
+  EXPECT_EQ(stash_action_name(STASH_ACTION_FORCE_INT_), nullptr);  // not an action
 }
 
 }  // namespace
