@@ -3,6 +3,7 @@
 
 #include "api_boundary.h"
 #include "handles.h"
+#include "host_memory.h"
 #include "pinned_pool.h"
 #include "struct_version.h"
 
@@ -129,6 +130,15 @@ STASH_API stash_status_t stash_pinned_reset_peak(stash_pinned_pool_t* pool) {
   return api_call(fn, [&] {
     if (!pool) return no_pool(fn);
     pool->pool.reset_peak();
+    return status::ok;
+  });
+}
+
+STASH_API stash_status_t stash_pinned_default_cap(size_t* bytes) {
+  static const char* fn = "stash_pinned_default_cap";
+  return api_call(fn, [&]() -> status {
+    if (!bytes) return fail(status::invalid_argument, "%s: bytes is NULL", fn);
+    *bytes = static_cast<size_t>(probe_host_memory().default_cap);
     return status::ok;
   });
 }

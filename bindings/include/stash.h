@@ -204,6 +204,12 @@ STASH_API stash_status_t stash_pinned_pool_create(const stash_pinned_pool_config
  * allocated become invalid. NULL: no-op. */
 STASH_API void stash_pinned_pool_destroy(stash_pinned_pool_t* pool);
 
+/* The cap a pinned pool gets when its config leaves cap_bytes 0 (since 0.3.0): 0.8 x the
+ * host memory really available (MemAvailable, or less under a cgroup v1/v2 memory limit)
+ * divided by LOCAL_WORLD_SIZE, as read now. A profile's host.pinnable_bytes for this rank.
+ * bytes NULL: STASH_ERROR_INVALID_ARGUMENT. Thread-safe. */
+STASH_API stash_status_t stash_pinned_default_cap(size_t* bytes);
+
 /* *out = a block of at least `bytes`, aligned to the pool's alignment. bytes == 0, bytes >
  * slab_bytes, pool or out NULL: STASH_ERROR_INVALID_ARGUMENT. Cap reached:
  * STASH_ERROR_OUT_OF_MEMORY or STASH_ERROR_TIMEOUT per on_exhausted. On failure *out is

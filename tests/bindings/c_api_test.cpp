@@ -274,3 +274,21 @@ TEST(CApi, LastErrorIsPerThread) {
 }
 
 }  // namespace
+
+#include "host_memory.h"
+
+namespace {
+
+// The profile's host.pinnable_bytes (stash.torch's record pass and fit) is the pinned
+// pool's own default cap, cgroup limits and LOCAL_WORLD_SIZE included.
+TEST(CApi, PinnedDefaultCapIsThePoolsDefault) {
+  size_t bytes = 0;
+  ASSERT_EQ(stash_pinned_default_cap(&bytes), STASH_OK) << stash_last_error();
+  // Read twice, a moment apart: MemAvailable moves a little in between.
+  const double want = static_cast<double>(stash::probe_host_memory().default_cap);
+  EXPECT_NEAR(static_cast<double>(bytes), want, 0.02 * want);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_EQ(stash_pinned_default_cap(nullptr), STASH_ERROR_INVALID_ARGUMENT);
+}
+
+}  // namespace

@@ -366,6 +366,22 @@ def test_cpu_torch_without_the_double_is_refused():
     assert "refused:" in out.stdout and "STASH_CUDART" in out.stdout, out.stdout
 
 
+def test_profile_pinnable_bytes_is_the_pinned_pools_default_cap():
+    import ctypes
+    from stash import _lib
+    lib = _lib.load("libstash.so")
+    n = ctypes.c_size_t(0)
+    lib.stash_pinned_default_cap.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+    assert lib.stash_pinned_default_cap(ctypes.byref(n)) == 0
+    data = batches(1, batch=2, seq=64)
+    model, blocks = llama(layers=2, hidden=64)
+    *_, h = train(model, data, lambda opt: stash.torch.fit(blocks, "95%", optimizer=opt,
+                                                           link=LINK))
+    got = h.profile["host"]["pinnable_bytes"]
+    assert n.value > 0 and abs(got - n.value) <= 0.02 * n.value  # MemAvailable moves a little
+    h.close()
+
+
 def test_report_and_trace(tmp_path):
     data = batches(2, batch=2, seq=128)
     model, blocks = llama(layers=3, hidden=128)

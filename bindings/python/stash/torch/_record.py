@@ -17,6 +17,7 @@ Everything else is offloadable and recomputable; times are 0, to be filled by `s
 profile` (CUPTI), which also names what it could not measure.
 """
 
+import ctypes
 import hashlib
 import json
 import os
@@ -24,19 +25,20 @@ import os
 import torch
 
 from .. import profile as _profile
+from .._lib import StashError, load
 from ._saved import SaveOrder, call_block, resident_storages, storage_of, tensors_in
 
 
 def _pinnable_bytes():
-    """0.8 x MemAvailable: the pinned pool's default cap for one rank."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 * 8 // 10
-    except OSError:
-        pass
-    return 0
+    """The pinned pool's default cap for this rank, from the library (stash_pinned_default_cap:
+    0.8 x the host memory really available, cgroup limits included, / LOCAL_WORLD_SIZE)."""
+    lib = load("libstash.so")
+    lib.stash_pinned_default_cap.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+    lib.stash_pinned_default_cap.restype = ctypes.c_int
+    n = ctypes.c_size_t(0)
+    if lib.stash_pinned_default_cap(ctypes.byref(n)) != 0:
+        raise StashError("stash_pinned_default_cap failed")
+    return int(n.value)
 
 
 def _device_info():
