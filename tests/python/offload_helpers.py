@@ -3,6 +3,9 @@ training and comparison helpers, and the double's violation log."""
 
 import contextlib
 import ctypes
+import os
+import subprocess
+import sys
 
 import torch
 import torch.nn as nn
@@ -75,6 +78,26 @@ def _assert_bitwise(a, b):
         assert len(step_a) == len(step_b)
         assert all(torch.equal(x, y) for x, y in zip(step_a, step_b))
 
+
+
+def refused_without_the_double(call):
+    """Runs `call` (Python source using `blocks`, one CPU Linear block) in a process
+    without STASH_CUDART, where stash's libraries share the process's runtime (torch's):
+    it must raise a StashError that names the seam and leave the block unwrapped. The
+    namespace is chosen once per process, hence a process of its own."""
+    code = (
+        "import torch, stash, stash.torch\n"
+        "blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4)])\n"
+        "try:\n"
+        f"    {call}\n"
+        "except stash.StashError as e:\n"
+        "    assert 'forward' not in vars(blocks[0])\n"
+        "    print('refused:', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "STASH_CUDART"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "refused:" in out.stdout and "STASH_CUDART" in out.stdout, out.stdout
 
 
 def _violations():

@@ -3,11 +3,9 @@
 The double runs with STASHDBL_FOREIGN_IS_DEVICE=1 (set by ctest): torch's CPU tensors are
 the "device" memory the engine copies to pinned memory and back."""
 
-import ctypes
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ import stash.torch
 from stash import _engine
 from models import Gated, Scale
 from offload_helpers import (B, D, FF, N_SAVED, T, _assert_bitwise, _batches, _loss, _model,
+                             refused_without_the_double,
                              _two_micro_batches,
                              _train, _violations)
 
@@ -221,21 +220,8 @@ def test_retain_graph_reuses_the_fetched_tensors():
 
 def test_cpu_blocks_without_the_double_are_refused():
     # Without STASH_CUDART stash's libraries share the process's runtime (torch's), which
-    # cannot take CPU tensors as device memory: a StashError naming the seam, and the
-    # blocks untouched. A process of its own: the namespace is chosen once per process.
-    code = (
-        "import torch, stash, stash.torch\n"
-        "blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4)])\n"
-        "try:\n"
-        "    stash.torch.offload(blocks, [['keep']])\n"
-        "except stash.StashError as e:\n"
-        "    assert 'forward' not in vars(blocks[0])\n"
-        "    print('refused:', e)\n")
-    env = {k: v for k, v in os.environ.items() if k != "STASH_CUDART"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "refused:" in out.stdout and "STASH_CUDART" in out.stdout, out.stdout
+    # cannot take CPU tensors as device memory.
+    refused_without_the_double("stash.torch.offload(blocks, [['keep']])")
 
 
 def test_record_then_stash_plan_then_offload(tmp_path):

@@ -9,6 +9,7 @@ import re
 from typing import Any, Dict, Optional
 
 from ._lib import StashError, load, status_string
+from .profile import write_json
 
 __all__ = ["LinkResult", "cached_link", "measure_link"]
 
@@ -73,10 +74,6 @@ def cached_link(key: str, device: int = 0, nbytes: int = 0, sharers: int = 0,
     except (OSError, ValueError):
         pass
     link = measure_link(device, nbytes, sharers)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(link, f, indent=1)
-    os.replace(tmp, path)
+    write_json(path, link)
     link["cached"] = False
     return link

@@ -5,11 +5,27 @@ the same required fields, types and ranges so that a profile written from Python
 to load in ``stash plan`` / ``stash profile --skeleton`` before it gets there.
 """
 
+import json
 import math
+import os
 
 SCHEMA = "stash.profile/1"
 
-__all__ = ["SCHEMA", "validate", "ProfileError"]
+__all__ = ["SCHEMA", "validate", "write_json", "ProfileError"]
+
+
+def write_json(path, doc):
+    """Writes `doc` as JSON to `path` whole or not at all (a temporary file, then a rename;
+    the folder is made if missing), as planner::write_json_file does for the CLI."""
+    path = os.fspath(path)
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 class ProfileError(ValueError):

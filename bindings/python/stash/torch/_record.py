@@ -20,7 +20,6 @@ profile` (CUPTI), which also names what it could not measure.
 import ctypes
 import hashlib
 import json
-import os
 
 import torch
 
@@ -41,9 +40,13 @@ def _pinnable_bytes():
     return int(n.value)
 
 
-def _device_info():
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+def _device_info(device=None):
+    """A profile's device section: `device`'s, or (None) the current CUDA device's when
+    there is one."""
+    if device is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device is not None and device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
         return {"name": props.name, "memory_bytes": int(props.total_memory)}
     return {"name": "cpu", "memory_bytes": 0}
 
@@ -147,9 +150,5 @@ def record(blocks, sample_inputs, path=None, *, names=None, link=None, fixed_byt
     }
     _profile.validate(doc)
     if path is not None:
-        tmp = f"{os.fspath(path)}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
+        _profile.write_json(path, doc)
     return doc
