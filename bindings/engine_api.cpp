@@ -226,8 +226,7 @@ STASH_API stash_status_t stash_engine_stats(stash_engine_t* e, stash_engine_stat
     full.ordered_handback_bytes = s.ordered_handback_bytes;
     status st = api::copy_stats(s.pinned, &full.pinned, fn);
     if (st != status::ok) return st;
-    full.struct_size = out->struct_size;
-    std::memcpy(out, &full, out->struct_size);
+    api::write_as_far_as(full, out);  // Note [Versioned structs]
     return status::ok;
   });
 }

@@ -52,9 +52,7 @@ STASH_API stash_status_t stash_link_measure(int device, size_t bytes, int sharer
     full.sharers = r.sharers;
     full.buffer_bytes = r.buffer_bytes;
     std::snprintf(full.device_name, sizeof full.device_name, "%s", r.device_name.c_str());
-    // Written as far as the caller's struct goes (Note [Versioned structs]).
-    full.struct_size = result->struct_size;
-    std::memcpy(result, &full, result->struct_size);
+    api::write_as_far_as(full, result);  // Note [Versioned structs]
     return status::ok;
   });
 }

@@ -27,12 +27,9 @@ static_assert(static_cast<int>(pl::Action::keep) == STASH_ACTION_KEEP);
 static_assert(static_cast<int>(pl::Action::recompute) == STASH_ACTION_RECOMPUTE);
 static_assert(static_cast<int>(pl::Action::offload) == STASH_ACTION_OFFLOAD);
 
-// The figures, as far as the caller's struct goes (its struct_size stays the caller's).
+// The figures, as far as the caller's struct goes (result may be NULL).
 void deliver_result(const stash_plan_result_t& r, stash_plan_result_t* result) noexcept {
-  if (!result) return;
-  std::memcpy(reinterpret_cast<char*>(result) + sizeof(std::size_t),
-              reinterpret_cast<const char*>(&r) + sizeof(std::size_t),
-              result->struct_size - sizeof(std::size_t));
+  if (result) api::write_as_far_as(r, result);
 }
 
 }  // namespace

@@ -176,4 +176,13 @@ status read_config(const char* fn, const char* param, const T* given, T* out) no
   return status::ok;
 }
 
+// Writes `full` to *out as far as the caller's struct_size goes (a size check_size took),
+// leaving out->struct_size the caller's: a result or statistics struct of an older layout.
+template <class T>
+void write_as_far_as(const T& full, T* out) noexcept {
+  T copy = full;
+  copy.struct_size = out->struct_size;
+  std::memcpy(static_cast<void*>(out), &copy, out->struct_size);
+}
+
 }  // namespace stash::api
