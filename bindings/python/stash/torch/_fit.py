@@ -107,19 +107,20 @@ from .._link import cached_link
 from .._planner import InfeasibleBudget, evaluate, make_plan
 from .._profiler import FORWARD, Profiler
 from .. import profile as _profile
-from ._fit_support import (GiB, MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _actions_of, _allocator_state,
-                           _Clock, _cupti_fwd, _gib, _LayerRecord, _MeasureLayer,
-                           _min_feasible, _model_digest, _optimizer_state_bytes,
-                           _optimizer_state_estimate, _parse_budget, _plan_doc, _signature,
-                           _StepRecord, _tensor_bytes, _weak)
+from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _actions_of, _allocator_state,
+                           _Clock, _gib, _LayerRecord, _MeasureLayer, _min_feasible,
+                           _model_digest, _optimizer_state_bytes, _optimizer_state_estimate,
+                           _parse_budget, _signature, _StepRecord, _tensor_bytes, _weak)
+from ._fit_profile import FitProfile
+from ._fit_report import FitReport
 from ._offload import OffloadHandle
-from ._record import _device_info, _pinnable_bytes
+from ._record import _device_info
 from ._saved import storage_of
 
 __all__ = ["BudgetHandle", "fit"]
 
 
-class BudgetHandle(OffloadHandle):
+class BudgetHandle(FitProfile, FitReport, OffloadHandle):
     """Returned by :func:`fit`; see there. A context manager: leaving it closes."""
 
     def __init__(self, blocks, budget, *, optimizer=None, solver="greedy", cache_dir=None,
@@ -479,105 +480,6 @@ class BudgetHandle(OffloadHandle):
         self.actions = actions
         self._mode = mode
 
-    def _record_profile(self, rec: _StepRecord):
-        """Turns a finished measuring step into a stash.profile/1 (kept in the cache)."""
-        clock = self._clock
-        layers = []
-        cupti_fwd = []
-        total_fwd = total_bwd = 0.0
-        # The first holder of a storage later blocks share is must_keep too: offloading it
-        # would free nothing while they hold it.
-        first_holders = {e["holder"] for layer in self._layers for e in layer.entries
-                         if e["holder"] is not None}
-        for i, layer in enumerate(self._layers):
-            fwd = [clock.ms(*v) for (mb, l), v in rec.fwd.items() if l == i and v[0] is not None]
-            bwd = [clock.ms(*v) for (mb, l), v in rec.bwd.items() if l == i and v[1] is not None]
-            reps = [v for (mb, l), v in rec.replay.items() if l == i and v[1] is not None]
-            rep_ms = [clock.ms(v[0], v[1]) for v in reps]
-            total_fwd += sum(fwd)
-            total_bwd += sum(bwd)
-            n = max(1, len(fwd))
-            fwd_ms = sum(fwd) / n
-            kernel = _cupti_fwd(rec.cupti, i)
-            if kernel is not None:
-                cupti_fwd.append({"layer": i, "kernel_ms": kernel, "span_ms": fwd_ms})
-            bwd_ms = max(0.0, (sum(bwd) - sum(rep_ms)) / max(1, len(bwd)))
-            # Note [Recompute cost as the replay pays it]
-            # A segment that ends at an input's save (restored, not recomputed) belongs to the
-            # next recomputable tensor, so the costs still add up to the replay's prefix.
-            cost = {}
-            if reps:
-                begin, _, marks = reps[0]
-                prev = begin
-                for j, m in marks:
-                    e = layer.entries[j] if j < len(layer.entries) else None
-                    if e is not None and e["recomputable"] and j not in cost:
-                        cost[j] = clock.ms(prev, m)
-                        prev = m
-            tensors = []
-            seen_names = set()
-            for j, e in enumerate(layer.entries):
-                again = e["holder"] is not None        # listed by an earlier block
-                keep = again or (i, j) in first_holders or e.get("held_outside", False)
-                name = "input" if e.get("is_input") and "input" not in seen_names else f"saved.{j}"
-                seen_names.add(name)
-                tensors.append({
-                    "name": name,
-                    "bytes": 0 if again else int(e["bytes"]),
-                    "recompute_ms": float(cost.get(j, 0.0)) if e["recomputable"] else 0.0,
-                    "offloadable": not keep,
-                    "recomputable": bool(e["recomputable"]) and not keep,
-                    "must_keep": keep,
-                })
-            digest = hashlib.sha256(json.dumps(
-                [(t["bytes"], t["recomputable"], t["must_keep"]) for t in tensors]).encode()
-            ).hexdigest()[:16]
-            layers.append({"name": f"{type(self.blocks[i]).__name__}.{i}",
-                           "signature": f"{type(self.blocks[i]).__name__}:{digest}",
-                           "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "bwd_temp_bytes": 0,
-                           "tensors": tensors})
-        end = rec.end if rec.end is not None else getattr(rec, "bwd_end", None)
-        step_ms = clock.ms(rec.start, end)
-        # Once per step (the loss, the optimizer, the uploads), whatever the micro-batches.
-        overhead = max(0.0, step_ms - total_fwd - total_bwd)
-        doc = {
-            "schema": _profile.SCHEMA,
-            "source": "measured",
-            "device": _device_info(self.device),
-            "link": dict(self._link_section),
-            "host": {"pinnable_bytes": _pinnable_bytes()},
-            "fixed_bytes": 0,
-            "step_overhead_ms": overhead,
-            "layers": layers,
-            "measurement": {"timing": self._timing_kind(), "passes": rec.passes,
-                            "cupti": self._cupti_summary(cupti_fwd),
-                            "notes": ["fit: least-memory measuring step"]},
-        }
-        doc["fixed_bytes"] = self._fixed_from(doc, rec)
-        entry = {"profile": doc, "measured_peak_bytes": rec.peak_bytes}
-        self._cache[rec.key] = entry
-        self._entry = entry
-        self._store(rec.key, "profile", doc)
-
-    def _measure_actions_seen(self):
-        """What the measuring step did with each tensor, by name."""
-        names = {KEEP: "keep", RECOMPUTE: "recompute", OFFLOAD: "offload"}
-        return [[names[e["action"]] for e in layer.entries] for layer in self._layers]
-
-    def _fixed_from(self, doc, rec) -> int:
-        """Note [What the budget counts]."""
-        counted = self._fixed_counted()
-        self._opt_state_counted = _optimizer_state_estimate(self.optimizer)
-        if not self._cuda:
-            return counted
-        probe = dict(doc, fixed_bytes=0)
-        measure_plan = _plan_doc(probe, self._measure_actions_seen())
-        act = evaluate(probe, measure_plan, 1 << 62, strict=False)["predicted_peak_bytes"]
-        calibrated = rec.peak_bytes - act
-        missing = self._opt_state_counted if (
-            self.optimizer is not None and not len(self.optimizer.state)) else 0
-        return int(max(calibrated + missing, counted))
-
     def _link(self) -> Dict[str, Any]:
         if isinstance(self._link_arg, dict):
             try:
@@ -679,18 +581,6 @@ class BudgetHandle(OffloadHandle):
         """The clock the plan's times come from: "host-clock" (CPU) or "cuda-events"."""
         return self._clock.kind
 
-    def _cupti_summary(self, fwd) -> Dict[str, Any]:
-        """Note [The measuring step]: CUPTI's forward kernel time beside the events' span,
-        or why CUPTI did not run."""
-        if self._cupti_used is None:
-            return {"used": False, "reason": "no CUDA device (the host clock times the step)"}
-        used, reason = self._cupti_used
-        if used and fwd:
-            return {"used": True, "forward": fwd,
-                    "kernel_share": sum(f["kernel_ms"] for f in fwd)
-                    / max(1e-9, sum(f["span_ms"] for f in fwd))}
-        return {"used": False, "reason": reason or self._cupti.reason or "no records"}
-
     def _fail(self, error: StashError):
         self._failed = error
         self.close()
@@ -782,69 +672,6 @@ class BudgetHandle(OffloadHandle):
         self._settle()
         e = self._entry
         return e.get("profile") if e else None
-
-    def report(self) -> Dict[str, Any]:
-        """The budget, one entry per finished step (measured and predicted peak and step
-        time, exposed copy time, mode), the plan's summary and how it was measured."""
-        self._settle()
-        steps = []
-        for s in self._records:
-            if not s.finished:
-                continue
-            steps.append({"step": s.index, "mode": s.mode,
-                          "measured_peak_bytes": s.peak_bytes, "measured_peak_at": s.peak_at,
-                          "predicted_peak_bytes": s.predicted_peak,
-                          "step_ms": s.step_ms, "predicted_step_ms": s.predicted_step,
-                          "exposed_copy_ms": s.exposed_ms, "micro_batches": s.passes,
-                          "planning_ms": s.planning_ms,
-                          "over_budget": (self.budget_bytes is not None
-                                          and s.peak_bytes > self.budget_bytes)})
-        e = self._entry
-        plan = e.get("plan") if e else None
-        summary = None
-        if plan is not None:
-            counts = {"keep": 0, "recompute": 0, "offload": 0}
-            for layer in plan["layers"]:
-                for t in layer["tensors"]:
-                    counts[t["action"]] += 1
-            summary = {"solver": plan["solver"], "actions": counts,
-                       "predicted_peak_bytes": plan["predicted"]["peak_bytes"],
-                       "predicted_step_ms": plan["predicted"]["step_ms"],
-                       "keep_all_peak_bytes": plan["baselines"]["keep_all"]["peak_bytes"],
-                       "offloaded_bytes": plan["predicted"]["offloaded_bytes"],
-                       "binding_constraints": plan["binding_constraints"][:8]}
-        prof = e.get("profile") if e else None
-        return {"budget": self._budget_text, "budget_bytes": self.budget_bytes,
-                "timing": self._timing_kind(),
-                "cupti": prof.get("measurement", {}).get("cupti") if prof else None,
-                "memory": ("stash pool peak" if self._pool else
-                           "torch.cuda.max_memory_allocated" if self._cuda else
-                           "tracked saved storages + parameters, gradients, optimizer state"),
-                "link": prof["link"] if prof else None,
-                "fixed_bytes": prof["fixed_bytes"] if prof else None,
-                "steps": steps, "plan": summary}
-
-    def format_report(self) -> str:
-        """report() as the table the README shows."""
-        r = self.report()
-        lines = [f"stash.torch.fit: budget {r['budget']} = "
-                 f"{_gib(r['budget_bytes']) if r['budget_bytes'] else '(not yet known)'}; "
-                 f"timing {r['timing']}; memory {r['memory']}",
-                 "step  mode     peak GiB (pred)     step ms (pred)   exposed ms"]
-        for s in r["steps"]:
-            pp = f"{s['predicted_peak_bytes'] / GiB:.3f}" if s["predicted_peak_bytes"] else "-"
-            ps = f"{s['predicted_step_ms']:.2f}" if s["predicted_step_ms"] else "-"
-            flag = "  OVER BUDGET" if s["over_budget"] else ""
-            lines.append(f"{s['step']:>4}  {s['mode']:<7}  {s['measured_peak_bytes'] / GiB:8.3f}"
-                         f" ({pp:>7})  {s['step_ms']:9.2f} ({ps:>8})  {s['exposed_copy_ms']:8.3f}"
-                         f"{flag}")
-        if r["plan"]:
-            p = r["plan"]
-            lines.append(f"plan: {p['solver']}, {p['actions']['keep']} keep / "
-                         f"{p['actions']['recompute']} recompute / {p['actions']['offload']} "
-                         f"offload; predicted peak {_gib(p['predicted_peak_bytes'])} of keep-all "
-                         f"{_gib(p['keep_all_peak_bytes'])}")
-        return "\n".join(lines)
 
     def close(self):
         """Restores the blocks exactly and frees the engine (OffloadHandle.close)."""

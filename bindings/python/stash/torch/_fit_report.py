@@ -1,0 +1,77 @@
+"""stash.torch.fit's report: what each step measured beside what the plan predicted, as
+a dict and as the table the README shows. Mixed into _fit.BudgetHandle, which keeps the
+step records (_records), the cache entry of the current shape (_entry) and the budget."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from ._fit_support import GiB, _gib
+
+
+class FitReport:
+    """BudgetHandle's report() and format_report(). Uses its _settle, _records, _entry,
+    budget_bytes, _budget_text, _timing_kind, _pool and _cuda."""
+
+    def report(self) -> Dict[str, Any]:
+        """The budget, one entry per finished step (measured and predicted peak and step
+        time, exposed copy time, mode), the plan's summary and how it was measured."""
+        self._settle()
+        steps = []
+        for s in self._records:
+            if not s.finished:
+                continue
+            steps.append({"step": s.index, "mode": s.mode,
+                          "measured_peak_bytes": s.peak_bytes, "measured_peak_at": s.peak_at,
+                          "predicted_peak_bytes": s.predicted_peak,
+                          "step_ms": s.step_ms, "predicted_step_ms": s.predicted_step,
+                          "exposed_copy_ms": s.exposed_ms, "micro_batches": s.passes,
+                          "planning_ms": s.planning_ms,
+                          "over_budget": (self.budget_bytes is not None
+                                          and s.peak_bytes > self.budget_bytes)})
+        e = self._entry
+        plan = e.get("plan") if e else None
+        summary = None
+        if plan is not None:
+            counts = {"keep": 0, "recompute": 0, "offload": 0}
+            for layer in plan["layers"]:
+                for t in layer["tensors"]:
+                    counts[t["action"]] += 1
+            summary = {"solver": plan["solver"], "actions": counts,
+                       "predicted_peak_bytes": plan["predicted"]["peak_bytes"],
+                       "predicted_step_ms": plan["predicted"]["step_ms"],
+                       "keep_all_peak_bytes": plan["baselines"]["keep_all"]["peak_bytes"],
+                       "offloaded_bytes": plan["predicted"]["offloaded_bytes"],
+                       "binding_constraints": plan["binding_constraints"][:8]}
+        prof = e.get("profile") if e else None
+        return {"budget": self._budget_text, "budget_bytes": self.budget_bytes,
+                "timing": self._timing_kind(),
+                "cupti": prof.get("measurement", {}).get("cupti") if prof else None,
+                "memory": ("stash pool peak" if self._pool else
+                           "torch.cuda.max_memory_allocated" if self._cuda else
+                           "tracked saved storages + parameters, gradients, optimizer state"),
+                "link": prof["link"] if prof else None,
+                "fixed_bytes": prof["fixed_bytes"] if prof else None,
+                "steps": steps, "plan": summary}
+
+    def format_report(self) -> str:
+        """report() as the table the README shows."""
+        r = self.report()
+        lines = [f"stash.torch.fit: budget {r['budget']} = "
+                 f"{_gib(r['budget_bytes']) if r['budget_bytes'] else '(not yet known)'}; "
+                 f"timing {r['timing']}; memory {r['memory']}",
+                 "step  mode     peak GiB (pred)     step ms (pred)   exposed ms"]
+        for s in r["steps"]:
+            pp = f"{s['predicted_peak_bytes'] / GiB:.3f}" if s["predicted_peak_bytes"] else "-"
+            ps = f"{s['predicted_step_ms']:.2f}" if s["predicted_step_ms"] else "-"
+            flag = "  OVER BUDGET" if s["over_budget"] else ""
+            lines.append(f"{s['step']:>4}  {s['mode']:<7}  {s['measured_peak_bytes'] / GiB:8.3f}"
+                         f" ({pp:>7})  {s['step_ms']:9.2f} ({ps:>8})  {s['exposed_copy_ms']:8.3f}"
+                         f"{flag}")
+        if r["plan"]:
+            p = r["plan"]
+            lines.append(f"plan: {p['solver']}, {p['actions']['keep']} keep / "
+                         f"{p['actions']['recompute']} recompute / {p['actions']['offload']} "
+                         f"offload; predicted peak {_gib(p['predicted_peak_bytes'])} of keep-all "
+                         f"{_gib(p['keep_all_peak_bytes'])}")
+        return "\n".join(lines)
