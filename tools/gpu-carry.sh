@@ -7,6 +7,9 @@
 #   tools/gpu-carry.sh --build   the same, and a Release build for the GPU made here, staged
 #                                into .carry/build-gpu (Note [A build made here]), so the GPU
 #                                machine's minutes go to the checks rather than to nvcc
+#                                Both also download the Python wheels the peers benchmark
+#                                needs and the GPU image lacks (torchtune and what its
+#                                imports need; Note [The peers' wheels]) into .carry/wheels
 # Then carry ".carry" to the GPU machine (device tool: carry [".carry"]) and run
 # tools/gpu-check.sh there. .carry/ is git-ignored.
 # gpu-check.sh unpacks the packages with `dpkg-deb -x` into .carry/prefix (never into /) and
@@ -44,6 +47,19 @@
 # libraries of that same tree, so a prefix beside it would be a second copy to carry and
 # to check against the sources. The carry stays the staged tree; the fixed path is what
 # makes it valid on the GPU machine, and SOURCES what tells it the sources changed.
+#
+# Note [The peers' wheels]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# python -m stash.bench.peers runs torchtune's OffloadActivations from the real package.
+# The GPU image (Python 3.12, torch 2.11; its package list is in the device tool's
+# KINDS.md) has transformers, pandas, pyarrow, lxml, sentencepiece, tiktoken, xxhash and
+# psutil, but not torchtune, the torchao it imports at its top, or the modules its
+# package imports load (datasets, torchdata, omegaconf, blobfile, kagglehub, ...). Those
+# travel as wheels for CPython 3.12 on manylinux x86_64, about 11 MiB, at the versions
+# tests/python/requirements.txt pins for the CPU tests; gpu-check.sh installs them with
+# --no-index --no-deps into .carry/site and puts that on PYTHONPATH for the Python steps.
+# pandas and pyarrow (67 MiB) would not fit the carry's 64 MiB; the image's are used. If
+# the image's pyarrow is older than datasets wants, torchtune's row says so.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=0
@@ -72,6 +88,23 @@ if [ "$n" -ne "${#pkgs[@]}" ]; then
   exit 1
 fi
 echo "stash gpu-carry: $n packages, $(du -sh "$dest" | cut -f1), in $dest"
+
+# --- the peers' wheels (Note [The peers' wheels]) -------------------------------------------
+wheels="$root/.carry/wheels"
+req="$root/tests/python/requirements.txt"
+peer_pkgs=(torchtune torchao torchdata datasets dill multiprocess blobfile pycryptodomex
+           kagglehub kagglesdk omegaconf)
+pins=()
+for p in "${peer_pkgs[@]}"; do
+  pin=$(grep -E "^$p==" "$req") || { echo "stash gpu-carry: $p is not pinned in $req" >&2; exit 1; }
+  pins+=("$pin")
+done
+rm -rf "$wheels" "$root/.carry/site"
+py=$("$root/tools/python-env.sh")
+"$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$wheels" "${pins[@]}"
+echo "stash gpu-carry: ${#pins[@]} wheels, $(du -sh "$wheels" | cut -f1), in $wheels"
 ((build)) || exit 0
 
 # --- the build made here (Note [A build made here]) -----------------------------------------

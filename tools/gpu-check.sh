@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The one-shot GPU check (README "On a GPU"): build, the gpu-labelled tests, the link and
 # copy benchmarks, the engine's submit path with the real runtime, `stash demo`, and
-# stash.torch.fit on a Hugging Face Llama (python -m stash.bench.fit), with every figure in
-# one report file. Meant to finish in under 5 minutes on an H200.
+# stash.torch.fit on a Hugging Face Llama (python -m stash.bench.fit), the peers benchmark
+# (python -m stash.bench.peers: stash beside checkpointing, selective checkpointing,
+# save_on_cpu, torchtune and torch.compile's memory budget on a bf16 Llama that fills most
+# of an H200), with every figure in one report file. The default steps, "build tests
+# peers", are meant to finish in about 5 minutes on an H200 with a carried build; bench,
+# demo and fit (measured on an H200 before, and fit's targets are in the peers table's
+# stash rows) run when named.
 #   tools/gpu-check.sh [REPORT]     default: $OUT/gpu-check.txt when $OUT is set (the
 #                                   device tool's output folder), else out/gpu-check.txt
 # It never calls apt-get: a GPU machine may reach no package registry. Dependencies come
@@ -15,10 +20,13 @@
 # because ctest -L gpu runs from one (Note [Why the carry is a build tree, not an install]
 # there).
 # Environment: STASH_GPU_ARCH (default: the first GPU's compute capability, e.g. 90-real),
-# STASH_GPU_CHECK_STEPS (default: all of "build tests bench demo fit"), STASH_GPU_BUILD_DIR
+# STASH_GPU_CHECK_STEPS (default "build tests peers"; all: "build tests bench demo fit
+# peers"), STASH_GPU_BUILD_DIR
 # (default build-gpu/; a carried build always lands at /tmp/stash-gpu-root/build-gpu),
 # STASH_GPU_FIT_SIZE (the fit step's model: h200, default, or tiny), STASH_GPU_FIT_SHARES
-# (default 85,70,55: % of keep-all) and STASH_GPU_FIT_GIB (default 40: GiB budgets).
+# (default 85,70,55: % of keep-all) and STASH_GPU_FIT_GIB (default 40: GiB budgets),
+# STASH_GPU_PEERS_SIZE (default h200-fill; h200 is half the layers at half the batch) and
+# STASH_GPU_PEERS_COMPILE (torch.compile's budgets, default 0.3,0.5,0.7).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -32,7 +40,7 @@ out_dir="$root/out/gpu-check"
 rm -rf "$out_dir"
 mkdir -p "$out_dir"
 : >"$report"
-steps=${STASH_GPU_CHECK_STEPS:-build tests bench demo fit}
+steps=${STASH_GPU_CHECK_STEPS:-build tests peers}
 failed=()
 
 say() { echo "$*" | tee -a "$report"; }
@@ -162,8 +170,20 @@ fi
 
 # stash.torch.fit on a Hugging Face Llama sized for the H200 (bf16, SDPA), with the machine's
 # own torch and transformers: keep-all, then 85%, 70%, 55% of its peak and a 40 GiB budget.
+# The peers' wheels (Note [The peers' wheels] in gpu-carry.sh), for the Python steps only.
+pypath="$root/bindings/python"
+if ls "$root"/.carry/wheels/*.whl >/dev/null 2>&1 && { want peers || want fit; }; then
+  if [ ! -f "$root/.carry/site/.installed" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$root/.carry/site" "$root"/.carry/wheels/*.whl 2>&1 | tee -a "$report" &&
+      touch "$root/.carry/site/.installed"
+  fi
+  [ -f "$root/.carry/site/.installed" ] && pypath+=":$root/.carry/site" &&
+    say "python: $(ls "$root"/.carry/wheels/*.whl | wc -l) carried wheels in $root/.carry/site"
+fi
+
 if want fit; then
-  PYTHONPATH="$root/bindings/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+  PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
     STASH_LIB_DIR="$bdir/bindings:$bdir/bindings/torch_alloc" \
     run "stash.bench.fit (Llama, bf16)" 300 python3 -m stash.bench.fit \
       --size "${STASH_GPU_FIT_SIZE:-h200}" \
@@ -171,12 +191,28 @@ if want fit; then
       --steps 5 --out "$out_dir/fit"
 fi
 
-# Next to the report: the figures' sources (at most 7 files besides the report).
-keep=("$out_dir/link.json" "$out_dir/copy.json" "$out_dir/demo/profile.json"
-      "$out_dir/demo/pareto.svg" "$out_dir/demo/trace-70.json" "$out_dir/fit/fit.json"
+# The peers on a Llama that fills most of the H200 (bf16, SDPA): keep-all, full and
+# selective checkpointing, save_on_cpu, torchtune, torch.compile's memory budgets, and
+# stash.torch.fit at each one's measured peak and at 85%, 70% and 55% of keep-all's.
+if want peers; then
+  PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    STASH_LIB_DIR="$bdir/bindings:$bdir/bindings/torch_alloc" \
+    run "stash.bench.peers (Llama, bf16)" 480 python3 -m stash.bench.peers \
+      --size "${STASH_GPU_PEERS_SIZE:-h200-fill}" --steps 4 --warmup 1 \
+      --compile-budgets "${STASH_GPU_PEERS_COMPILE:-0.3,0.5,0.7}" --out "$out_dir/peers"
+fi
+
+# Next to the report: the figures' sources (at most 7 files besides the report: the first
+# 7 of these that exist).
+keep=("$out_dir/peers/peers.json" "$out_dir/peers/peers.svg" "$out_dir/peers/peers.md"
+      "$out_dir/fit/fit.json" "$out_dir/link.json" "$out_dir/copy.json"
+      "$out_dir/demo/profile.json" "$out_dir/demo/pareto.svg" "$out_dir/demo/trace-70.json"
       "$out_dir/demo/memory-70.svg")
+kept=0
 for f in "${keep[@]}"; do
-  [ -f "$f" ] && [ "$(dirname "$f")" != "$(dirname "$report")" ] && cp "$f" "$(dirname "$report")/"
+  if ((kept < 7)) && [ -f "$f" ] && [ "$(dirname "$f")" != "$(dirname "$report")" ]; then
+    cp "$f" "$(dirname "$report")/" && kept=$((kept + 1))
+  fi
 done
 
 say ""

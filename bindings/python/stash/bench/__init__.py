@@ -1,1 +1,1 @@
-"""Benchmarks a user can rerun: `python -m stash.bench.fit`."""
+"""Benchmarks a user can rerun: `python -m stash.bench.fit`, `python -m stash.bench.peers`."""

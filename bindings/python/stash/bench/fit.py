@@ -25,38 +25,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-SIZES = {
-    # hidden, layers, heads, kv heads, ffn, seq, batch, vocab, dtype
-    "tiny": dict(hidden=128, layers=4, heads=4, kv=2, ffn=256, seq=128, batch=2, vocab=256,
-                 dtype="float32"),
-    "h200": dict(hidden=4096, layers=8, heads=32, kv=8, ffn=14336, seq=4096, batch=2,
-                 vocab=32000, dtype="bfloat16"),
-}
-
-
-def _model(size, seed, device):
-    import torch
-    import transformers
-
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=size["vocab"], hidden_size=size["hidden"],
-        intermediate_size=size["ffn"], num_hidden_layers=size["layers"],
-        num_attention_heads=size["heads"], num_key_value_heads=size["kv"],
-        max_position_embeddings=size["seq"], use_cache=False, attn_implementation="sdpa",
-        torch_dtype=getattr(torch, size["dtype"]))
-    with torch.device(device):
-        model = transformers.LlamaForCausalLM(cfg).to(getattr(torch, size["dtype"]))
-    model.train()
-    return model
-
-
-def _data(size, steps, device):
-    import torch
-
-    g = torch.Generator(device="cpu").manual_seed(1)
-    return [torch.randint(0, size["vocab"], (size["batch"], size["seq"]), generator=g).to(device)
-            for _ in range(steps)]
+from ._llama import SIZES, data as _data, model as _model
 
 
 def _run(size, data, device, budget=None, warmup=1, link=None) -> Dict[str, Any]:

@@ -1,0 +1,287 @@
+"""The memory-saving systems `python -m stash.bench.peers` compares, as PyTorch users run
+them, each applied to a freshly built model.
+
+A system is a name, a label, and start(model, optimizer, device) -> Session. A Session says
+what wraps the model's forward (forward(): a context manager; the backward runs outside it,
+as in torchtune's recipes), and close() undoes nothing but what it holds: every run builds
+its own model, so no system has to restore one. start() raises when a system cannot run
+here (not installed, a torch without the feature, needs CUDA); the harness turns that into
+the row's reason (Note [Rows that say why] in peers.py).
+
+Note [Selective checkpointing, torchtitan's op policy]
+torchtitan's "selective op" activation checkpointing keeps the outputs of the compute-heavy
+ops on its save list (aten.mm and the fused SDPA kernels) and recomputes everything else in
+the layer, except that every second mm of a layer's forward is recomputed too (its counter
+per forward and per recompute, so both count the same mms). We reproduce that policy
+through torch's own create_selective_checkpoint_contexts, one checkpoint per decoder layer,
+non-reentrant. On the CPU, SDPA runs as aten._scaled_dot_product_flash_attention_for_cpu,
+which torchtitan's CUDA-only list does not name; it is on our list so that the CPU run keeps
+attention as the GPU run does. Ops a torch does not have are left out of the list.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from typing import Any, Callable, Dict, List, Optional
+
+
+class Session:
+    """One system applied to one model: forward() wraps each step's forward."""
+
+    def forward(self):
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass
+
+    def stash_report(self) -> Optional[Dict[str, Any]]:
+        """stash.torch.fit's report; None for the other systems."""
+        return None
+
+
+class System:
+    """A row of the comparison. kind groups the rows into one marker style in the plot."""
+
+    def __init__(self, name: str, label: str, kind: str, compiled: bool = False,
+                 budget: Any = None, reference: Optional[str] = None):
+        self.name = name
+        self.label = label
+        self.kind = kind
+        self.compiled = compiled
+        self.budget = budget          # stash only: bytes or "70%"
+        self.reference = reference    # stash only: the row whose peak is the budget
+
+    def start(self, model, optimizer, device) -> Session:
+        return Session()
+
+    def describe(self) -> Dict[str, Any]:
+        return {"name": self.name, "label": self.label, "kind": self.kind,
+                "compiled": self.compiled, "budget": self.budget, "reference": self.reference}
+
+
+def decoder_layers(model):
+    """A Hugging Face causal LM's repeated decoder layers (Llama: model.model.layers)."""
+    return model.model.layers
+
+
+def _checkpoint_each_layer(model, context_fn: Optional[Callable] = None) -> None:
+    """torch.utils.checkpoint around every decoder layer, non-reentrant."""
+    from torch.utils.checkpoint import checkpoint
+
+    extra = {} if context_fn is None else {"context_fn": context_fn}
+    for layer in decoder_layers(model):
+        def forward(*args, _inner=layer.forward, **kwargs):
+            return checkpoint(_inner, *args, use_reentrant=False, **extra, **kwargs)
+        layer.forward = forward
+
+
+class KeepAll(System):
+    def __init__(self):
+        super().__init__("keep-all", "keep-all", "keep-all")
+
+
+class FullCheckpoint(System):
+    def __init__(self):
+        super().__init__("full-ac", "full activation checkpointing", "full-ac")
+
+    def start(self, model, optimizer, device) -> Session:
+        _checkpoint_each_layer(model)
+        return Session()
+
+
+def sac_save_list() -> List[Any]:
+    """The ops whose outputs torchtitan's op policy saves, those this torch has (Note
+    [Selective checkpointing, torchtitan's op policy])."""
+    import torch
+
+    names = [("aten", "mm"), ("aten", "_scaled_dot_product_efficient_attention"),
+             ("aten", "_scaled_dot_product_flash_attention"),
+             ("aten", "_scaled_dot_product_cudnn_attention"),
+             ("aten", "_scaled_dot_product_flash_attention_for_cpu"),
+             ("_c10d_functional", "reduce_scatter_tensor")]
+    ops = []
+    for ns, name in names:
+        packet = getattr(getattr(torch.ops, ns), name, None)
+        if packet is not None and hasattr(packet, "default"):
+            ops.append(packet.default)
+    return ops
+
+
+def sac_policy():
+    """A fresh policy (its mm counters new) for one checkpointed call."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    save = set(sac_save_list())
+    mm = torch.ops.aten.mm.default
+    counts: Dict[str, int] = collections.defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == mm:
+            counts[mode] += 1
+        keep = func in save and not (func == mm and counts[mode] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+class SelectiveCheckpoint(System):
+    def __init__(self):
+        super().__init__("sac", "selective activation checkpointing (op)", "sac")
+
+    def start(self, model, optimizer, device) -> Session:
+        try:
+            from torch.utils.checkpoint import create_selective_checkpoint_contexts
+        except ImportError as e:
+            raise RuntimeError("this torch has no create_selective_checkpoint_contexts "
+                               "(torch >= 2.4)") from e
+        _checkpoint_each_layer(
+            model, lambda: create_selective_checkpoint_contexts(sac_policy()))
+        return Session()
+
+
+class _ContextSession(Session):
+    def __init__(self, make: Callable[[], Any]):
+        self._make = make
+
+    def forward(self):
+        return self._make()
+
+
+class SaveOnCpu(System):
+    def __init__(self):
+        super().__init__("save_on_cpu", "save_on_cpu (pinned)", "save_on_cpu")
+
+    def start(self, model, optimizer, device) -> Session:
+        import torch
+
+        # Pinning needs a driver; on the CPU the tensors are host memory already.
+        pin = torch.device(device).type == "cuda"
+        return _ContextSession(lambda: torch.autograd.graph.save_on_cpu(pin_memory=pin))
+
+
+class TorchtuneOffload(System):
+    def __init__(self):
+        super().__init__("torchtune", "torchtune OffloadActivations (streams)", "torchtune")
+
+    def start(self, model, optimizer, device) -> Session:
+        try:
+            from torchtune.training import OffloadActivations
+        except Exception as e:  # not installed, or its imports fail on this torch
+            raise RuntimeError(f"torchtune is not importable here: {type(e).__name__}: {e}") \
+                from e
+        import torch
+
+        # One context for the run, entered around every forward, as torchtune's recipes do.
+        try:
+            ctx = OffloadActivations(use_streams=True)
+        except RuntimeError as e:
+            if torch.device(device).type == "cuda":
+                raise
+            raise RuntimeError("OffloadActivations needs CUDA (its constructor takes "
+                               f"torch.cuda.default_stream()): {e}") from e
+        return _ContextSession(lambda: ctx)
+
+
+class CompileBudget(System):
+    """Per-layer torch.compile with the min-cut partitioner's activation memory budget."""
+
+    def __init__(self, budget: float):
+        super().__init__(f"compile-{budget:g}", f"torch.compile, memory budget {budget:g}",
+                         "compile", compiled=True)
+        self.memory_budget = budget
+
+    def start(self, model, optimizer, device) -> Session:
+        import torch
+        import torch._dynamo
+        import torch._functorch.config as functorch_config
+
+        if not hasattr(functorch_config, "activation_memory_budget"):
+            raise RuntimeError("this torch has no activation_memory_budget (torch >= 2.4)")
+        before = functorch_config.activation_memory_budget
+        functorch_config.activation_memory_budget = self.memory_budget
+        torch._dynamo.reset()  # the partition depends on the budget: compile anew
+        for layer in decoder_layers(model):
+            layer.compile()
+
+        class _Compiled(Session):
+            def close(self_inner):
+                functorch_config.activation_memory_budget = before
+                torch._dynamo.reset()
+
+        return _Compiled()
+
+
+class _FitSession(Session):
+    def __init__(self, handle):
+        self.handle = handle
+        self._report = None
+
+    def close(self) -> None:
+        if self._report is None:
+            self._report = self.handle.report()
+        self.handle.close()
+
+    def stash_report(self):
+        if self._report is None:
+            self._report = self.handle.report()
+        return self._report
+
+
+class StashFit(System):
+    """stash.torch.fit over the decoder layers at a budget: bytes (a peer's measured peak,
+    or a share of keep-all's) or fit's own budget text."""
+
+    def __init__(self, budget, label: str, reference: Optional[str] = None, link=None):
+        super().__init__(f"stash@{reference or budget}", label, "stash", budget=budget,
+                         reference=reference)
+        self.link = link
+
+    def start(self, model, optimizer, device) -> Session:
+        import stash.torch
+
+        handle = stash.torch.fit(decoder_layers(model), self.budget, optimizer=optimizer,
+                                 link=self.link)
+        return _FitSession(handle)
+
+
+def peer_systems(compile_budgets: List[float]) -> List[System]:
+    """Every peer in the order the table lists them, keep-all first."""
+    return ([KeepAll(), FullCheckpoint(), SelectiveCheckpoint(), SaveOnCpu(),
+             TorchtuneOffload()] + [CompileBudget(b) for b in compile_budgets])
+
+
+def stash_systems(results: List[Dict[str, Any]], shares: List[float], link=None,
+                  gib: float = float(1 << 30)) -> List[System]:
+    """stash's rows: one at each peer's measured peak (peers that ran), then at each share
+    of keep-all's measured peak. A peer that did not run gives no budget; its own row says
+    why. Budgets are whole bytes of the same meter the peers were measured with."""
+    keep = next((r for r in results if r["kind"] == "keep-all" and r["status"] == "ok"), None)
+    out: List[System] = []
+    for r in results:
+        if r["kind"] in ("keep-all", "stash") or r["status"] != "ok" or not r["peak_bytes"]:
+            continue
+        b = int(r["peak_bytes"])
+        out.append(StashFit(b, f"stash at {r['name']}'s peak ({b / gib:.2f} GiB)",
+                            reference=r["name"], link=link))
+    if keep is not None and keep["peak_bytes"]:
+        for s in shares:
+            b = int(round(keep["peak_bytes"] * s / 100.0))
+            out.append(StashFit(b, f"stash at {s:g}% of keep-all ({b / gib:.2f} GiB)",
+                                reference=f"{s:g}%", link=link))
+    return out
+
+
+def system_by_name(systems: List[System], names: Optional[List[str]]) -> List[System]:
+    """The systems whose name is in names (all when names is None), in their order."""
+    if not names:
+        return systems
+    known = {s.name for s in systems}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown system(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(sorted(known))}")
+    return [s for s in systems if s.name in names]
+

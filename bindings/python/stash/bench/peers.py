@@ -1,0 +1,370 @@
+"""`python -m stash.bench.peers`: stash against the memory tools PyTorch users already run,
+on a Hugging Face Llama, in one process: one table, one JSON file, one Pareto plot.
+
+Every system trains the same model (LlamaForCausalLM from a config, the same seed, SDPA)
+on the same batches with AdamW, for --steps steps:
+  keep-all            plain training
+  full-ac             torch.utils.checkpoint per decoder layer, non-reentrant
+  sac                 selective checkpointing with torchtitan's op policy
+                      (create_selective_checkpoint_contexts; Note [Selective checkpointing,
+                      torchtitan's op policy] in _peer_systems.py)
+  save_on_cpu         torch.autograd.graph.save_on_cpu(pin_memory=True) around the forward
+  torchtune           torchtune.training.OffloadActivations(use_streams=True), the real
+                      package, around the forward
+  compile-B           per-layer torch.compile with activation_memory_budget B (0.3, 0.5, 0.7)
+  stash@...           stash.torch.fit over the decoder layers at every peer's measured
+                      peak, then at --shares of keep-all's (85%, 70%, 55%)
+For each: the measured peak (Note [One meter for every row] in _meter.py), tokens/s (the
+median step after the warm-up), the losses against keep-all's (bitwise for the eager
+systems; within a relative tolerance for compiled ones, Note [Which losses must match]),
+and for stash the predicted step time and peak. Writes peers.md, peers.json and
+peers.svg (throughput against peak; Note [The knee of stash's curve] in _svg.py).
+
+  python -m stash.bench.peers --size tiny --out out/peers     # CPU (stash's test double)
+  python -m stash.bench.peers --size h200 --out out/peers     # one GPU, bf16
+
+Note [Rows that say why]
+A system that cannot run here (not installed, a torch without the feature, needs CUDA)
+keeps its row, status "unavailable" and the reason; one that starts but fails in training
+is "failed", its exception in the row and its traceback on stderr. No row is dropped,
+and a failed peer gives stash no budget to run at. stash's own rows fail the command
+(exit 1) when they do not run, or, on CUDA, when a step's peak is over the budget.
+
+Note [Which losses must match]
+Every run starts from the same weights and sees the same batches, so a system that only
+changes what is saved for backward (checkpointing recomputes the same ops; the offloaders
+copy bytes out and back) trains bit for bit like keep-all: its losses must be equal.
+torch.compile fuses and reorders floating-point work, so its losses are held to a relative
+tolerance: 1e-4 in float32, 1e-2 in bfloat16. A GPU kernel that is not deterministic
+(some attention backward kernels accumulate with atomics) can break the bitwise rule on a
+GPU; the table then shows the largest relative difference rather than hiding it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.metadata
+import os
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+from . import _llama
+from ._meter import Meter, meter_for
+from ._peer_systems import System, peer_systems, stash_systems, system_by_name
+from ._svg import knee, peers_svg, stash_curve
+
+GIB = float(1 << 30)
+TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2}
+
+
+def loss_check(losses: List[float], reference: List[float], compiled: bool,
+               dtype: str) -> Dict[str, Any]:
+    """Note [Which losses must match]."""
+    if not reference or len(losses) != len(reference):
+        return {"rule": "n/a", "ok": None, "max_rel_diff": None}
+    rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, reference))
+    if compiled:
+        tol = TOLERANCE.get(dtype, 1e-2)
+        return {"rule": f"rel <= {tol:g}", "tolerance": tol, "max_rel_diff": rel,
+                "ok": rel <= tol}
+    return {"rule": "bitwise", "max_rel_diff": rel, "ok": losses == reference}
+
+
+def _row(system: System) -> Dict[str, Any]:
+    r = system.describe()
+    r.update(status="ok", reason=None, peak_bytes=None, reserved_bytes=None,
+             tokens_per_s=None, median_step_ms=None, steps=[], losses=[])
+    return r
+
+
+def _sync(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_system(system: System, size: Dict[str, Any], batches: List[Any], device,
+               meter: Meter, warmup: int) -> Dict[str, Any]:
+    """Trains a fresh model under system for len(batches) steps; its row."""
+    import torch
+
+    row = _row(system)
+    meter.begin_run()
+    model = opt = session = None
+    try:
+        model = _llama.model(size, 0, device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        try:
+            session = system.start(model, opt, device)
+        except Exception as e:  # Note [Rows that say why]
+            row.update(status="unavailable", reason=f"{type(e).__name__}: {e}")
+            return row
+        torch.manual_seed(1234)
+        n = len(batches)
+        for i, ids in enumerate(batches):
+            with meter.step(i, n, model, opt, ids):
+                _sync(device)
+                t0 = time.perf_counter()
+                with session.forward():
+                    loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                _sync(device)
+                ms = (time.perf_counter() - t0) * 1e3
+            row["losses"].append(loss.item())
+            row["steps"].append({"wall_ms": ms, "metered": meter.watches(i, n),
+                                 **{f"{k}_bytes": v for k, v in meter.last.items()}})
+        report = session.stash_report()
+    except Exception as e:
+        row.update(status="failed", reason=f"{type(e).__name__}: {e}")
+        # fit's refusal of a budget below what the model can be trained in: a result.
+        row["infeasible"] = type(e).__name__ == "StashError" and \
+            "smallest feasible budget" in str(e)
+        if not row["infeasible"]:
+            print(f"stash.bench.peers: {system.name} failed:", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+        return row
+    finally:
+        if session is not None:
+            try:
+                session.close()
+            except Exception as e:  # a failure to undo is the row's, not the run's
+                if row["status"] == "ok":
+                    row.update(status="failed", reason=f"close: {type(e).__name__}: {e}")
+        del model, opt, session
+        gc.collect()
+
+    if report is not None:
+        for s, r in zip(row["steps"], report["steps"]):
+            s.update(mode=r["mode"], fit_peak_bytes=r["measured_peak_bytes"],
+                     predicted_peak_bytes=r["predicted_peak_bytes"], step_ms=r["step_ms"],
+                     predicted_step_ms=r["predicted_step_ms"])
+    timed = [s for i, s in enumerate(row["steps"])
+             if i >= warmup and not s["metered"] and s.get("mode", "plan") == "plan"]
+    if not timed:
+        timed = [s for s in row["steps"] if not s["metered"]][-1:] or row["steps"][-1:]
+        row["timing_note"] = "no step after the warm-up: timed the last unmetered step"
+    row["median_step_ms"] = statistics.median(s["wall_ms"] for s in timed)
+    row["timed_steps"] = len(timed)
+    row["tokens_per_s"] = size["batch"] * size["seq"] / (row["median_step_ms"] / 1e3)
+    row["peak_bytes"] = meter.allocated
+    row["reserved_bytes"] = meter.reserved
+    if report is not None:
+        row["stash"] = _stash_summary(report, row["steps"])
+    return row
+
+
+def _stash_summary(report: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[str, Any]:
+    planned = [s for s in steps if s.get("mode") == "plan"]
+    out: Dict[str, Any] = {"budget_bytes": report["budget_bytes"],
+                           "plan": report.get("plan"),
+                           "fit_peak_bytes": max((s["fit_peak_bytes"] or 0) for s in steps),
+                           "within_budget_fit": all((s["fit_peak_bytes"] or 0)
+                                                    <= report["budget_bytes"] for s in steps)}
+    if planned:
+        pred_ms = [s["predicted_step_ms"] for s in planned if s["predicted_step_ms"]]
+        pred_peak = [s["predicted_peak_bytes"] for s in planned if s["predicted_peak_bytes"]]
+        out["predicted_step_ms"] = statistics.median(pred_ms) if pred_ms else None
+        out["measured_step_ms"] = statistics.median(s["step_ms"] for s in planned)
+        out["predicted_peak_bytes"] = max(pred_peak) if pred_peak else None
+    return out
+
+
+def _finish_stash_rows(rows: List[Dict[str, Any]], cuda: bool) -> None:
+    """Budget checks on the run's meter, and each stash row against the peer whose peak
+    it ran at."""
+    by_name = {r["name"]: r for r in rows}
+    for r in rows:
+        if r["kind"] != "stash" or r["status"] != "ok":
+            continue
+        budget = r["stash"]["budget_bytes"]
+        r["within_budget"] = (r["peak_bytes"] is not None and r["peak_bytes"] <= budget) \
+            if cuda else r["stash"]["within_budget_fit"]
+        r["budget_meter"] = "cuda allocator" if cuda else "fit's own count (CPU)"
+        peer = by_name.get(r["reference"])
+        if peer is not None and peer["status"] == "ok" and peer["tokens_per_s"]:
+            r["vs_reference"] = r["tokens_per_s"] / peer["tokens_per_s"]
+
+
+def _g(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v / GIB:.3f}"
+
+
+def table(rows: List[Dict[str, Any]]) -> str:
+    keep = next((r for r in rows if r["kind"] == "keep-all" and r["status"] == "ok"), None)
+    out = ["| system | peak allocated (GiB) | peak reserved (GiB) | tokens/s | vs keep-all "
+           "| losses vs keep-all | budget (GiB) | within budget | predicted peak (GiB) "
+           "| predicted / measured step (ms) | vs the peer at this budget | notes |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] != "ok":
+            out.append(f"| {r['label']} | - | - | - | - | - | - | - | - | - | - "
+                       f"| {r['status']}: {str(r['reason']).replace('|', '/')[:300]} |")
+            continue
+        vs_keep = (f"{100 * r['tokens_per_s'] / keep['tokens_per_s']:.1f}%"
+                   if keep and keep["tokens_per_s"] else "-")
+        lc = r.get("loss_check", {})
+        if r["kind"] == "keep-all":
+            losses = "reference"
+        elif lc.get("ok") is None:
+            losses = "-"
+        elif lc["rule"] == "bitwise":
+            losses = "bitwise" if lc["ok"] else f"DIFFER (max rel {lc['max_rel_diff']:.2e})"
+        else:
+            losses = (f"{'ok' if lc['ok'] else 'OUT'} (max rel {lc['max_rel_diff']:.1e}, "
+                      f"{lc['rule']})")
+        s = r.get("stash")
+        if s:
+            budget = _g(s["budget_bytes"])
+            within = "yes" if r.get("within_budget") else "NO"
+            pred_peak = _g(s.get("predicted_peak_bytes"))
+            step = (f"{s['predicted_step_ms']:.1f} / {s['measured_step_ms']:.1f}"
+                    if s.get("predicted_step_ms") else "-")
+            vs_ref = (f"{100 * r['vs_reference']:.1f}% of {r['reference']}"
+                      if r.get("vs_reference") else "-")
+            a = (s.get("plan") or {}).get("actions", {})
+            notes = (f"plan keep/recompute/offload {a.get('keep', 0)}/{a.get('recompute', 0)}"
+                     f"/{a.get('offload', 0)}")
+        else:
+            budget = within = pred_peak = step = vs_ref = "-"
+            notes = ""
+        if r.get("timing_note"):
+            notes = (notes + "; " if notes else "") + r["timing_note"]
+        out.append(f"| {r['label']} | {_g(r['peak_bytes'])} | {_g(r['reserved_bytes'])} "
+                   f"| {r['tokens_per_s']:.0f} | {vs_keep} | {losses} | {budget} | {within} "
+                   f"| {pred_peak} | {step} | {vs_ref} | {notes} |")
+    return "\n".join(out)
+
+
+def _write(out_dir: str, doc: Dict[str, Any]) -> None:
+    from stash.profile import write_json
+
+    write_json(os.path.join(out_dir, "peers.json"), doc)
+
+
+def _parse_list(text: str, what: str) -> List[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"stash.bench.peers: {what} must be comma-separated numbers, "
+                         f"got {text!r}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stash.bench.peers", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=sorted(_llama.SIZES), default="tiny")
+    ap.add_argument("--layers", type=int, help="decoder layers (default: the size's)")
+    ap.add_argument("--steps", type=int, default=6, help="training steps per system")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps at the start")
+    ap.add_argument("--shares", default="85,70,55", help="stash budgets, %% of keep-all")
+    ap.add_argument("--compile-budgets", default="0.3,0.5,0.7",
+                    help="activation_memory_budget values for torch.compile ('' for none)")
+    ap.add_argument("--systems", default="",
+                    help="peers to run, comma-separated names (default all; keep-all "
+                         "always runs): full-ac, sac, save_on_cpu, torchtune, compile-B")
+    ap.add_argument("--no-stash", action="store_true", help="the peers only")
+    ap.add_argument("--out", default="out/peers", help="folder for peers.{md,json,svg}")
+    ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    a = ap.parse_args(argv)
+    if a.steps < 2 or a.warmup < 0 or a.warmup >= a.steps:
+        ap.error("--steps must be at least 2 and --warmup smaller than --steps")
+
+    import torch
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
+    cuda = device == "cuda"
+    size = dict(_llama.SIZES[a.size])
+    if a.layers:
+        size["layers"] = a.layers
+    shares = _parse_list(a.shares, "--shares")
+    peers = peer_systems(_parse_list(a.compile_budgets, "--compile-budgets"))
+    names = [n.strip() for n in a.systems.split(",") if n.strip()]
+    try:
+        peers = system_by_name(peers, ["keep-all"] + names if names else None)
+    except ValueError as e:
+        ap.error(str(e))
+    os.makedirs(a.out, exist_ok=True)
+    batches = _llama.data(size, a.steps, device)
+    meter = meter_for(device)
+    # On the CPU double the link is the double's; on a GPU fit measures it (cached).
+    link = None if cuda else {"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0}
+    doc: Dict[str, Any] = {
+        "size": a.size, "config": size, "device": device,
+        "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__, "steps": a.steps, "warmup": a.warmup,
+        "meter": meter.source, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "rows": []}
+    for package in ("transformers", "torchtune", "torchao"):
+        try:
+            doc[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            doc[package] = None
+    print(f"stash.bench.peers: {a.size} Llama {size}, {a.steps} steps per system on {device}; "
+          f"meter: {meter.source}", flush=True)
+
+    rows: List[Dict[str, Any]] = doc["rows"]
+
+    def run(system: System) -> None:
+        t0 = time.perf_counter()
+        print(f"  {system.label} ...", end="", flush=True)
+        r = run_system(system, size, batches, device, meter, a.warmup)
+        r["wall_s"] = time.perf_counter() - t0
+        rows.append(r)
+        if r["status"] == "ok":
+            print(f" peak {_g(r['peak_bytes'])} GiB, {r['tokens_per_s']:.0f} tokens/s "
+                  f"({r['wall_s']:.1f} s)", flush=True)
+        else:
+            print(f" {r['status']}: {r['reason']}", flush=True)
+        _write(a.out, doc)  # after every row: a run cut short keeps what it measured
+
+    for s in peers:
+        run(s)
+    if not a.no_stash:
+        for s in stash_systems(rows, shares, link=link):
+            run(s)
+
+    keep = next((r for r in rows if r["kind"] == "keep-all"), None)
+    ref = keep["losses"] if keep and keep["status"] == "ok" else []
+    for r in rows:
+        if r["status"] == "ok" and r["kind"] != "keep-all":
+            r["loss_check"] = loss_check(r["losses"], ref, r["compiled"], size["dtype"])
+    _finish_stash_rows(rows, cuda)
+    stash_pts = stash_curve(rows)
+    k = knee(stash_pts)
+    doc["stash_knee"] = ({"peak_gib": k[0], "tokens_per_s": k[1]} if k is not None
+                         else None)
+    md = table(rows)
+    _write(a.out, doc)
+    with open(os.path.join(a.out, "peers.md"), "w") as f:
+        f.write(f"{a.size} Llama on {doc['device_name']}, torch {doc['torch']}, {a.steps} steps "
+                f"({a.warmup} warm-up); peak meter: {meter.source}\n\n{md}\n")
+    title = f"Peers on a Llama ({size['layers']} layers, hidden {size['hidden']}, " \
+            f"seq {size['seq']}, {size['dtype']})"
+    sub = f"{doc['device_name']}, torch {doc['torch']}; peak: {meter.source.split(',')[0]}"
+    try:
+        with open(os.path.join(a.out, "peers.svg"), "w") as f:
+            f.write(peers_svg(rows, title, sub))
+    except ValueError as e:
+        print(f"stash.bench.peers: no plot: {e}", file=sys.stderr)
+    print(md)
+    print(f"wrote {a.out}/peers.md, peers.json, peers.svg", flush=True)
+
+    bad = [r["label"] for r in rows if r["kind"] == "stash"
+           and (r["status"] != "ok" and not r.get("infeasible")
+                or (cuda and r["status"] == "ok" and not r["within_budget"]))]
+    if bad:
+        print(f"stash.bench.peers: stash rows that failed or went over budget: "
+              f"{'; '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

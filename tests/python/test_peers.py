@@ -1,0 +1,213 @@
+"""python -m stash.bench.peers: the harness's logic, and a whole run at --size tiny on the
+CPU (stash on its test double) in which every peer that can run on a CPU runs."""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+from stash.bench import _llama, peers
+from stash.bench._meter import CpuProfilerMeter, live_training_bytes, peak_delta
+from stash.bench._peer_systems import (Session, StashFit, System, sac_policy,
+                                       sac_save_list, stash_systems, system_by_name,
+                                       peer_systems)
+from stash.bench._svg import knee, pareto_front, peers_svg, stash_curve
+
+GIB = float(1 << 30)
+
+
+def _result(name, kind, status="ok", peak=None, tps=None, budget=None):
+    return {"name": name, "label": name, "kind": kind, "status": status, "reason": None,
+            "peak_bytes": peak, "tokens_per_s": tps,
+            "stash": {"budget_bytes": budget} if budget else None}
+
+
+def test_a_peers_measured_peak_becomes_stashs_budget():
+    results = [_result("keep-all", "keep-all", peak=1000, tps=10.0),
+               _result("full-ac", "full-ac", peak=400, tps=7.0),
+               _result("torchtune", "torchtune", status="unavailable"),
+               _result("sac", "sac", status="failed"),
+               _result("compile-0.5", "compile", peak=555, tps=9.0)]
+    rows = stash_systems(results, [85, 70])
+    assert [(s.reference, s.budget) for s in rows] == [
+        ("full-ac", 400), ("compile-0.5", 555),  # the peers that ran, their exact bytes
+        ("85%", 850), ("70%", 700)]              # shares of keep-all's measured peak
+    assert all(isinstance(s, StashFit) and s.kind == "stash" for s in rows)
+    # A peer that did not run gives no budget; without keep-all there are no shares.
+    assert stash_systems(results[2:4], [85]) == []
+
+
+def test_systems_are_chosen_by_name_and_unknown_names_are_refused():
+    systems = peer_systems([0.3, 0.5])
+    assert [s.name for s in systems] == ["keep-all", "full-ac", "sac", "save_on_cpu",
+                                         "torchtune", "compile-0.3", "compile-0.5"]
+    assert [s.name for s in system_by_name(systems, ["keep-all", "sac"])] == ["keep-all", "sac"]
+    with pytest.raises(ValueError, match="unknown system.*compile-0.9"):
+        system_by_name(systems, ["compile-0.9"])
+
+
+class _Refuses(System):
+    def __init__(self):
+        super().__init__("refuses", "refuses", "full-ac")
+
+    def start(self, model, optimizer, device):
+        raise RuntimeError("not installed here")
+
+
+class _BreaksInForward(System):
+    def __init__(self):
+        super().__init__("breaks", "breaks", "sac")
+
+    def start(self, model, optimizer, device):
+        class S(Session):
+            def forward(self):
+                raise ValueError("broken hook")
+        return S()
+
+
+def test_a_peer_that_cannot_run_or_fails_keeps_its_row_with_the_reason():
+    size = dict(_llama.SIZES["tiny"], layers=1, seq=16, batch=1)
+    batches = _llama.data(size, 2, "cpu")
+    r = peers.run_system(_Refuses(), size, batches, "cpu", CpuProfilerMeter(), 1)
+    assert (r["status"], r["reason"]) == ("unavailable", "RuntimeError: not installed here")
+    r = peers.run_system(_BreaksInForward(), size, batches, "cpu", CpuProfilerMeter(), 1)
+    assert (r["status"], r["reason"]) == ("failed", "ValueError: broken hook")
+    assert r["tokens_per_s"] is None and r["peak_bytes"] is None
+    md = peers.table([r])
+    assert "| breaks | - |" in md and "failed: ValueError: broken hook" in md
+
+
+def test_loss_rules():
+    a = [2.0, 1.5, 1.25]
+    assert peers.loss_check(list(a), a, compiled=False, dtype="float32")["ok"] is True
+    off = [2.0, 1.5, 1.25 * (1 + 1e-6)]
+    bit = peers.loss_check(off, a, compiled=False, dtype="float32")
+    assert bit["ok"] is False and bit["max_rel_diff"] == pytest.approx(1e-6, rel=1e-3)
+    assert peers.loss_check(off, a, compiled=True, dtype="float32")["ok"] is True  # <= 1e-4
+    far = [2.0, 1.5, 1.25 * 1.001]
+    assert peers.loss_check(far, a, compiled=True, dtype="float32")["ok"] is False
+    assert peers.loss_check(far, a, compiled=True, dtype="bfloat16")["ok"] is True  # <= 1e-2
+
+
+def test_knee_on_the_pareto_front():
+    # (1, 1) is beaten by (1, 5) and (2, 0.5) by everything before it: off the front.
+    pts = [(4, 10), (1, 1), (1, 5), (2, 0.5), (2, 9), (3, 9.5)]
+    assert pareto_front(pts) == [(1, 5), (2, 9), (3, 9.5), (4, 10)]
+    # Scaled to [0,1]: (0,0), (1/3,0.8), (2/3,0.9), (1,1); the chord is y = x, so the
+    # distances are 0.467/sqrt2 and 0.233/sqrt2: the knee is (2, 9).
+    assert knee(pts) == (2, 9)
+    assert knee([(1, 1), (2, 2)]) is None
+    assert knee([(1, 1), (2, 2), (3, 3)]) is None  # a straight line has none
+
+
+def test_sac_policy_saves_every_other_mm_and_attention():
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    mm = torch.ops.aten.mm.default
+    assert mm in sac_save_list()
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in sac_save_list()
+
+    class Ctx:
+        is_recompute = False
+
+    p, ctx = sac_policy(), Ctx()
+    got = [p(ctx, mm) for _ in range(4)] + [p(ctx, torch.ops.aten.add.Tensor)]
+    assert got == [CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE,
+                   CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE,
+                   CheckpointPolicy.PREFER_RECOMPUTE]
+    ctx.is_recompute = True  # the recompute counts its own mms from one
+    assert p(ctx, mm) == CheckpointPolicy.MUST_SAVE
+
+
+def test_cpu_meter_sees_the_steps_allocations():
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.ones(1 << 20)  # 4 MiB alive before: not the step's
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        a = torch.empty(1 << 20)   # +4 MiB
+        b = torch.empty(1 << 21)   # +8 MiB: 12 MiB held
+        del a                      # -4 MiB
+        c = torch.empty(1 << 19)   # +2 MiB: 10 MiB
+        del b, c
+    assert peak_delta(prof) == 12 << 20
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert live_training_bytes(model, opt, x) == (16 + 4) * 4 + (4 << 20)
+
+
+def test_svg_draws_what_ran():
+    rows = [dict(_result("keep-all", "keep-all", peak=10 * GIB, tps=100.0), label="keep"),
+            _result("s1", "stash", peak=5 * GIB, tps=80.0, budget=5 * GIB),
+            _result("s2", "stash", peak=7 * GIB, tps=97.0, budget=7 * GIB),
+            _result("s3", "stash", peak=9 * GIB, tps=99.0, budget=9 * GIB),
+            _result("tt", "torchtune", status="unavailable")]
+    assert stash_curve(rows) == [(5.0, 80.0), (7.0, 97.0), (9.0, 99.0)]
+    svg = ET.fromstring(peers_svg(rows, "t", "s"))
+    assert svg.tag.endswith("svg")
+    text = ET.tostring(svg, encoding="unicode")
+    assert "knee: 7.00 GiB, 97 tokens/s" in text
+    assert "torchtune" not in text  # it did not run: the table says why, the plot omits it
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("peers")
+    rc = peers.main(["--size", "tiny", "--steps", "4", "--warmup", "1", "--out", str(out)])
+    return rc, out
+
+
+def test_tiny_run_every_cpu_peer_runs_and_trains_as_keep_all(tiny_run):
+    rc, out = tiny_run
+    assert rc == 0
+    doc = json.loads((out / "peers.json").read_text())
+    rows = {r["name"]: r for r in doc["rows"]}
+    assert doc["device"] == "cpu" and doc["torchtune"] == "0.6.1"
+    for name in ["keep-all", "full-ac", "sac", "save_on_cpu", "compile-0.3", "compile-0.5",
+                 "compile-0.7"]:
+        r = rows[name]
+        assert r["status"] == "ok", (name, r["reason"])
+        assert r["peak_bytes"] > 0 and r["tokens_per_s"] > 0 and len(r["losses"]) == 4
+        if name != "keep-all":
+            assert r["loss_check"]["ok"], (name, r["loss_check"])
+            assert r["loss_check"]["rule"] == ("bitwise" if r["compiled"] is False
+                                               else "rel <= 0.0001")
+    # On a CPU torchtune's offloader cannot start (it takes CUDA streams): its row says so.
+    tt = rows["torchtune"]
+    assert tt["status"] == "unavailable" and "needs CUDA" in tt["reason"], tt["reason"]
+    keep = rows["keep-all"]["peak_bytes"]
+    assert rows["full-ac"]["peak_bytes"] < rows["sac"]["peak_bytes"] < keep
+    # save_on_cpu has no device memory to move on a CPU: keep-all's peak (Note [One meter
+    # for every row]).
+    assert rows["save_on_cpu"]["peak_bytes"] == keep
+
+    stash_rows = [r for r in doc["rows"] if r["kind"] == "stash"]
+    peers_ran = ["full-ac", "sac", "save_on_cpu", "compile-0.3", "compile-0.5", "compile-0.7"]
+    assert [r["reference"] for r in stash_rows] == peers_ran + ["85%", "70%", "55%"]
+    for r in stash_rows:
+        ref = rows.get(r["reference"])
+        assert r["budget"] == (ref["peak_bytes"] if ref else
+                               round(keep * float(r["reference"][:-1]) / 100))
+        if r["status"] != "ok":  # only a budget below what fit can train in
+            assert r["infeasible"] and "smallest feasible budget" in r["reason"], r["reason"]
+            continue
+        assert r["loss_check"] == {"rule": "bitwise", "max_rel_diff": 0.0, "ok": True}
+        assert r["within_budget"] and r["stash"]["predicted_peak_bytes"] > 0
+        assert r["stash"]["predicted_step_ms"] > 0
+    ok = {r["reference"] for r in stash_rows if r["status"] == "ok"}
+    assert {"85%", "70%", "save_on_cpu"} <= ok, ok
+    # Offload and recompute move real memory on the double: below keep-all at 70%.
+    assert next(r for r in stash_rows if r["reference"] == "70%")["peak_bytes"] < keep
+
+
+def test_tiny_run_writes_a_table_and_a_plot(tiny_run):
+    rc, out = tiny_run
+    md = (out / "peers.md").read_text()
+    doc = json.loads((out / "peers.json").read_text())
+    for r in doc["rows"]:
+        assert f"| {r['label']} |" in md
+    assert "unavailable: RuntimeError: OffloadActivations needs CUDA" in md
+    svg = ET.fromstring((out / "peers.svg").read_text())
+    marks = [e for e in svg.iter() if e.tag.endswith(("circle", "polygon", "rect", "path"))]
+    ran = [r for r in doc["rows"] if r["status"] == "ok"]
+    assert len(marks) >= len(ran)
