@@ -4,9 +4,12 @@ run, so their peaks compare.
 Note [One meter for every row]
 On CUDA the meter is torch's caching allocator: max_memory_allocated() and
 max_memory_reserved() over every step, reset before each, after the previous run's memory
-went back (gc, empty_cache). This is also what stash.torch.fit's budget counts (Note [What
-the budget counts] in stash/torch/_fit.py), so a peer's peak handed to fit as a budget
-means the same bytes.
+went back (gc, empty_cache, and torch's pinned host cache emptied). This is also what
+stash.torch.fit's budget counts (Note [What the budget counts] in stash/torch/_fit.py), so
+a peer's peak handed to fit as a budget means the same bytes. fit resets the peak itself
+when block 0 starts a step, so a stash row's reading leaves out the part of the step
+before block 0 (the embedding lookup); that part never holds the step's peak: nothing is
+saved yet, and the optimizer's temporaries come after the blocks.
 
 On the CPU there is no device allocator. The meter is then c10's CPU allocator, read
 through torch.profiler's memory events (profile_memory=True) over one step (the last, so
@@ -91,6 +94,11 @@ class CudaMeter(Meter):
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        # The pinned blocks save_on_cpu and torchtune leave in torch's host cache would
+        # otherwise count against the next run's pinned memory (stash's pool sizes itself
+        # from the host's available memory).
+        if hasattr(torch._C, "_host_emptyCache"):
+            torch._C._host_emptyCache()
 
     @contextlib.contextmanager
     def step(self, step, steps, model, optimizer, batch):

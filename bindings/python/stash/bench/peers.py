@@ -311,6 +311,37 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     rows: List[Dict[str, Any]] = doc["rows"]
 
+    def write_outputs(quiet: bool) -> str:
+        """The table, JSON and plot of the rows so far: after every row, so a run cut
+        short keeps what it measured."""
+        keep = next((r for r in rows if r["kind"] == "keep-all"), None)
+        ref = keep["losses"] if keep and keep["status"] == "ok" else []
+        for r in rows:
+            if r["status"] == "ok" and r["kind"] != "keep-all":
+                r["loss_check"] = loss_check(r["losses"], ref, r["compiled"], size["dtype"])
+        _finish_stash_rows(rows, cuda)
+        k = knee(stash_curve(rows))
+        doc["stash_knee"] = ({"peak_gib": k[0], "tokens_per_s": k[1]} if k is not None
+                             else None)
+        md = table(rows)
+        _write(a.out, doc)
+        with open(os.path.join(a.out, "peers.md"), "w") as f:
+            f.write(f"{a.size} Llama on {doc['device_name']}, torch {doc['torch']}, "
+                    f"{a.steps} steps ({a.warmup} warm-up); peak meter: {meter.source}\n\n"
+                    f"{md}\n")
+        title = (f"Peers on a Llama ({size['layers']} layers, hidden {size['hidden']}, "
+                 f"seq {size['seq']}, {size['dtype']})")
+        sub = f"{doc['device_name']}, torch {doc['torch']}; peak: {meter.source.split(',')[0]}"
+        try:
+            svg = peers_svg(rows, title, sub)
+        except ValueError as e:  # nothing ran yet, or nothing that has a peak
+            if not quiet:
+                print(f"stash.bench.peers: no plot: {e}", file=sys.stderr)
+        else:
+            with open(os.path.join(a.out, "peers.svg"), "w") as f:
+                f.write(svg)
+        return md
+
     def run(system: System) -> None:
         t0 = time.perf_counter()
         print(f"  {system.label} ...", end="", flush=True)
@@ -322,37 +353,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"({r['wall_s']:.1f} s)", flush=True)
         else:
             print(f" {r['status']}: {r['reason']}", flush=True)
-        _write(a.out, doc)  # after every row: a run cut short keeps what it measured
+        write_outputs(quiet=True)
 
     for s in peers:
         run(s)
     if not a.no_stash:
         for s in stash_systems(rows, shares, link=link):
             run(s)
-
-    keep = next((r for r in rows if r["kind"] == "keep-all"), None)
-    ref = keep["losses"] if keep and keep["status"] == "ok" else []
-    for r in rows:
-        if r["status"] == "ok" and r["kind"] != "keep-all":
-            r["loss_check"] = loss_check(r["losses"], ref, r["compiled"], size["dtype"])
-    _finish_stash_rows(rows, cuda)
-    stash_pts = stash_curve(rows)
-    k = knee(stash_pts)
-    doc["stash_knee"] = ({"peak_gib": k[0], "tokens_per_s": k[1]} if k is not None
-                         else None)
-    md = table(rows)
-    _write(a.out, doc)
-    with open(os.path.join(a.out, "peers.md"), "w") as f:
-        f.write(f"{a.size} Llama on {doc['device_name']}, torch {doc['torch']}, {a.steps} steps "
-                f"({a.warmup} warm-up); peak meter: {meter.source}\n\n{md}\n")
-    title = f"Peers on a Llama ({size['layers']} layers, hidden {size['hidden']}, " \
-            f"seq {size['seq']}, {size['dtype']})"
-    sub = f"{doc['device_name']}, torch {doc['torch']}; peak: {meter.source.split(',')[0]}"
-    try:
-        with open(os.path.join(a.out, "peers.svg"), "w") as f:
-            f.write(peers_svg(rows, title, sub))
-    except ValueError as e:
-        print(f"stash.bench.peers: no plot: {e}", file=sys.stderr)
+    md = write_outputs(quiet=False)
     print(md)
     print(f"wrote {a.out}/peers.md, peers.json, peers.svg", flush=True)
 
