@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 from ._lib import StashError, load, status_string
 from .profile import write_json
 
-__all__ = ["LinkResult", "cached_link", "measure_link"]
+__all__ = ["LinkResult", "cached_link", "measure_link", "read_cached_link", "store_link"]
 
 
 class LinkResult(ctypes.Structure):
@@ -58,22 +58,37 @@ def cache_root(cache_dir: Optional[str] = None) -> str:
     return os.path.join(base, "stash")
 
 
+def _cache_path(key: str, cache_dir: Optional[str]) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", key)
+    return os.path.join(cache_root(cache_dir), f"link-{safe}.json")
+
+
+def read_cached_link(key: str, cache_dir: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """The link an earlier run measured under key ("cached": True), or None."""
+    try:
+        with open(_cache_path(key, cache_dir)) as f:
+            link = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if isinstance(link, dict) and all(isinstance(link.get(k), (int, float)) and link[k] > 0
+                                      for k in ("h2d_gbps", "d2h_gbps", "bidir_gbps")):
+        link["cached"] = True
+        return link
+    return None
+
+
+def store_link(key: str, link: Dict[str, Any], cache_dir: Optional[str] = None) -> None:
+    write_json(_cache_path(key, cache_dir), {k: v for k, v in link.items() if k != "cached"})
+
+
 def cached_link(key: str, device: int = 0, nbytes: int = 0, sharers: int = 0,
                 cache_dir: Optional[str] = None) -> Dict[str, Any]:
     """The link of this machine: read from `<cache>/link-<key>.json` when an earlier run
     measured it, else measured now and written there (``"cached": True`` when read)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", key)
-    path = os.path.join(cache_root(cache_dir), f"link-{safe}.json")
-    try:
-        with open(path) as f:
-            link = json.load(f)
-        if all(isinstance(link.get(k), (int, float)) and link[k] > 0
-               for k in ("h2d_gbps", "d2h_gbps", "bidir_gbps")):
-            link["cached"] = True
-            return link
-    except (OSError, ValueError):
-        pass
+    link = read_cached_link(key, cache_dir)
+    if link is not None:
+        return link
     link = measure_link(device, nbytes, sharers)
-    write_json(path, link)
+    store_link(key, link, cache_dir)
     link["cached"] = False
     return link

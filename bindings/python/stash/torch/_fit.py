@@ -112,6 +112,7 @@ from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _actions_of, _alloc
                            _model_digest, _optimizer_state_bytes, _optimizer_state_estimate,
                            _parse_budget, _signature, _StepRecord, _tensor_bytes, _weak)
 from ._fit_profile import FitProfile
+from ._fit_ranks import FitRanks, Ranks
 from ._fit_report import FitReport
 from ._offload import OffloadHandle
 from ._record import _device_info
@@ -120,12 +121,13 @@ from ._saved import storage_of
 __all__ = ["BudgetHandle", "fit"]
 
 
-class BudgetHandle(FitProfile, FitReport, OffloadHandle):
+class BudgetHandle(FitProfile, FitRanks, FitReport, OffloadHandle):
     """Returned by :func:`fit`; see there. A context manager: leaving it closes."""
 
     def __init__(self, blocks, budget, *, optimizer=None, solver="greedy", cache_dir=None,
                  measure_steps=1, lookahead=1, max_in_flight_bytes=None, pinned_cap=None,
-                 max_micro_batches=8, device=None, link=None, timing=True):
+                 max_micro_batches=8, device=None, link=None, timing=True,
+                 dist_timeout_s=300.0):
         self._budget_text = _parse_budget(budget)
         if solver not in ("greedy", "ilp", "exact"):
             raise StashError(f"stash.torch.fit: unknown solver {solver!r} (greedy, ilp or exact)")
@@ -163,6 +165,8 @@ class BudgetHandle(FitProfile, FitReport, OffloadHandle):
         self._offloaded_inputs = []  # measuring step: (layer, index, weakref) offloaded
         self._opt_state_counted = None
         self._finish_ms = 0.0
+        # Note [Agreeing on a plan across ranks]: None outside torch.distributed.
+        self._ranks = Ranks.current(dist_timeout_s)
         super().__init__(blocks, None, device=device, lookahead=lookahead,
                          pinned_cap=pinned_cap, max_in_flight_bytes=max_in_flight_bytes,
                          timing=timing, max_micro_batches=max_micro_batches)
@@ -459,6 +463,8 @@ class BudgetHandle(FitProfile, FitReport, OffloadHandle):
         if key != self._key:
             self._key = key
             self._entry = self._cache.get(key) or self._load_cached(key)
+            if self._ranks is not None:
+                self._entry = self._agree_cached(key, self._entry)
         entry = self._entry
         if entry is not None and "plan" in entry:
             self._switch(entry["actions"], "plan")
@@ -490,7 +496,8 @@ class BudgetHandle(FitProfile, FitReport, OffloadHandle):
                                  f"bidir_gbps as numbers; got {self._link_arg!r}") from e
             if not all(v > 0 for v in link.values()):
                 raise StashError(f"stash.torch.fit: link bandwidths must be positive, got {link}")
-            link["local_ranks"] = int(self._link_arg.get("local_ranks", 1))
+            ranks = self._ranks.local_world if self._ranks is not None else 1
+            link["local_ranks"] = int(self._link_arg.get("local_ranks", ranks))
             return link
         if self._link_arg is not None and self._link_arg != "measure":
             raise StashError(f"stash.torch.fit: link must be None, 'measure' or a dict with "
@@ -499,7 +506,10 @@ class BudgetHandle(FitProfile, FitReport, OffloadHandle):
         name = _device_info(self.device)["name"]
         nbytes = 0 if self._cuda else 64 << 20
         try:
-            link = cached_link(f"{name}-{dev}", dev, nbytes, 0, self.cache_dir)
+            if self._ranks is not None:
+                link = self._link_across_ranks(f"{name}-{dev}", dev, nbytes)
+            else:
+                link = cached_link(f"{name}-{dev}", dev, nbytes, 0, self.cache_dir)
         except StashError as e:
             raise StashError(f"stash.torch.fit: measuring the host-device link failed ({e}); "
                              "pass link={'h2d_gbps': ..., 'd2h_gbps': ..., 'bidir_gbps': ...} "
@@ -519,6 +529,11 @@ class BudgetHandle(FitProfile, FitReport, OffloadHandle):
         return None
 
     def _plan_from_measurement(self, key: str) -> Dict[str, Any]:
+        if self._ranks is not None:
+            return self._plan_across_ranks(key)
+        return self._plan_locally(key)
+
+    def _plan_locally(self, key: str) -> Dict[str, Any]:
         entry = self._cache[key]
         doc = entry["profile"]
         measured = entry.get("measured_peak_bytes")
@@ -583,6 +598,8 @@ class BudgetHandle(FitProfile, FitReport, OffloadHandle):
 
     def _fail(self, error: StashError):
         self._failed = error
+        if getattr(self, "_ranks", None) is not None:
+            self._ranks.fail(str(error))  # every other rank raises with it
         self.close()
         raise error
 
@@ -592,6 +609,9 @@ class BudgetHandle(FitProfile, FitReport, OffloadHandle):
             rec.end = self._clock.mark()
         # Note [What the budget counts]: the optimizer's real state, once it exists.
         if self._opt_state_counted is None or self._entry is None:
+            return
+        if self._ranks is not None:
+            self._opt_state_across_ranks(opt)
             return
         real = _optimizer_state_bytes(opt)
         if real != self._opt_state_counted and "profile" in self._entry:
@@ -629,8 +649,10 @@ class BudgetHandle(FitProfile, FitReport, OffloadHandle):
             warnings.warn(f"stash.torch.fit: ignoring the cached profile {ppath}: {e}")
             return None
         entry = {"profile": doc, "from_disk": True}
-        self._cache[key] = entry
         qpath = self._path(key, self._plan_name())
+        if self._ranks is not None and not os.path.exists(qpath):
+            return None  # ranks agree on cached plans, not profiles: measure (_agree_cached)
+        self._cache[key] = entry
         plan = None
         if os.path.exists(qpath):
             try:
@@ -641,6 +663,9 @@ class BudgetHandle(FitProfile, FitReport, OffloadHandle):
             except (OSError, ValueError, KeyError, StashError):
                 plan = None
         if plan is None:
+            if self._ranks is not None:  # as without a plan on disk: measure
+                self._cache.pop(key, None)
+                return None
             entry["measured_peak_bytes"] = None
             self._measured_for[key] = self.measure_steps
             self._entry = entry
@@ -684,7 +709,8 @@ class BudgetHandle(FitProfile, FitReport, OffloadHandle):
 def fit(blocks: Sequence[torch.nn.Module], budget: Union[int, str], *, optimizer=None,
         solver: str = "greedy", cache_dir=None, measure_steps: int = 1, lookahead: int = 1,
         max_in_flight_bytes=None, pinned_cap=None, max_micro_batches: int = 8,
-        device=None, link=None, timing: bool = True) -> BudgetHandle:
+        device=None, link=None, timing: bool = True,
+        dist_timeout_s: float = 300.0) -> BudgetHandle:
     """Meets a device-memory budget while training, with nothing else in the loop changed.
 
     blocks: the model's repeated blocks in order (``model.model.layers`` of a Hugging Face
@@ -705,6 +731,12 @@ def fit(blocks: Sequence[torch.nn.Module], budget: Union[int, str], *, optimizer
     (lookahead, max_in_flight_bytes, pinned_cap, max_micro_batches; micro-batches through
     handle.micro_batch(i)).
 
+    Under torch.distributed (initialized, more than one rank) every rank measures, the
+    ranks' profiles are combined, rank 0 plans and every rank runs that plan; a failure on
+    one rank raises StashError on every rank, naming it, within dist_timeout_s seconds
+    (Note [Agreeing on a plan across ranks] in _fit_ranks.py). Every rank must call fit
+    and train with the same blocks in the same order.
+
     Returns a :class:`BudgetHandle`: ``report()`` (a dict; ``format_report()`` as text),
     ``plan``, ``profile``, ``write_trace(path)``, ``close()``, and a with-block. Raises
     StashError for a budget that does not parse or cannot hold the parameters, for blocks
@@ -716,4 +748,4 @@ def fit(blocks: Sequence[torch.nn.Module], budget: Union[int, str], *, optimizer
                         cache_dir=cache_dir, measure_steps=measure_steps, lookahead=lookahead,
                         max_in_flight_bytes=max_in_flight_bytes, pinned_cap=pinned_cap,
                         max_micro_batches=max_micro_batches, device=device, link=link,
-                        timing=timing)
+                        timing=timing, dist_timeout_s=dist_timeout_s)

@@ -4,6 +4,8 @@ step records (_records), the cache entry of the current shape (_entry) and the b
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Dict
 
 from ._fit_support import GiB, _gib
@@ -52,6 +54,12 @@ class FitReport:
                            "tracked saved storages + parameters, gradients, optimizer state"),
                 "link": prof["link"] if prof else None,
                 "fixed_bytes": prof["fixed_bytes"] if prof else None,
+                "ranks": ({"rank": self._ranks.rank, "world": self._ranks.world,
+                           "local_world": self._ranks.local_world,
+                           "plan_sha256": (hashlib.sha256(json.dumps(
+                               e["plan"], sort_keys=True).encode()).hexdigest()
+                               if e and e.get("plan") else None)}
+                          if getattr(self, "_ranks", None) is not None else None),
                 "steps": steps, "plan": summary}
 
     def format_report(self) -> str:

@@ -1,0 +1,291 @@
+"""stash.torch.fit under torch.distributed: every rank measures, the profiles are combined,
+rank 0 plans, every rank runs that one plan.
+
+Note [Agreeing on a plan across ranks]
+A rank that offloads another layer than its peers turns the collectives of DDP and FSDP
+into stalls, so under torch.distributed (initialized, world size > 1) fit runs one plan on
+every rank. At each point where a plan is chosen, every rank posts what it has and waits
+for every other rank's post:
+  - at fit(): whether its link is cached; then, unless every rank's is, all of them
+    measure at once (so that the ranks of a host share the link as they will in training,
+    Note [The link the ranks share]) and post what they measured;
+  - at a new input shape: whether it has a cached plan for it (cache_dir), and which; the
+    cache is used only when every rank has the same one, else every rank measures;
+  - after the measuring step: its profile, with a digest of its skeleton (the blocks'
+    saved tensors: names, bytes, what may be offloaded or recomputed). Different
+    skeletons (a rank with another model or other shapes) are an error on every rank,
+    naming the ranks of each digest. Otherwise the profiles are combined: per layer the
+    slowest rank's times (the plan must hide copies behind the slowest rank's compute),
+    the most fixed bytes, the least link share and pinnable memory; every rank gets the
+    same combined profile. Rank 0 plans it and publishes the plan; every rank checks the
+    published skeleton digest against its own before it runs it;
+  - after the first optimizer step that follows a plan: its optimizer's real state; if
+    any rank's differs from the estimate, every rank re-plans with the largest.
+The posts go through the process group's own key-value store (the TCPStore or FileStore
+that init_process_group made, under a prefix of fit's own), not through collectives: a
+store read cannot hang. Each wait polls for every rank's post and for every rank's failure
+key, and ends at dist_timeout_s. A rank that fails inside fit (a budget its measurement
+does not meet, a refusal) writes its message to its failure key before it raises, so
+every other rank raises with that rank and message at its next wait; a rank that died or
+hangs is named when the wait times out. Either way every rank raises StashError, and none
+waits in a collective of stash's. (A collective of the training's own, such as DDP's
+all-reduce, waits for a dead rank as long as the process group's timeout says.)
+
+Note [The link the ranks share]
+The ranks of one host share its PCIe/C2C link and its pinned memory. torchtitan divides
+the bandwidth by log2 of the local ranks; stash measures instead: every rank starts its
+link measurement at the same moment (after every rank has posted that it is ready) with
+only its own copies (sharers 1), so each measures its share while the others copy too.
+The plan takes the least any rank measured, per direction. The measurement is cached per
+machine and number of local ranks; pinned memory is capped per rank by the pinned pool
+(host memory available / LOCAL_WORLD_SIZE, stash_pinned_default_cap).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+from .._lib import StashError
+
+__all__ = ["Ranks", "combine_profiles", "skeleton_digest"]
+
+_handles = 0  # fit handles this process made under torch.distributed
+
+
+def skeleton_digest(doc: Dict[str, Any]) -> str:
+    """A profile's structure without its times: what every rank's must share."""
+    skel = [(layer["name"], [(t["name"], int(t["bytes"]), bool(t["offloadable"]),
+                              bool(t["recomputable"]), bool(t["must_keep"]))
+                             for t in layer["tensors"]])
+            for layer in doc["layers"]]
+    return hashlib.sha256(json.dumps(skel).encode()).hexdigest()[:16]
+
+
+def combine_profiles(docs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One profile from every rank's (same skeleton): Note [Agreeing on a plan across
+    ranks]."""
+    out = copy.deepcopy(docs[0])
+    for li, layer in enumerate(out["layers"]):
+        layer["fwd_ms"] = max(d["layers"][li]["fwd_ms"] for d in docs)
+        layer["bwd_ms"] = max(d["layers"][li]["bwd_ms"] for d in docs)
+        for ti, t in enumerate(layer["tensors"]):
+            t["recompute_ms"] = max(d["layers"][li]["tensors"][ti]["recompute_ms"]
+                                    for d in docs)
+    out["step_overhead_ms"] = max(d.get("step_overhead_ms", 0.0) for d in docs)
+    out["fixed_bytes"] = max(int(d["fixed_bytes"]) for d in docs)
+    out["host"]["pinnable_bytes"] = min(int(d["host"]["pinnable_bytes"]) for d in docs)
+    for k in ("h2d_gbps", "d2h_gbps", "bidir_gbps"):
+        out["link"][k] = min(float(d["link"][k]) for d in docs)
+    out["link"]["local_ranks"] = max(int(d["link"].get("local_ranks", 1)) for d in docs)
+    m = out.setdefault("measurement", {})
+    m["ranks"] = len(docs)
+    m.setdefault("notes", []).append(
+        f"fit: combined over {len(docs)} ranks: per layer the slowest rank's times, the "
+        "most fixed bytes, the least link and pinnable memory")
+    return out
+
+
+class Ranks:
+    """The ranks of the default process group, as fit's posts see them."""
+
+    def __init__(self, store, rank: int, world: int, local_world: int, timeout_s: float):
+        self.store = store
+        self.rank = rank
+        self.world = world
+        self.local_world = local_world
+        self.timeout_s = float(timeout_s)
+        self._round = 0
+
+    @classmethod
+    def current(cls, timeout_s: float) -> Optional["Ranks"]:
+        """The default group's ranks when torch.distributed runs more than one; else None.
+        Every rank makes its fit handles in the same order, so the n-th handle's posts go
+        under the same prefix on every rank: a count, not the blocks' digest, so that a
+        rank with another model still meets the others and hears that it differs."""
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            return None
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return None
+        if not timeout_s or timeout_s <= 0:
+            raise StashError(f"stash.torch.fit: dist_timeout_s must be positive, got "
+                             f"{timeout_s!r}")
+        try:
+            from torch.distributed.distributed_c10d import _get_default_store
+            base = _get_default_store()
+        except Exception as e:  # private in torch; named so the failure is clear
+            raise StashError("stash.torch.fit: cannot reach the process group's store "
+                             f"(torch.distributed.distributed_c10d._get_default_store: {e}); "
+                             "multi-rank fit needs it to agree on a plan") from e
+        global _handles
+        _handles += 1
+        store = dist.PrefixStore(f"stash.fit/{_handles}/", base)
+        world = dist.get_world_size()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world
+        return cls(store, dist.get_rank(), world, local, timeout_s)
+
+    # --- posts -----------------------------------------------------------------------------
+
+    def fail(self, message: str) -> None:
+        """This rank failed inside fit: every other rank raises with it at its next wait."""
+        try:
+            self.store.set(f"failed/{self.rank}", message)
+        except Exception:  # the store is gone too: the others time out and name this rank
+            pass
+
+    def _failed(self) -> Dict[int, str]:
+        out = {}
+        for r in range(self.world):
+            if r != self.rank and self.store.check([f"failed/{r}"]):
+                out[r] = self.store.get(f"failed/{r}").decode(errors="replace")
+        return out
+
+    def _wait(self, what: str, keys: Dict[int, str]) -> Dict[int, Any]:
+        deadline = time.monotonic() + self.timeout_s
+        got: Dict[int, Any] = {}
+        try:
+            while True:
+                for r, k in keys.items():
+                    if r not in got and self.store.check([k]):
+                        got[r] = json.loads(self.store.get(k).decode())
+                if len(got) == len(keys):
+                    return got
+                failed = self._failed()
+                if failed:
+                    raise StashError("stash.torch.fit: " + "; ".join(
+                        f"rank {r} failed: {m}" for r, m in sorted(failed.items())))
+                if time.monotonic() > deadline:
+                    missing = sorted(set(keys) - set(got))
+                    raise StashError(
+                        f"stash.torch.fit: rank(s) {', '.join(map(str, missing))} did not "
+                        f"post {what} within {self.timeout_s:g} s (dist_timeout_s): a rank "
+                        "that died, hangs, or runs other steps than this one's "
+                        f"(rank {self.rank} waited)")
+                time.sleep(0.005)
+        except StashError:
+            raise
+        except Exception as e:  # the store's own errors: its host is gone
+            raise StashError(f"stash.torch.fit: the process group's store failed while "
+                             f"rank {self.rank} waited for {what}: {e}") from e
+
+    def exchange(self, what: str, payload: Any) -> List[Any]:
+        """Posts payload and returns every rank's, in rank order."""
+        self._round += 1
+        base = f"{self._round}.{what}"
+        self.store.set(f"{base}/{self.rank}", json.dumps(payload))
+        got = self._wait(what, {r: f"{base}/{r}" for r in range(self.world)})
+        return [got[r] for r in range(self.world)]
+
+    def publish(self, what: str, payload: Any = None) -> Any:
+        """Rank 0 posts payload; every rank returns rank 0's."""
+        self._round += 1
+        key = f"{self._round}.{what}/root"
+        if self.rank == 0:
+            self.store.set(key, json.dumps(payload))
+            return payload
+        return self._wait(what, {0: key})[0]
+
+
+class FitRanks:
+    """BudgetHandle's steps under torch.distributed (Note [Agreeing on a plan across
+    ranks]). Uses its _ranks, _cache, _entry, _measured_for, measure_steps, cache_dir,
+    optimizer state fields, _plan_locally, _store, _plan_name and _fail."""
+
+    def _link_across_ranks(self, name: str, device: int, nbytes: int) -> Dict[str, Any]:
+        """Note [The link the ranks share]."""
+        from .._link import measure_link, read_cached_link, store_link
+
+        ranks = self._ranks
+        key = f"{name}-{device}-ranks{ranks.local_world}"
+        cached = read_cached_link(key, self.cache_dir)
+        views = ranks.exchange("link-cache", cached)
+        if all(v is not None for v in views):
+            links = views
+        else:
+            ranks.exchange("link-ready", True)  # every rank starts copying now
+            t0 = time.time()
+            mine = measure_link(device, nbytes, 1)
+            mine["window"] = [t0, time.time()]
+            links = ranks.exchange("link", mine)
+        self._link_windows = [v.get("window") for v in links]
+        out = {k: min(float(v[k]) for v in links) for k in ("h2d_gbps", "d2h_gbps",
+                                                              "bidir_gbps")}
+        out["local_ranks"] = ranks.local_world
+        if any(v is None for v in views):
+            # What the plan uses, the same on every rank: a later run reads it back.
+            store_link(key, out, self.cache_dir)
+        out["cached"] = all(v is not None for v in views)
+        return out
+
+    def _agree_cached(self, key: str, entry: Optional[Dict[str, Any]]):
+        """A new input shape: the cached plan only if every rank has the same one."""
+        plan = entry.get("plan") if entry else None
+        mine = plan.get("profile_sha256") if plan else None
+        views = self._ranks.exchange("cached-plan", mine)
+        if mine is not None and all(v == mine for v in views):
+            return entry
+        if entry is not None and "plan" in entry:
+            # Another rank lacks it: every rank measures this shape again.
+            self._cache.pop(key, None)
+            self._measured_for[key] = 0
+            return None
+        return entry
+
+    def _plan_across_ranks(self, key: str) -> Dict[str, Any]:
+        ranks = self._ranks
+        entry = self._cache[key]
+        own = skeleton_digest(entry["profile"])
+        views = ranks.exchange("profile", {"skeleton": own, "profile": entry["profile"],
+                                           "measured": entry.get("measured_peak_bytes")})
+        by: Dict[str, List[int]] = {}
+        for r, v in enumerate(views):
+            by.setdefault(v["skeleton"], []).append(r)
+        if len(by) > 1:
+            self._fail(StashError(
+                "stash.torch.fit: the ranks measured different blocks (skeleton digest "
+                + "; ".join(f"{d} on rank(s) {', '.join(map(str, rs))}"
+                            for d, rs in by.items())
+                + "): every rank runs one plan, so every rank's blocks must save the same "
+                  "tensors (the same model and the same input shapes on every rank)"))
+        entry["profile"] = combine_profiles([v["profile"] for v in views])
+        measured = [v["measured"] for v in views if v["measured"] is not None]
+        entry["measured_peak_bytes"] = max(measured) if measured else None
+        self._store(key, "profile", entry["profile"])
+        if ranks.rank == 0:
+            entry = self._plan_locally(key)
+            ranks.publish("plan", {"skeleton": own, "plan": entry["plan"],
+                                   "figures": entry["figures"]})
+            return entry
+        got = ranks.publish("plan")
+        if got["skeleton"] != own:
+            self._fail(StashError(
+                f"stash.torch.fit: rank 0's plan is for skeleton {got['skeleton']}, rank "
+                f"{ranks.rank} measured {own}; not running it"))
+        from ._fit_support import _actions_of
+
+        entry.update(plan=got["plan"], figures=got["figures"],
+                     actions=_actions_of(got["plan"]))
+        self._store(key, self._plan_name(), got["plan"])
+        return entry
+
+    def _opt_state_across_ranks(self, opt) -> None:
+        """The first optimizer step after a plan: every rank's real state against the
+        estimate; if any differs, every rank re-plans with the largest difference."""
+        from ._fit_support import _optimizer_state_bytes
+
+        entry = self._entry
+        if entry.get("opt_checked") or "profile" not in entry:
+            return
+        entry["opt_checked"] = True
+        real = _optimizer_state_bytes(opt)
+        deltas = self._ranks.exchange("optimizer-state", real - self._opt_state_counted)
+        self._opt_state_counted = real
+        if any(deltas):
+            entry["profile"]["fixed_bytes"] += max(deltas)
+            entry.pop("plan", None)  # the next step plans again (_choose)
