@@ -4,10 +4,10 @@
 # stash.torch.fit on a Hugging Face Llama (python -m stash.bench.fit), the peers benchmark
 # (python -m stash.bench.peers: stash beside checkpointing, selective checkpointing,
 # save_on_cpu, torchtune and torch.compile's memory budget on a bf16 Llama that fills most
-# of an H200), with every figure in one report file. The default steps, "build tests
-# peers", are meant to finish in about 5 minutes on an H200 with a carried build; bench,
-# demo and fit (measured on an H200 before, and fit's targets are in the peers table's
-# stash rows) run when named.
+# of an H200), fit under FSDP2 and the shared link (ranks), with every figure in one
+# report file. The default steps, "build tests ranks peers", are meant to finish in about
+# 6 minutes on an H200 with a carried build; bench, demo and fit (measured on an H200
+# before, and fit's targets are in the peers table's stash rows) run when named.
 #   tools/gpu-check.sh [REPORT]     default: $OUT/gpu-check.txt when $OUT is set (the
 #                                   device tool's output folder), else out/gpu-check.txt
 # It never calls apt-get: a GPU machine may reach no package registry. Dependencies come
@@ -20,8 +20,8 @@
 # because ctest -L gpu runs from one (Note [Why the carry is a build tree, not an install]
 # there).
 # Environment: STASH_GPU_ARCH (default: the first GPU's compute capability, e.g. 90-real),
-# STASH_GPU_CHECK_STEPS (default "build tests peers"; all: "build tests bench demo fit
-# peers"), STASH_GPU_BUILD_DIR
+# STASH_GPU_CHECK_STEPS (default "build tests ranks peers"; all: "build tests bench demo
+# fit ranks peers"), STASH_GPU_BUILD_DIR
 # (default build-gpu/; a carried build always lands at /tmp/stash-gpu-root/build-gpu),
 # STASH_GPU_FIT_SIZE (the fit step's model: h200, default, or tiny), STASH_GPU_FIT_SHARES
 # (default 85,70,55: % of keep-all) and STASH_GPU_FIT_GIB (default 40: GiB budgets),
@@ -40,7 +40,7 @@ out_dir="$root/out/gpu-check"
 rm -rf "$out_dir"
 mkdir -p "$out_dir"
 : >"$report"
-steps=${STASH_GPU_CHECK_STEPS:-build tests peers}
+steps=${STASH_GPU_CHECK_STEPS:-build tests ranks peers}
 failed=()
 
 say() { echo "$*" | tee -a "$report"; }
@@ -152,7 +152,8 @@ fi
 stash="$bdir/tools/stash"
 
 if want tests; then
-  run "ctest -L gpu" 300 ctest --test-dir "$bdir" -L gpu --output-on-failure --timeout 120
+  run "ctest -L gpu" 300 ctest --test-dir "$bdir" -L gpu -E python.ranks_gpu \
+    --output-on-failure --timeout 120
 fi
 
 if want bench; then
@@ -189,6 +190,13 @@ if want fit; then
       --size "${STASH_GPU_FIT_SIZE:-h200}" \
       --shares "${STASH_GPU_FIT_SHARES:-85,70,55}" --gib "${STASH_GPU_FIT_GIB:-40}" \
       --steps 5 --out "$out_dir/fit"
+fi
+
+# stash.torch.fit under FSDP2 on NCCL at world size 1, and the link as 2 and 4 processes on
+# this one GPU share it against one alone (ctest python.ranks_gpu, its figures printed).
+if want ranks; then
+  run "fit under FSDP2, the shared link" 240 ctest --test-dir "$bdir" -R '^python.ranks_gpu$' \
+    -V --timeout 200
 fi
 
 # The peers on a Llama that fills most of the H200 (bf16, SDPA): keep-all, full and

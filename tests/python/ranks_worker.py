@@ -80,6 +80,47 @@ def scenario_ddp(rank, world, out, steps=4):
                link=rep["link"])
 
 
+def scenario_fsdp(rank, world, out, steps=4):
+    """FSDP2 (fully_shard per decoder layer and at the root, a CPU mesh) under fit at 80%:
+    bitwise the same training as FSDP2 alone, and one plan."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import stash.torch
+
+    mesh = init_device_mesh("cpu", (world,))
+
+    def build():
+        m = _llama()
+        for layer in m.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        return m
+
+    data = _batches(rank, steps)
+    ref = build()
+    ref_losses, _ = _train(ref, data)
+    model = build()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    handle = stash.torch.fit(model.model.layers, "80%", optimizer=opt, link=LINK,
+                             dist_timeout_s=60)
+    losses = []
+    for ids in data:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    rep = handle.report()
+    handle.close()
+    out.update(losses=losses, ref_losses=ref_losses,
+               params_equal=all(torch.equal(a.to_local(), b.to_local()) for a, b in
+                                zip(ref.parameters(), model.parameters())),
+               modes=[s["mode"] for s in rep["steps"]], ranks=rep["ranks"],
+               actions=rep["plan"]["actions"] if rep["plan"] else None)
+
+
 def scenario_shape(rank, world, out):
     """Rank 1 has another model (a wider MLP): every rank must refuse to plan."""
     import stash.torch

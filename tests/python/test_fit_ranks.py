@@ -72,6 +72,20 @@ def test_ddp_under_fit_is_bitwise_ddp_and_every_rank_runs_one_plan(tmp_path, wor
     assert results[0]["losses"] != results[1]["losses"]
 
 
+def test_fsdp2_under_fit_is_bitwise_fsdp2_and_every_rank_runs_one_plan(tmp_path):
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        pytest.skip("this torch has no FSDP2 (fully_shard)")
+    results, _ = launch(tmp_path, "fsdp", 2)
+    for r in results:
+        assert r["ok"], r.get("traceback")
+        assert r["losses"] == r["ref_losses"] and r["params_equal"], r
+        assert r["modes"] == ["measure", "plan", "plan", "plan"], r["modes"]
+        assert r["actions"]["recompute"] + r["actions"]["offload"] > 0, r["actions"]
+    assert len({r["ranks"]["plan_sha256"] for r in results}) == 1
+
+
 def test_a_rank_with_another_model_is_refused_on_every_rank(tmp_path):
     t0 = time.monotonic()
     results, _ = launch(tmp_path, "shape", 2, limit_s=120)

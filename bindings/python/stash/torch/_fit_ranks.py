@@ -39,6 +39,34 @@ only its own copies (sharers 1), so each measures its share while the others cop
 The plan takes the least any rank measured, per direction. The measurement is cached per
 machine and number of local ranks; pinned memory is capped per rank by the pinned pool
 (host memory available / LOCAL_WORLD_SIZE, stash_pinned_default_cap).
+
+Note [FSDP2's memory in the budget]
+Under fully_shard the budget (max_memory_allocated on CUDA) counts what this rank holds:
+its shards of the parameters, gradients and optimizer state, the unsharded parameters of
+the layers FSDP has gathered at once (the running layer and the one its prefetch gathers
+next; in backward also a layer whose gradients wait to be reduce-scattered) and the
+reduce-scatter's buffers. fit takes them from measurement: the measuring step's peak is
+the allocator's, and fixed_bytes is calibrated from it (Note [What the budget counts] in
+_fit.py), so whatever FSDP held at the peak is counted. The formula, to check against:
+with P the model's parameter bytes, p a layer's, W ranks and AdamW, the shards are
+(P + P + 2P) / W (parameters, gradients, two moments), and FSDP adds about 2p in forward
+(running + prefetched layer) and about 3p in backward (gathered parameters of two layers
+and one layer's unreduced gradients). Not yet compared on a GPU. On the CPU test double
+fit counts the parameters' local shards, gradients and optimizer state from their tensors
+(storage_of reads a DTensor's local shard); FSDP's gathered copies and buffers are not
+tensors the hooks see, so the CPU count is the shard part of the formula only. Recompute
+under FSDP2: Note [Recompute under FSDP2] in _offload.py.
+
+Note [stash's copy streams beside FSDP's]
+stash's engine copies on streams of its own: a D2H copy waits on an event recorded on the
+compute stream after the tensor's producer, and the compute stream waits on a prefetch's
+event before the tensor's consumer (Note [The step's schedule] in planner/schedule.h).
+FSDP2 orders its all-gather and reduce-scatter streams against the compute stream with
+events of its own. Neither side waits on the other's streams: each waits only on the
+compute stream, and the compute stream on each, so the two are ordered through the
+compute stream and otherwise run at once (stash's copies use the host link, FSDP's
+collectives NVLink or the network). No stash stream is passed to, or made to wait on,
+a process group. Not yet measured on a GPU.
 """
 
 from __future__ import annotations

@@ -57,6 +57,18 @@ non-reentrant checkpoint (2.x, with early stop), on torch 1.13 and 2.x alike.
   storage in save order; the two do not map one to one (one storage is saved by several
   ops, an op's outputs may be saved by none). It does not exist on 1.13 either.
 
+Note [Recompute under FSDP2]
+FSDP2 (fully_shard) gathers a block's parameters into storage of its own before the
+block's forward and frees it after; it gathers them again when autograd reaches the
+block's backward. stash's replay runs the block's forward function itself, not the module
+(so FSDP's hooks do not run), and may run it ahead of the block's backward (the prefetch
+window): the replay first asks FSDP for the block's parameters (FSDPModule.unshard(), the
+public call FSDP offers for prefetching by hand; a no-op when they are gathered already;
+FSDP's post-backward frees them as usual). Which storages are parameters is read when a
+FSDP2 block's forward or replay begins, not once per step: the gathered storages of one
+forward are freed and their addresses reused by the next block's activations. Parameters
+are never listed as saved tensors (SaveOrder), whatever storage holds them.
+
 Note [Offload hooks] is in _offload_hooks.py, Note [Stream order with torch's allocator]
 in _offload_streams.py.
 """
@@ -71,7 +83,7 @@ from .._lib import StashError, parse_bytes
 from ._offload_hooks import OffloadHooks, _Fetched
 from ._offload_streams import EngineStreams, _CudaRt
 from ._recompute import FetchedInput, HeldInput, Replay, map_tensors
-from ._saved import storage_of, tensors_in
+from ._saved import is_fsdp, resident_storages, storage_of, tensors_in
 
 __all__ = ["offload", "OffloadHandle"]
 
@@ -113,6 +125,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
     def __init__(self, blocks, plan, *, device=None, lookahead=1, pinned_cap=None,
                  max_in_flight_bytes=None, timing=True, max_micro_batches=8):
         self.blocks = list(blocks)
+        self._fsdp = any(is_fsdp(b) for b in self.blocks)
         if not self.blocks:
             raise ValueError("stash.torch.offload: no blocks")
         self.actions = self._initial_actions(plan)
@@ -245,7 +258,11 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         frame.captured.clear()
         args = map_tensors(frame.args, lambda s: self._restore(frame, s), _INPUT_SLOTS)
         kwargs = map_tensors(frame.kwargs, lambda s: self._restore(frame, s), _INPUT_SLOTS)
-        replay = Replay(frame, step.resident,
+        resident = step.resident
+        if self._fsdp:  # Note [Recompute under FSDP2]
+            self.blocks[frame.layer].unshard()
+            resident = resident_storages(self.blocks)
+        replay = Replay(frame, resident,
                         {storage_of(t)[0] for t in tensors_in((args, kwargs))},
                         self._replay_saved)
         self._hooks["recompute_forwards"] += 1

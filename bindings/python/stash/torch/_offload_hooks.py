@@ -43,7 +43,7 @@ from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._lib import StashError
 from ._boundary import at_backward_end, mark_backward
 from ._recompute import ForwardState, Frame, Placeholder
-from ._saved import SaveOrder, resident_storages, storage_of, tensors_in
+from ._saved import SaveOrder, is_fsdp, resident_storages, storage_of, tensors_in
 
 
 class _Fetched:
@@ -96,6 +96,11 @@ class OffloadHooks:
         if what not in self._warned:
             self._warned.add(what)
             warnings.warn(f"stash.torch.offload: {message}", stacklevel=4)
+
+    def _resident(self, step):
+        """The storages never listed (parameters and buffers): taken once per step, or, for
+        FSDP2 blocks, now (Note [Recompute under FSDP2] in _offload.py)."""
+        return resident_storages(self.blocks) if self._fsdp else step.resident
 
     # --- what subclasses observe (stash.torch.fit measures and re-plans through these) ---
 
@@ -174,7 +179,7 @@ class OffloadHooks:
         first = next(iter(tensors_in(args)), None)
         first_input = storage_of(first)[0] if first is not None else None
         del first
-        order = SaveOrder(step.resident, inputs, inputs)
+        order = SaveOrder(self._resident(step), inputs, inputs)
         held = []  # every storage the block saves, until its forward ends (Note [Offload hooks])
         fetched = {}  # index -> _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
         actions = self._layer_actions(i)

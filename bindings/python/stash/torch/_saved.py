@@ -7,7 +7,10 @@ import torch
 
 def storage_of(t):
     """(key, nbytes) of a tensor's storage. The key is the storage's data pointer: views of
-    one storage share it."""
+    one storage share it. A DTensor (FSDP2's sharded parameters) counts the shard this
+    rank holds."""
+    if type(t) is not torch.Tensor and hasattr(t, "to_local"):
+        t = t.to_local()
     s = t.untyped_storage()
     return s.data_ptr(), s.nbytes()
 
@@ -29,6 +32,15 @@ def call_block(block, x):
     return block(*x) if isinstance(x, tuple) else block(x)
 
 
+def is_fsdp(block) -> bool:
+    """Whether FSDP2's fully_shard manages block's parameters."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(block, FSDPModule)
+
+
 def resident_storages(blocks):
     """Storage keys of every parameter and buffer of the blocks: never listed (they stay
     resident anyway and belong to fixed_bytes)."""
@@ -42,7 +54,7 @@ def resident_storages(blocks):
 class SaveOrder:
     """Numbers the tensors one block's forward saves, in the order they are saved.
 
-    see(t) returns None for a tensor that is not listed (a parameter or buffer, an empty
+    see(t) returns None for a tensor that is not listed (a parameter, a buffer, an empty
     storage), else (index, first): the index of its storage within the block, and whether
     this call listed it (a later view of a listed storage gets the same index, first=False).
     `inputs` are the storage keys of the block's input tensors; `earlier` those of storages
@@ -56,6 +68,11 @@ class SaveOrder:
         self.entries = []   # per index: {"key", "bytes", "is_input", "recomputable"}
 
     def see(self, t):
+        # A parameter is never listed, whatever storage holds it: FSDP2 gathers a block's
+        # parameters into storage of its own for each forward and each backward, which no
+        # set of storages taken beforehand can name.
+        if isinstance(t, torch.nn.Parameter):
+            return None
         key, nbytes = storage_of(t)
         if key in self.resident or nbytes == 0:
             return None
