@@ -46,23 +46,14 @@ def _train(model, data, handle=None):
     return losses, opt
 
 
-def scenario_ddp(rank, world, out, steps=4):
-    """DDP training under fit at 80% is bitwise the same DDP training without stash, and
-    every rank runs one plan."""
+def _train_under_fit(model, blocks, data, budget="80%"):
+    """_train's loop with stash.torch.fit over blocks: the losses and fit's report."""
     import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     import stash.torch
 
-    data = _batches(rank, steps)
-    ref = DDP(_llama())
-    ref_losses, _ = _train(ref, data)
-    ref_params = [p.detach().clone() for p in ref.parameters()]
-
-    model = DDP(_llama())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    handle = stash.torch.fit(model.module.model.layers, "80%", optimizer=opt, link=LINK,
-                             dist_timeout_s=60)
+    handle = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK, dist_timeout_s=60)
     losses = []
     for ids in data:
         loss = model(input_ids=ids, labels=ids).loss
@@ -72,6 +63,22 @@ def scenario_ddp(rank, world, out, steps=4):
         losses.append(loss.item())
     rep = handle.report()
     handle.close()
+    return losses, rep
+
+
+def scenario_ddp(rank, world, out, steps=4):
+    """DDP training under fit at 80% is bitwise the same DDP training without stash, and
+    every rank runs one plan."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    data = _batches(rank, steps)
+    ref = DDP(_llama())
+    ref_losses, _ = _train(ref, data)
+    ref_params = [p.detach().clone() for p in ref.parameters()]
+
+    model = DDP(_llama())
+    losses, rep = _train_under_fit(model, model.module.model.layers, data)
     out.update(losses=losses, ref_losses=ref_losses,
                params_equal=all(torch.equal(a, b) for a, b in
                                 zip(ref_params, model.parameters())),
@@ -87,8 +94,6 @@ def scenario_fsdp(rank, world, out, steps=4):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    import stash.torch
-
     mesh = init_device_mesh("cpu", (world,))
 
     def build():
@@ -102,18 +107,7 @@ def scenario_fsdp(rank, world, out, steps=4):
     ref = build()
     ref_losses, _ = _train(ref, data)
     model = build()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    handle = stash.torch.fit(model.model.layers, "80%", optimizer=opt, link=LINK,
-                             dist_timeout_s=60)
-    losses = []
-    for ids in data:
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    rep = handle.report()
-    handle.close()
+    losses, rep = _train_under_fit(model, model.model.layers, data)
     out.update(losses=losses, ref_losses=ref_losses,
                params_equal=all(torch.equal(a.to_local(), b.to_local()) for a, b in
                                 zip(ref.parameters(), model.parameters())),

@@ -15,27 +15,16 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("[ STASH NO DEVICE ] torch sees no CUDA device", allow_module_level=True)
 try:
-    import transformers
+    import transformers  # noqa: F401  (test_fit_gpu's model)
 except ImportError:
     pytest.skip("[ STASH NO DEVICE ] transformers is not installed", allow_module_level=True)
 
 import torch.distributed as dist  # noqa: E402
 
 import stash.torch  # noqa: E402
+from test_fit_gpu import _model  # noqa: E402  (the same bf16 Llama)
 
 STEPS = 5
-
-
-def _model():
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=8192, hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,
-        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
-        use_cache=False, attn_implementation="sdpa")
-    with torch.device("cuda"):
-        m = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-    m.train()
-    return m
 
 
 def _fsdp_train(tmp_path, budget):
