@@ -22,7 +22,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "status.h"
+#include "planner/error.h"
 
 namespace stash::prim {
 

@@ -5,7 +5,7 @@
 //    allocates or logs. The engine decides what an error means.
 //  - STASH_ENGINE_CUDA(call) is the hot-path check: on failure it writes
 //    "file:line: call: cudaErrorName (text)" into the thread-local error buffer
-//    (allocator/status.h), clears the runtime's last error, and returns status::cuda_error.
+//    (planner/error.h), clears the runtime's last error, and returns status::cuda_error.
 //    STASH_ENGINE_CUDA_TRY is the cold-path variant that throws stash::error.
 //  - RAII owners (stream_owner, event_owner) destroy their handle and treat
 //    cudaErrorCudartUnloading (process exit) as success, like RMM's destructors.
@@ -21,7 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_prim.h"  // allocator/: record_cuda_error, the shared error text format
-#include "status.h"
+#include "planner/error.h"
 
 namespace stash::engine::cuda {
 

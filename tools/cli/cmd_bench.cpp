@@ -15,7 +15,7 @@
 #include "planner/json_file.h"
 #include "planner/profile.h"
 #include "runtime/engine/copy_bench.h"
-#include "status.h"
+#include "planner/error.h"
 #include "runtime/measure/link_bench.h"
 #include "runtime/measure/measure_prim.h"
 #include "runtime/measure/profile_fill.h"
