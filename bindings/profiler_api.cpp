@@ -76,7 +76,9 @@ STASH_API stash_status_t stash_profiler_start(void) {
     o.follow_nvtx = false;  // our scopes report themselves; NVTX may not reach CUPTI
     o.ask_runtime = true;
     const std::string why = p.start(o);
-    if (!why.empty()) return stash::fail(status::profiling_unavailable, "profiling unavailable: %s", why.c_str());
+    if (!why.empty()) {
+      return stash::fail(status::profiling_unavailable, "profiling unavailable: %s", why.c_str());
+    }
     return status::ok;
   });
 }

@@ -36,8 +36,8 @@
 
 #include "command.h"
 #include "demo.h"
+#include "cuda_prim.h"
 #include "kernels/workload/driver/model.h"
-#include "runtime/measure/measure_prim.h"
 
 namespace stash::cli::demo {
 namespace {
@@ -127,7 +127,7 @@ void run_demo(demo_args a) {
   if (!a.profile.empty() && !is_file(a.profile)) throw input_error(a.profile + ": no such profile");
 
   const bool on_double = dlsym(RTLD_DEFAULT, "stashdbl_probe") != nullptr;
-  const std::string no_gpu = measure::prim::device_problem();  // "" when a device exists
+  const std::string no_gpu = prim::device_problem();  // "" when a device exists
   const bool have_gpu = no_gpu.empty() && !on_double;
   int rc = 0;
   if (a.backend == "host") {
