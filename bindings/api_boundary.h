@@ -8,9 +8,9 @@
 
 #include <new>
 
+#include "planner/error.h"
 #include "pool_stats.h"
 #include "stash.h"
-#include "planner/error.h"
 
 namespace stash::api {
 

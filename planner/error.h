@@ -12,9 +12,9 @@
 //    so does everything else stash throws on purpose; the C API (bindings/api_boundary.h)
 //    turns any of them into that status at its boundary.
 // This file sits in planner/, the lowest folder (the top-level CMakeLists.txt: each folder
-// depends only on those above it, and planner/ is first), as its own library `stash_error` with no
-// dependencies: the planner's errors must derive from stash::error, so nothing above
-// planner/ can own it. It is plain C++ with no CUDA; the CUDA half of the error model (the
+// depends only on those above it, and planner/ is first), as its own library stash_error
+// with no dependencies: the planner's errors must derive from stash::error, so nothing
+// above planner/ can own it. It is plain C++ with no CUDA; the CUDA half of the error model (the
 // check macros that turn a cudaError_t into a status or a stash::error) is
 // allocator/cuda_prim.h, in the lowest folder that may include the CUDA runtime.
 //
@@ -27,7 +27,8 @@
 // numbers a reader can see); the two are held together from both sides:
 // bindings/api_boundary.h static_asserts every row against the header's enumerator of that
 // name, and tests/bindings/status_table_test.cpp reads the header's enum and requires every
-// enumerator to be a row. A new code is a new row and a new enumerator, or the build fails.
+// enumerator to be a row. A new code is a new row and a new enumerator, or the build (a row
+// without its enumerator) or that test (an enumerator without its row) fails.
 #pragma once
 
 #include <stdexcept>
