@@ -1,6 +1,16 @@
+// cuda_prim.cpp: Note [One CUDA primitive layer] (cuda_prim.h).
 #include "cuda_prim.h"
 
 namespace stash::prim {
+
+namespace {
+// cudaErrorNotReady is not sticky, but cudaGetLastError reports it; clear it so that the
+// caller's own error checks do not see it.
+cudaError_t clear_not_ready(cudaError_t err) noexcept {
+  if (err == cudaErrorNotReady) cudaGetLastError();
+  return err;
+}
+}  // namespace
 
 cudaError_t tolerate_unloading(cudaError_t err) noexcept {
   if (err == cudaErrorCudartUnloading) {
@@ -23,27 +33,16 @@ cudaError_t host_unregister(void* p) noexcept {
 cudaError_t device_alloc(void** out, size_t bytes) noexcept { return cudaMalloc(out, bytes); }
 cudaError_t device_free(void* p) noexcept { return tolerate_unloading(cudaFree(p)); }
 
-cudaError_t event_create(cudaEvent_t* out) noexcept {
-  return cudaEventCreateWithFlags(out, cudaEventDisableTiming);
+cudaError_t stream_create(cudaStream_t* out) noexcept {
+  return cudaStreamCreateWithFlags(out, cudaStreamNonBlocking);
 }
-cudaError_t event_destroy(cudaEvent_t ev) noexcept {
-  return tolerate_unloading(cudaEventDestroy(ev));
+cudaError_t stream_destroy(cudaStream_t s) noexcept {
+  return tolerate_unloading(cudaStreamDestroy(s));
 }
-cudaError_t event_record(cudaEvent_t ev, cudaStream_t stream) noexcept {
-  return cudaEventRecord(ev, stream);
+cudaError_t stream_synchronize(cudaStream_t s) noexcept { return cudaStreamSynchronize(s); }
+cudaError_t stream_wait(cudaStream_t waiter, cudaEvent_t ev) noexcept {
+  return cudaStreamWaitEvent(waiter, ev, 0);
 }
-cudaError_t event_query(cudaEvent_t ev) noexcept {
-  const cudaError_t err = cudaEventQuery(ev);
-  // cudaErrorNotReady is not sticky, but it is reported by cudaGetLastError; clear it so
-  // that the caller's own error checks do not see it.
-  if (err == cudaErrorNotReady) cudaGetLastError();
-  return err;
-}
-
-cudaError_t event_synchronize(cudaEvent_t ev) noexcept {
-  return tolerate_unloading(cudaEventSynchronize(ev));
-}
-
 cudaError_t stream_capturing(cudaStream_t stream, bool* capturing) noexcept {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   const cudaError_t err = cudaStreamIsCapturing(stream, &st);
@@ -51,6 +50,30 @@ cudaError_t stream_capturing(cudaStream_t stream, bool* capturing) noexcept {
                err == cudaErrorStreamCaptureImplicit || err == cudaErrorStreamCaptureUnsupported;
   if (err != cudaSuccess) cudaGetLastError();
   return err;
+}
+
+cudaError_t event_create(cudaEvent_t* out, bool timing) noexcept {
+  return cudaEventCreateWithFlags(out, timing ? cudaEventDefault : cudaEventDisableTiming);
+}
+cudaError_t event_destroy(cudaEvent_t ev) noexcept {
+  return tolerate_unloading(cudaEventDestroy(ev));
+}
+cudaError_t event_record(cudaEvent_t ev, cudaStream_t stream) noexcept {
+  return cudaEventRecord(ev, stream);
+}
+cudaError_t event_query(cudaEvent_t ev) noexcept { return clear_not_ready(cudaEventQuery(ev)); }
+cudaError_t event_synchronize(cudaEvent_t ev) noexcept {
+  return tolerate_unloading(cudaEventSynchronize(ev));
+}
+cudaError_t event_elapsed(float* ms, cudaEvent_t from, cudaEvent_t to) noexcept {
+  return clear_not_ready(cudaEventElapsedTime(ms, from, to));
+}
+
+cudaError_t copy_d2h(void* host, const void* device, size_t bytes, cudaStream_t s) noexcept {
+  return cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s);
+}
+cudaError_t copy_h2d(void* device, const void* host, size_t bytes, cudaStream_t s) noexcept {
+  return cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, s);
 }
 
 cudaError_t current_device(int* device) noexcept { return cudaGetDevice(device); }
@@ -65,6 +88,15 @@ int host_numa_node(int device) noexcept {
   return node;
 }
 
+std::string device_problem() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  cudaGetLastError();
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  if (n == 0) return "no CUDA-capable device is detected";
+  return "";
+}
+
 void clear_runtime_error() noexcept { cudaGetLastError(); }
 
 status record_cuda_error(cudaError_t err, const char* call, const char* file,
@@ -74,6 +106,21 @@ status record_cuda_error(cudaError_t err, const char* call, const char* file,
   cudaGetLastError();  // the failure is reported through stash's status; unstick it
   return fail(status::cuda_error, "%s:%d: %s failed: %s (%s)", file, line, call,
               name ? name : "cudaError?", text ? text : "");
+}
+
+void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line) {
+  throw_last_error(record_cuda_error(err, call, file, line));
+}
+
+stream_owner make_stream() {
+  stream_owner s;
+  STASH_CUDA_TRY(stream_create(s.out()));
+  return s;
+}
+event_owner make_event(bool timing) {
+  event_owner e;
+  STASH_CUDA_TRY(event_create(e.out(), timing));
+  return e;
 }
 
 }  // namespace stash::prim

@@ -27,7 +27,7 @@
 #include "event_guard.h"
 #include "pinned_slab.h"
 #include "pool_stats.h"
-#include "status.h"
+#include "planner/error.h"
 
 namespace stash {
 

@@ -24,7 +24,7 @@
 
 #include <cstddef>
 
-#include "status.h"
+#include "planner/error.h"
 
 namespace stash {
 

@@ -2,26 +2,25 @@
 //
 // Every exported function body runs inside api_call(), which catches every exception
 // (stash::error keeps its status; std::bad_alloc is INTERNAL; anything else INTERNAL) and
-// writes its message into the thread-local error buffer (allocator/status.h) that
+// writes its message into the thread-local error buffer (planner/error.h) that
 // stash_last_error() returns. No exception crosses the C boundary.
 #pragma once
 
 #include <new>
 
+#include "planner/error.h"
 #include "pool_stats.h"
 #include "stash.h"
-#include "status.h"
 
 namespace stash::api {
 
-static_assert(static_cast<int>(status::ok) == STASH_OK);
-static_assert(static_cast<int>(status::invalid_argument) == STASH_ERROR_INVALID_ARGUMENT);
-static_assert(static_cast<int>(status::out_of_memory) == STASH_ERROR_OUT_OF_MEMORY);
-static_assert(static_cast<int>(status::cuda_error) == STASH_ERROR_CUDA);
-static_assert(static_cast<int>(status::timeout) == STASH_ERROR_TIMEOUT);
-static_assert(static_cast<int>(status::unknown_pointer) == STASH_ERROR_UNKNOWN_POINTER);
-static_assert(static_cast<int>(status::version_mismatch) == STASH_ERROR_VERSION_MISMATCH);
-static_assert(static_cast<int>(status::internal) == STASH_ERROR_INTERNAL);
+// Every row of the one status table (Note [The status table] in planner/error.h) is the
+// header's enumerator of that name, with the same number.
+#define STASH_STATUS_MATCHES_HEADER_(id, c_name, number, text)                   \
+  static_assert(static_cast<int>(status::id) == number && c_name == number, \
+                #c_name " differs between planner/error.h and stash.h");
+STASH_STATUS_TABLE(STASH_STATUS_MATCHES_HEADER_)
+#undef STASH_STATUS_MATCHES_HEADER_
 
 inline stash_status_t to_c(status s) noexcept { return static_cast<stash_status_t>(s); }
 

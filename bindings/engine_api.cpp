@@ -14,17 +14,11 @@ using namespace stash;
 using stash::api::api_call;
 namespace eng = stash::engine;
 
-
 struct stash_engine_t {
   explicit stash_engine_t(const eng::engine_config& c) : engine(c) {}
   eng::prefetch_engine engine;
 };
 
-static_assert(static_cast<int>(eng::no_plan) == STASH_ERROR_NO_PLAN);
-static_assert(static_cast<int>(eng::bad_plan) == STASH_ERROR_BAD_PLAN);
-static_assert(static_cast<int>(eng::unknown_tensor) == STASH_ERROR_UNKNOWN_TENSOR);
-static_assert(static_cast<int>(eng::illegal_transition) == STASH_ERROR_ILLEGAL_TRANSITION);
-static_assert(static_cast<int>(eng::tensor_failed) == STASH_ERROR_TENSOR_FAILED);
 static_assert(static_cast<int>(eng::Action::keep) == STASH_ACTION_KEEP);
 static_assert(static_cast<int>(eng::Action::recompute) == STASH_ACTION_RECOMPUTE);
 static_assert(static_cast<int>(eng::Action::offload) == STASH_ACTION_OFFLOAD);

@@ -5,7 +5,6 @@
 
 #include "api_boundary.h"
 #include "runtime/measure/link_bench.h"
-#include "runtime/measure/measure_prim.h"
 #include "struct_version.h"
 
 using namespace stash;
@@ -34,14 +33,9 @@ STASH_API stash_status_t stash_link_measure(int device, size_t bytes, int sharer
     if (bytes) o.bytes = bytes;
     o.sharers = sharers;
     o.pageable = false;
-    measure::link_bench_result r;
-    try {
-      r = measure::run_link_bench(o);
-    } catch (const measure::measure_error& e) {
-      return fail(status::cuda_error, "%s: %s", fn, e.what());
-    } catch (const planner::input_error& e) {
-      return fail(status::invalid_argument, "%s: %s", fn, e.what());
-    }
+    // Its errors are stash::error: CUDA failures (cuda_error) and refused sizes
+    // (input_error, invalid_argument), which api_call reports as "<fn>: <what>".
+    const measure::link_bench_result r = measure::run_link_bench(o);
     const planner::LinkProfile l = r.link();
     stash_link_result_t full;
     stash_link_result_init(&full);

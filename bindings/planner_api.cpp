@@ -19,9 +19,6 @@ namespace pl = stash::planner;
 
 namespace {
 
-constexpr status bad_profile = static_cast<status>(STASH_ERROR_BAD_PROFILE);
-constexpr status infeasible = static_cast<status>(STASH_ERROR_INFEASIBLE_BUDGET);
-constexpr status bad_plan = static_cast<status>(STASH_ERROR_BAD_PLAN);
 
 static_assert(static_cast<int>(pl::Action::keep) == STASH_ACTION_KEEP);
 static_assert(static_cast<int>(pl::Action::recompute) == STASH_ACTION_RECOMPUTE);
@@ -95,9 +92,9 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
       p = pl::profile_from_json(j);
       bytes = pl::parse_budget(budget, p);
     } catch (const nlohmann::json::parse_error& e) {
-      return fail(bad_profile, "%s: the profile is not JSON: %s", fn, e.what());
+      return fail(status::bad_profile, "%s: the profile is not JSON: %s", fn, e.what());
     } catch (const pl::input_error& e) {
-      return fail(bad_profile, "%s: %s", fn, e.what());
+      return fail(status::bad_profile, "%s: %s", fn, e.what());
     }
     r.budget_bytes = bytes;
     r.keep_all_peak_bytes = pl::evaluate(p, pl::keep_all(p), UINT64_MAX).peak_bytes;
@@ -108,7 +105,7 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
       r.min_feasible_bytes = pl::min_feasible_budget(p, &proved);
       r.min_feasible_proved = proved ? 1 : 0;
       deliver();
-      return fail(infeasible,
+      return fail(status::infeasible_budget,
                   "%s: budget %llu bytes (%.2f GiB) is below the profile's fixed bytes %llu "
                   "(%.2f GiB: parameters, gradients, optimizer state); the smallest feasible "
                   "budget is %llu bytes (%.2f GiB)",
@@ -124,10 +121,10 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
       r.min_feasible_bytes = e.min_feasible_bytes();
       r.min_feasible_proved = e.min_proved() ? 1 : 0;
       deliver();
-      return fail(infeasible, "%s: %s", fn, e.what());
+      return fail(status::infeasible_budget, "%s: %s", fn, e.what());
     } catch (const pl::input_error& e) {
       deliver();
-      return fail(bad_profile, "%s: %s", fn, e.what());
+      return fail(status::bad_profile, "%s: %s", fn, e.what());
     }
     r.predicted_peak_bytes = plan.predicted.peak_bytes;
     r.predicted_step_ms = plan.predicted.step_ms;
@@ -157,16 +154,16 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
     try {
       p = pl::profile_from_json(nlohmann::json::parse(profile_json));
     } catch (const nlohmann::json::parse_error& e) {
-      return fail(bad_profile, "%s: the profile is not JSON: %s", fn, e.what());
+      return fail(status::bad_profile, "%s: the profile is not JSON: %s", fn, e.what());
     } catch (const pl::input_error& e) {
-      return fail(bad_profile, "%s: profile: %s", fn, e.what());
+      return fail(status::bad_profile, "%s: profile: %s", fn, e.what());
     }
     try {
       plan = pl::plan_from_json(nlohmann::json::parse(plan_json), p);
     } catch (const nlohmann::json::parse_error& e) {
-      return fail(bad_plan, "%s: the plan is not JSON: %s", fn, e.what());
+      return fail(status::bad_plan, "%s: the plan is not JSON: %s", fn, e.what());
     } catch (const pl::input_error& e) {
-      return fail(bad_plan, "%s: plan: %s", fn, e.what());
+      return fail(status::bad_plan, "%s: plan: %s", fn, e.what());
     }
     const std::uint64_t budget = budget_bytes ? budget_bytes : plan.budget_bytes;
     const pl::Evaluation ev = pl::evaluate(p, plan.decisions(), budget);
@@ -180,7 +177,8 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
     if (!ev.valid) {
       std::string names;
       for (const std::string& v : ev.violations) names += (names.empty() ? "" : ", ") + v;
-      return fail(infeasible, "%s: the plan is not valid under a budget of %llu bytes: %s", fn,
+      return fail(status::infeasible_budget,
+                  "%s: the plan is not valid under a budget of %llu bytes: %s", fn,
                   static_cast<unsigned long long>(budget), names.c_str());
     }
     return status::ok;
@@ -217,9 +215,9 @@ STASH_API stash_status_t stash_plan_read_actions(const char* plan_json, size_t* 
     try {
       plan = pl::read_plan(nlohmann::json::parse(plan_json));
     } catch (const nlohmann::json::parse_error& e) {
-      return fail(bad_plan, "%s: the plan is not JSON: %s", fn, e.what());
+      return fail(status::bad_plan, "%s: the plan is not JSON: %s", fn, e.what());
     } catch (const pl::input_error& e) {
-      return fail(bad_plan, "%s: plan: %s", fn, e.what());
+      return fail(status::bad_plan, "%s: plan: %s", fn, e.what());
     }
     std::size_t at = 0;
     for (std::size_t i = 0; i < plan.layers.size(); ++i) {

@@ -19,10 +19,6 @@ namespace {
 
 using stash::status;
 
-constexpr status kUnavailable = static_cast<status>(200);
-constexpr status kState = static_cast<status>(201);
-static_assert(static_cast<int>(kUnavailable) == static_cast<int>(STASH_ERROR_PROFILING_UNAVAILABLE));
-static_assert(static_cast<int>(kState) == static_cast<int>(STASH_ERROR_PROFILER_STATE));
 
 // Scopes this thread opened and has not closed; end without begin is an error rather
 // than a pop of someone else's NVTX range.
@@ -75,12 +71,14 @@ STASH_API stash_status_t stash_profile_scope_end(void) {
 STASH_API stash_status_t stash_profiler_start(void) {
   return stash::api::api_call("stash_profiler_start", [&] {
     auto& p = stash::measure::cupti_profiler::process();
-    if (p.active()) return stash::fail(kState, "the profiler is already running");
+    if (p.active()) return stash::fail(status::profiler_state, "the profiler is already running");
     stash::measure::profiler_options o;
     o.follow_nvtx = false;  // our scopes report themselves; NVTX may not reach CUPTI
     o.ask_runtime = true;
     const std::string why = p.start(o);
-    if (!why.empty()) return stash::fail(kUnavailable, "profiling unavailable: %s", why.c_str());
+    if (!why.empty()) {
+      return stash::fail(status::profiling_unavailable, "profiling unavailable: %s", why.c_str());
+    }
     return status::ok;
   });
 }
@@ -92,7 +90,7 @@ STASH_API int stash_profiler_active(void) {
 STASH_API stash_status_t stash_profiler_stop(const char* skeleton_path, const char* output_path) {
   return stash::api::api_call("stash_profiler_stop", [&] {
     auto& p = stash::measure::cupti_profiler::process();
-    if (!p.active()) return stash::fail(kState, "the profiler is not running");
+    if (!p.active()) return stash::fail(status::profiler_state, "the profiler is not running");
     const stash::measure::measurement m = stash::measure::attribute(p.stop());
     if (!output_path || !*output_path) {
       return stash::fail(status::invalid_argument, "output_path is NULL or empty");

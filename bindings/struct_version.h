@@ -36,7 +36,7 @@
 #include <cstring>
 
 #include "stash.h"
-#include "status.h"
+#include "planner/error.h"
 
 // The smallest struct_size that holds T::field: where a struct ended in the version whose
 // last field was `field`.

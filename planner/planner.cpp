@@ -75,7 +75,7 @@ void check_budget(const Profile& p, std::uint64_t budget) {
 
 infeasible_budget::infeasible_budget(std::uint64_t budget, std::uint64_t min_feasible,
                                      bool min_proved)
-    : std::runtime_error(infeasible_message(budget, min_feasible, min_proved)),
+    : error(status::infeasible_budget, infeasible_message(budget, min_feasible, min_proved)),
       budget_(budget),
       min_(min_feasible),
       proved_(min_proved) {}

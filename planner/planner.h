@@ -24,7 +24,7 @@ struct PlanOptions {
 
 // No valid plan exists at the requested budget. Not an input_error: the input is fine and
 // the answer is "no" (CLI exit 1), with the smallest budget that has a valid plan.
-class infeasible_budget : public std::runtime_error {
+class infeasible_budget : public error {  // status::infeasible_budget
  public:
   infeasible_budget(std::uint64_t budget, std::uint64_t min_feasible, bool min_proved);
   std::uint64_t budget() const { return budget_; }

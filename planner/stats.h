@@ -3,7 +3,7 @@
 //
 // One implementation for every folder that measures: the profiler's per-scope times
 // (runtime/measure), the link and copy benchmarks (runtime/measure, runtime/engine), the
-// workload's event timer (kernels/workload/driver) and the CLI. planner/ is the lowest
+// workload's event timer (tools/workload) and the CLI. planner/ is the lowest
 // folder all of them may depend on, and the statistics are plain C++.
 #pragma once
 

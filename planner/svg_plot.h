@@ -1,6 +1,15 @@
 // svg_plot.h: what stash's hand-written SVG plots share (no plotting library here): text
 // escaping, number formatting, tick steps, a linear axis, and the canvas of a plot (title,
 // grid, ticks, frame, axis labels). pareto_svg.cpp and memory_svg.cpp draw on it.
+//
+// Note [Where the SVG plots live]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// In planner/, not tools/: the plots are the planner's outputs (the Pareto curve of
+// pareto.h; predicted against measured memory of a step, from the trace format of
+// trace.h), drawn from planner types alone, as pure C++ with no dependency, so they are
+// tested beside what they draw (tests/planner/) and any front end can write them. tools/
+// only chooses the files (stash pareto --svg, stash simulate --memory-svg, stash demo). A
+// plot that needed more than planner types (a runtime-only figure) would go above it.
 #pragma once
 
 #include <string>

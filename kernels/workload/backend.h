@@ -54,7 +54,9 @@ class backend {
   // All ops enqueue on `s` (or compute now, host_backend immediate mode). Pointers are device
   // memory (host memory for host_backend). Each op checks its arguments first (backend.cpp;
   // Note [Two backends]), then calls its do_* hook. Errors: std::runtime_error naming the op
-  // ("stash workload <name()> backend: <op>: <what>" for bad arguments).
+  // ("stash workload <name()> backend: <op>: <what>" for bad arguments); a failed CUDA call
+  // is stash::error (a std::runtime_error) from STASH_CUDA_TRY (allocator/cuda_prim.h),
+  // naming the op and the call.
 
   // C[m][n] = op(A) op(B) + beta * C, row-major, op = transpose when trans_* is true.
   // A is [m][k] (or [k][m] when trans_a), B is [k][n] (or [n][k] when trans_b). With

@@ -32,6 +32,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "cuda_prim.h"
 #include "kernels/workload/backend.h"
 #include "kernels/workload/gemm_layout.h"
 #include "kernels/workload/workload_kernels.h"
@@ -41,14 +42,6 @@ namespace {
 
 [[noreturn]] void fail(const char* op, const std::string& what) {
   throw std::runtime_error(std::string("stash workload cuda backend: ") + op + ": " + what);
-}
-
-void check_cuda(cudaError_t err, const char* op) {
-  if (err != cudaSuccess) {
-    // A launch error sits in the runtime's last error too; it is reported here, once.
-    (void)cudaGetLastError();
-    fail(op, std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err));
-  }
 }
 
 void check_cublas(cublasStatus_t st, const char* op, const char* call) {
@@ -122,59 +115,59 @@ class cuda_backend final : public backend {
   }
 
   void do_add_bias(cudaStream_t s, int rows, int cols, const float* bias, float* C) override {
-    check_cuda(kernels::add_bias(s, rows, cols, bias, C), "add_bias");
+    STASH_CUDA_TRY(kernels::add_bias(s, rows, cols, bias, C));
   }
 
   void do_bias_grad(cudaStream_t s, int rows, int cols, const float* dC, float* db) override {
-    check_cuda(kernels::bias_grad(s, rows, cols, dC, db), "bias_grad");
+    STASH_CUDA_TRY(kernels::bias_grad(s, rows, cols, dC, db));
   }
 
   void do_layernorm_stats(cudaStream_t s, int rows, int cols, const float* x,
                           float* stats) override {
-    check_cuda(kernels::layernorm_stats(s, rows, cols, x, stats), "layernorm_stats");
+    STASH_CUDA_TRY(kernels::layernorm_stats(s, rows, cols, x, stats));
   }
 
   void do_layernorm_apply(cudaStream_t s, int rows, int cols, const float* x,
                           const float* stats, const float* gamma, const float* beta,
                           float* u) override {
-    check_cuda(kernels::layernorm_apply(s, rows, cols, x, stats, gamma, beta, u),
-               "layernorm_apply");
+    STASH_CUDA_TRY(kernels::layernorm_apply(s, rows, cols, x, stats, gamma, beta, u));
   }
 
   void do_layernorm_backward(cudaStream_t s, int rows, int cols, const float* du,
                              const float* x, const float* stats, const float* gamma, float* dx,
                              float* dgamma, float* dbeta) override {
-    check_cuda(
-        kernels::layernorm_backward(s, rows, cols, du, x, stats, gamma, dx, dgamma, dbeta),
-        "layernorm_backward");
+    STASH_CUDA_TRY(
+        kernels::layernorm_backward(s, rows, cols, du, x, stats, gamma, dx, dgamma, dbeta));
   }
 
   void do_gelu(cudaStream_t s, std::size_t n, const float* h, float* a) override {
-    check_cuda(kernels::gelu(s, n, h, a), "gelu");
+    STASH_CUDA_TRY(kernels::gelu(s, n, h, a));
   }
 
   void do_gelu_backward(cudaStream_t s, std::size_t n, const float* da, const float* h,
                         float* dh) override {
-    check_cuda(kernels::gelu_backward(s, n, da, h, dh), "gelu_backward");
+    STASH_CUDA_TRY(kernels::gelu_backward(s, n, da, h, dh));
   }
 
   void do_add(cudaStream_t s, std::size_t n, const float* x, const float* y,
               float* out) override {
-    check_cuda(kernels::add(s, n, x, y, out), "add");
+    STASH_CUDA_TRY(kernels::add(s, n, x, y, out));
   }
 
   void do_mse_loss(cudaStream_t s, std::size_t n, const float* out, const float* target,
                    float* loss, float* dout) override {
-    check_cuda(kernels::mse_loss(s, n, out, target, loss, dout, scratch_), "mse_loss");
+    STASH_CUDA_TRY(kernels::mse_loss(s, n, out, target, loss, dout, scratch_));
   }
 
   void do_sgd(cudaStream_t s, std::size_t n, float lr, const float* g, float* w) override {
-    check_cuda(kernels::sgd(s, n, lr, g, w), "sgd");
+    STASH_CUDA_TRY(kernels::sgd(s, n, lr, g, w));
   }
 
   void do_zero(cudaStream_t s, void* p, std::size_t bytes) override {
     if (bytes == 0) return;
-    check_cuda(cudaMemsetAsync(p, 0, bytes, s), "zero");
+    const cudaError_t err = cudaMemsetAsync(p, 0, bytes, s);
+    if (err != cudaSuccess)
+      prim::throw_cuda_error(err, "zero: cudaMemsetAsync", __FILE__, __LINE__);
   }
 
   // C = beta C for k == 0, by BLAS semantics (beta == 0 writes zeros without reading C, as
@@ -184,7 +177,9 @@ class cuda_backend final : public backend {
     constexpr const char* op = "gemm";
     if (beta == 1.0f) return;
     if (beta == 0.0f) {
-      check_cuda(cudaMemsetAsync(C, 0, elems * sizeof(float), s), op);
+      const cudaError_t err = cudaMemsetAsync(C, 0, elems * sizeof(float), s);
+      if (err != cudaSuccess)
+        prim::throw_cuda_error(err, "gemm: cudaMemsetAsync", __FILE__, __LINE__);
       return;
     }
     bind(s, op);

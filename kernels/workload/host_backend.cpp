@@ -9,14 +9,15 @@
 // deletes it and throws. Consequences:
 //  - Everything that can fail is checked at enqueue (the arguments, by backend.cpp before it
 //    calls do_*; the enqueue call), so errors reach the caller as std::runtime_error naming
-//    the op. The callback itself cannot fail: the loops neither allocate nor throw, and a
-//    host function may not call CUDA anyway.
+//    the op (a failed CUDA call is a stash::error, which is one). The callback cannot fail:
+//    the loops neither allocate nor throw, and a host function may not call CUDA anyway.
 //  - The pointers are dereferenced by the host when the stream reaches the op, so they must
 //    be host-accessible then: on stash's CPU test double, "device" memory is host memory. On a
 //    real GPU this mode needs managed or mapped memory; cudaMalloc'd pointers would fault.
 //  - Ops are ordered with copies, events and kernels on the same stream like any device work.
 //    The double's happens-before checker does not see their reads and writes (a host function
 //    declares none); ordering them correctly is still the caller's job.
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -26,15 +27,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda_prim.h"
 #include "kernels/workload/backend.h"
 #include "kernels/workload/elementwise.h"
 
 namespace stash::workload {
 namespace {
-
-[[noreturn]] void fail(const char* op, const std::string& what) {
-  throw std::runtime_error(std::string("stash workload host backend: ") + op + ": " + what);
-}
 
 struct host_job {
   const char* op;
@@ -113,17 +111,16 @@ class host_backend final : public backend {
   }
 
   void do_zero(cudaStream_t s, void* p, std::size_t bytes) override {
-    constexpr const char* op = "zero";
     if (bytes == 0) return;
     if (mode_ == host_mode::immediate) {
       std::memset(p, 0, bytes);
       return;
     }
+    // The failure is consumed here (throw_cuda_error clears it), so that it is not blamed
+    // on a later launch.
     const cudaError_t err = cudaMemsetAsync(p, 0, bytes, s);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();  // consumed here, so it is not blamed on a later launch
-      fail(op, std::string("cudaMemsetAsync: ") + cudaGetErrorString(err));
-    }
+    if (err != cudaSuccess)
+      prim::throw_cuda_error(err, "zero: cudaMemsetAsync", __FILE__, __LINE__);
   }
 
   // Note [Host ops on a stream].
@@ -136,8 +133,9 @@ class host_backend final : public backend {
     auto job = std::make_unique<host_job>(host_job{op, std::function<void()>(std::forward<F>(f))});
     const cudaError_t err = cudaLaunchHostFunc(s, &host_job::invoke, job.get());
     if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      fail(op, std::string("cudaLaunchHostFunc: ") + cudaGetErrorString(err));
+      char call[96];
+      std::snprintf(call, sizeof call, "%s: cudaLaunchHostFunc", op);
+      prim::throw_cuda_error(err, call, __FILE__, __LINE__);
     }
     job.release();  // owned by the callback from here on
   }

@@ -6,7 +6,6 @@
 #include <memory>
 #include <numeric>
 
-#include "cuda_calls.h"
 #include "cuda_prim.h"
 #include "device_pool.h"
 #include "prefetch_engine.h"
@@ -25,16 +24,12 @@ struct plain_buffers {
   }
 };
 
-cuda::event_owner make_event() {
-  cudaEvent_t e = nullptr;
-  STASH_ENGINE_CUDA_TRY(cuda::event_create(&e, /*timing=*/true));
-  return cuda::event_owner(e);
-}
+prim::event_owner make_event() { return prim::make_event(/*timing=*/true); }
 
-float elapsed(const cuda::event_owner& from, const cuda::event_owner& to) {
-  STASH_ENGINE_CUDA_TRY(cuda::event_synchronize(to.get()));
+float elapsed(const prim::event_owner& from, const prim::event_owner& to) {
+  STASH_CUDA_TRY(prim::event_synchronize(to.get()));
   float ms = 0;
-  STASH_ENGINE_CUDA_TRY(cuda::event_elapsed(&ms, from.get(), to.get()));
+  STASH_CUDA_TRY(prim::event_elapsed(&ms, from.get(), to.get()));
   return ms;
 }
 
@@ -50,16 +45,16 @@ struct round_rates {
 
 round_rates plain_round(const std::vector<std::size_t>& sizes, std::size_t total,
                         const plain_buffers& buf, cudaStream_t d2h, cudaStream_t h2d) {
-  cuda::event_owner a = make_event(), b = make_event(), c = make_event(), d = make_event();
-  STASH_ENGINE_CUDA_TRY(cuda::event_record(a.get(), d2h));
+  prim::event_owner a = make_event(), b = make_event(), c = make_event(), d = make_event();
+  STASH_CUDA_TRY(prim::event_record(a.get(), d2h));
   for (std::size_t i = 0; i < sizes.size(); ++i)
-    STASH_ENGINE_CUDA_TRY(cuda::copy_d2h(buf.host[i], buf.device[i], sizes[i], d2h));
-  STASH_ENGINE_CUDA_TRY(cuda::event_record(b.get(), d2h));
+    STASH_CUDA_TRY(prim::copy_d2h(buf.host[i], buf.device[i], sizes[i], d2h));
+  STASH_CUDA_TRY(prim::event_record(b.get(), d2h));
   const float d2h_ms = elapsed(a, b);
-  STASH_ENGINE_CUDA_TRY(cuda::event_record(c.get(), h2d));
+  STASH_CUDA_TRY(prim::event_record(c.get(), h2d));
   for (std::size_t i = 0; i < sizes.size(); ++i)
-    STASH_ENGINE_CUDA_TRY(cuda::copy_h2d(buf.device[i], buf.host[i], sizes[i], h2d));
-  STASH_ENGINE_CUDA_TRY(cuda::event_record(d.get(), h2d));
+    STASH_CUDA_TRY(prim::copy_h2d(buf.device[i], buf.host[i], sizes[i], h2d));
+  STASH_CUDA_TRY(prim::event_record(d.get(), h2d));
   const float h2d_ms = elapsed(c, d);
   return {gbps(total, d2h_ms), gbps(total, h2d_ms)};
 }
@@ -70,30 +65,30 @@ round_rates engine_round(const std::vector<std::size_t>& sizes, std::size_t tota
   std::vector<void*> blocks(n, nullptr);
   for (std::uint32_t i = 0; i < n; ++i) check(pool.allocate(sizes[i], compute, &blocks[i]));
   // The pool's blocks are the compute stream's; make sure their allocation is behind us.
-  STASH_ENGINE_CUDA_TRY(cuda::stream_synchronize(compute));
+  STASH_CUDA_TRY(prim::stream_synchronize(compute));
 
-  cuda::event_owner a = make_event(), b = make_event(), c = make_event(), d = make_event();
-  STASH_ENGINE_CUDA_TRY(cuda::event_record(a.get(), compute));
+  prim::event_owner a = make_event(), b = make_event(), c = make_event(), d = make_event();
+  STASH_CUDA_TRY(prim::event_record(a.get(), compute));
   for (std::uint32_t i = 0; i < n; ++i) {
     check(engine.forward_begin(0, i));
     check(engine.offload({0, i, 0}, blocks[i], sizes[i], compute));
     check(engine.forward_end(0, i));
   }
-  STASH_ENGINE_CUDA_TRY(cuda::event_record(b.get(), engine.d2h_stream()));
+  STASH_CUDA_TRY(prim::event_record(b.get(), engine.d2h_stream()));
   const float d2h_ms = elapsed(a, b);
 
-  STASH_ENGINE_CUDA_TRY(cuda::event_record(c.get(), compute));
+  STASH_CUDA_TRY(prim::event_record(c.get(), compute));
   for (std::uint32_t i = n; i-- > 0;) {
     check(engine.backward_begin(0, i));
     void* p = nullptr;
     check(engine.acquire({0, i, 0}, compute, &p));
-    if (i == 0) STASH_ENGINE_CUDA_TRY(cuda::event_record(d.get(), engine.h2d_stream()));
+    if (i == 0) STASH_CUDA_TRY(prim::event_record(d.get(), engine.h2d_stream()));
     check(engine.release({0, i, 0}));
     check(engine.backward_end(0, i));
   }
   const float h2d_ms = elapsed(c, d);
   check(engine.synchronize());
-  STASH_ENGINE_CUDA_TRY(cuda::stream_synchronize(compute));
+  STASH_CUDA_TRY(prim::stream_synchronize(compute));
   return {gbps(total, d2h_ms), gbps(total, h2d_ms)};
 }
 
@@ -126,18 +121,13 @@ copy_bench_result run_copy_bench(const copy_bench_options& options) {
   for (std::size_t s : sizes) {
     void* d = nullptr;
     void* h = nullptr;
-    STASH_ENGINE_CUDA_TRY(prim::device_alloc(&d, s));
+    STASH_CUDA_TRY(prim::device_alloc(&d, s));
     buf.device.push_back(d);
-    STASH_ENGINE_CUDA_TRY(prim::host_alloc(&h, s));
+    STASH_CUDA_TRY(prim::host_alloc(&h, s));
     buf.host.push_back(h);
   }
-  cudaStream_t raw = nullptr;
-  STASH_ENGINE_CUDA_TRY(cuda::stream_create(&raw));
-  cuda::stream_owner plain_d2h(raw);
-  STASH_ENGINE_CUDA_TRY(cuda::stream_create(&raw));
-  cuda::stream_owner plain_h2d(raw);
-  STASH_ENGINE_CUDA_TRY(cuda::stream_create(&raw));
-  cuda::stream_owner compute(raw);
+  prim::stream_owner plain_d2h = prim::make_stream(), plain_h2d = prim::make_stream(),
+                     compute = prim::make_stream();
 
   // The engine, as training configures it, with room for the whole mix in flight.
   device_pool_config dc;

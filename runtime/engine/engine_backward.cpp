@@ -39,10 +39,10 @@ status timed_wait(engine_trace* trace, cudaStream_t stream, cudaEvent_t ev, int 
     status st = trace->start(t, stream, &op);
     if (st != status::ok) trace = nullptr;  // lose the span, not the wait
   }
-  const cudaError_t err = cuda::stream_wait(stream, ev);
+  const cudaError_t err = prim::stream_wait(stream, ev);
   if (err != cudaSuccess) {
     if (trace) trace->cancel(op);
-    return cuda::fail(err, "cudaStreamWaitEvent", __FILE__, __LINE__);
+    return prim::record_cuda_error(err, "cudaStreamWaitEvent", __FILE__, __LINE__);
   }
   if (trace) trace->stop(op, stream);
   return status::ok;
@@ -130,14 +130,18 @@ status prefetch_engine::issue_prefetch(micro_batch_slot& s, std::uint32_t layer,
   {
     cudaEvent_t issue = nullptr;
     if ((st = events_.take(&issue)) != status::ok) return undo(st);
-    cudaError_t err = cuda::event_record(issue, order);
-    if (err == cudaSuccess) err = cuda::stream_wait(h2d, issue);
+    cudaError_t err = prim::event_record(issue, order);
+    if (err == cudaSuccess) err = prim::stream_wait(h2d, issue);
     events_.give(issue);  // the wait captured it
-    if (err != cudaSuccess) return undo(cuda::fail(err, "order H2D after the compute stream", __FILE__, __LINE__));
+    if (err != cudaSuccess)
+      return undo(
+          prim::record_cuda_error(err, "order H2D after the compute stream", __FILE__, __LINE__));
   }
   if (r.d2h_done) {  // still OFFLOADING as far as the host knows: order after the D2H
-    const cudaError_t err = cuda::stream_wait(h2d, r.d2h_done);
-    if (err != cudaSuccess) return undo(cuda::fail(err, "cudaStreamWaitEvent(h2d, d2h)", __FILE__, __LINE__));
+    const cudaError_t err = prim::stream_wait(h2d, r.d2h_done);
+    if (err != cudaSuccess)
+      return undo(
+          prim::record_cuda_error(err, "cudaStreamWaitEvent(h2d, d2h)", __FILE__, __LINE__));
   }
   cudaEvent_t done = nullptr;
   if ((st = events_.take(&done)) != status::ok) return undo(st);
@@ -154,17 +158,18 @@ status prefetch_engine::issue_prefetch(micro_batch_slot& s, std::uint32_t layer,
     t.layer = static_cast<std::int32_t>(layer);
     timed = trace_->start(t, h2d, &op) == status::ok;
   }
-  cudaError_t err = cuda::copy_h2d(dst, r.host, r.bytes, h2d);
+  cudaError_t err = prim::copy_h2d(dst, r.host, r.bytes, h2d);
   if (err != cudaSuccess) {
     if (timed) trace_->cancel(op);
     events_.give(done);
-    return undo(cuda::fail(err, "cudaMemcpyAsync(H2D)", __FILE__, __LINE__));
+    return undo(prim::record_cuda_error(err, "cudaMemcpyAsync(H2D)", __FILE__, __LINE__));
   }
   if (timed) trace_->stop(op, h2d);
-  err = cuda::event_record(done, h2d);
+  err = prim::event_record(done, h2d);
   if (err != cudaSuccess) {
-    const status why = cuda::fail(err, "cudaEventRecord(h2d done)", __FILE__, __LINE__);
-    cuda::stream_synchronize(h2d);  // cold: cannot track the copy, so finish it here
+    const status why =
+        prim::record_cuda_error(err, "cudaEventRecord(h2d done)", __FILE__, __LINE__);
+    prim::stream_synchronize(h2d);  // cold: cannot track the copy, so finish it here
     events_.give(done);
     return undo(why);
   }
@@ -334,7 +339,7 @@ status prefetch_engine::release(tensor_key k) noexcept {
     // until the host sees those complete too (Note [Handing offloaded blocks back]: the same
     // lesson on the D2H side; gradient accumulation's next forward ran over budget).
     if (r->state == tensor_state::prefetching && r->h2d_done &&
-        cuda::stream_wait(config_.compute, r->h2d_done) != cudaSuccess) {
+        prim::stream_wait(config_.compute, r->h2d_done) != cudaSuccess) {
       prim::clear_runtime_error();
       users[n_users++] = h2d_.get();  // cannot order it: fall back to guarding
     }

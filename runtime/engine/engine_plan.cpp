@@ -62,15 +62,4 @@ engine_plan engine_plan::from_actions(size_t n_layers, const size_t* per_layer,
   return p;
 }
 
-const char* status_text(status s) noexcept {
-  switch (static_cast<int>(s)) {
-    case 100: return "no plan loaded";
-    case 101: return "malformed plan";
-    case 102: return "unknown tensor";
-    case 103: return "illegal tensor state transition";
-    case 104: return "tensor failed";
-    default: return status_name(s);
-  }
-}
-
 }  // namespace stash::engine

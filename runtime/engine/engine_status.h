@@ -1,19 +1,16 @@
-// engine_status.h: the engine's result codes. They extend stash::status (allocator/status.h)
-// into the 100..199 range reserved for the engine in bindings/include/stash.h, whose
-// stash_status_t carries the same numbers (bindings/engine_api.cpp static_asserts them).
+// engine_status.h: the engine's result codes, under the engine's own names. They are rows
+// of the one status table (Note [The status table] in planner/error.h), in the 100..199
+// range that bindings/include/stash.h gives the engine.
 #pragma once
 
-#include "status.h"
+#include "planner/error.h"
 
 namespace stash::engine {
 
-inline constexpr status no_plan = static_cast<status>(100);             // no plan loaded
-inline constexpr status bad_plan = static_cast<status>(101);            // malformed plan
-inline constexpr status unknown_tensor = static_cast<status>(102);      // key not in the plan
-inline constexpr status illegal_transition = static_cast<status>(103);  // e.g. double release
-inline constexpr status tensor_failed = static_cast<status>(104);       // its copy failed
-
-// "no plan", ..., or status_name() for the allocator's codes.
-const char* status_text(status s) noexcept;
+inline constexpr status no_plan = status::no_plan;                        // no plan loaded
+inline constexpr status bad_plan = status::bad_plan;                      // malformed plan
+inline constexpr status unknown_tensor = status::unknown_tensor;          // key not in the plan
+inline constexpr status illegal_transition = status::illegal_transition;  // e.g. double release
+inline constexpr status tensor_failed = status::tensor_failed;            // its copy failed
 
 }  // namespace stash::engine

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "cuda_calls.h"
+#include "cuda_prim.h"
 
 namespace stash::engine {
 
@@ -11,13 +11,13 @@ using planner::SpanKind;
 engine_trace::engine_trace(event_pool& events, cudaStream_t base_stream) : events_(events) {
   status s = events_.take(&base_);
   if (s != status::ok) throw_last_error(s);
-  STASH_ENGINE_CUDA_TRY(cuda::event_record(base_, base_stream));
+  STASH_CUDA_TRY(prim::event_record(base_, base_stream));
   writer_.set_metadata("source", "engine");
 }
 
 engine_trace::~engine_trace() {
   for (timed_op& op : ops_) {
-    if (op.end) cuda::event_synchronize(op.end);
+    if (op.end) prim::event_synchronize(op.end);
     events_.give(op.start);
     events_.give(op.end);
   }
@@ -42,11 +42,11 @@ status engine_trace::start(const timed_op& op, cudaStream_t s, std::size_t* id) 
     events_.give(o.start);
     return st;
   }
-  const cudaError_t err = cuda::event_record(o.start, s);
+  const cudaError_t err = prim::event_record(o.start, s);
   if (err != cudaSuccess) {
     events_.give(o.start);
     events_.give(o.end);
-    return cuda::fail(err, "cudaEventRecord(start)", __FILE__, __LINE__);
+    return prim::record_cuda_error(err, "cudaEventRecord(start)", __FILE__, __LINE__);
   }
   try {
     ops_.push_back(o);  // capacity reserved at plan load; grows only past it
@@ -60,10 +60,10 @@ status engine_trace::start(const timed_op& op, cudaStream_t s, std::size_t* id) 
 }
 
 status engine_trace::stop(std::size_t id, cudaStream_t s) noexcept {
-  const cudaError_t err = cuda::event_record(ops_[id].end, s);
+  const cudaError_t err = prim::event_record(ops_[id].end, s);
   if (err != cudaSuccess) {
     cancel(id);
-    return cuda::fail(err, "cudaEventRecord(end)", __FILE__, __LINE__);
+    return prim::record_cuda_error(err, "cudaEventRecord(end)", __FILE__, __LINE__);
   }
   return status::ok;
 }
@@ -71,11 +71,11 @@ status engine_trace::stop(std::size_t id, cudaStream_t s) noexcept {
 status engine_trace::mark(cudaStream_t s, cudaEvent_t* out) noexcept {
   status st = events_.take(out);
   if (st != status::ok) return st;
-  const cudaError_t err = cuda::event_record(*out, s);
+  const cudaError_t err = prim::event_record(*out, s);
   if (err != cudaSuccess) {
     events_.give(*out);
     *out = nullptr;
-    return cuda::fail(err, "cudaEventRecord(mark)", __FILE__, __LINE__);
+    return prim::record_cuda_error(err, "cudaEventRecord(mark)", __FILE__, __LINE__);
   }
   return status::ok;
 }
@@ -86,11 +86,11 @@ status engine_trace::finish(timed_op op, cudaStream_t s) noexcept {
     events_.give(op.start);
     return st;
   }
-  const cudaError_t err = cuda::event_record(op.end, s);
+  const cudaError_t err = prim::event_record(op.end, s);
   if (err != cudaSuccess) {
     events_.give(op.start);
     events_.give(op.end);
-    return cuda::fail(err, "cudaEventRecord(end)", __FILE__, __LINE__);
+    return prim::record_cuda_error(err, "cudaEventRecord(end)", __FILE__, __LINE__);
   }
   try {
     ops_.push_back(op);
@@ -142,11 +142,11 @@ void engine_trace::harvest(bool block, const engine_plan& plan) {
     float t0 = 0, t1 = 0;
     bool done = true;
     if (op.end) {
-      if (block) cuda::event_synchronize(op.end);
-      done = cuda::event_elapsed(&t1, base_, op.end) == cudaSuccess &&
-             cuda::event_elapsed(&t0, base_, op.start) == cudaSuccess;
+      if (block) prim::event_synchronize(op.end);
+      done = prim::event_elapsed(&t1, base_, op.end) == cudaSuccess &&
+             prim::event_elapsed(&t0, base_, op.start) == cudaSuccess;
     } else if (block) {
-      cuda::event_synchronize(op.start);
+      prim::event_synchronize(op.start);
     }
     if (!done && !block) {
       ops_[keep++] = op;

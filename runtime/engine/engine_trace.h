@@ -38,8 +38,8 @@
 #include <cuda_runtime_api.h>
 
 #include "engine_plan.h"
+#include "planner/error.h"
 #include "planner/trace.h"
-#include "status.h"
 #include "tensor_table.h"
 
 namespace stash::engine {

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <utility>
 
+#include <nvtx3/nvToolsExtCudaRt.h>
+
 #include "engine_nvtx.h"
 #include "engine_trace.h"
 #include "planner/schedule.h"
@@ -21,10 +23,10 @@ pinned_pool_config pinned_config(const engine_config& c) {
   return p;
 }
 
-cudaStream_t make_stream(const char* name) {
-  cudaStream_t s = nullptr;
-  STASH_ENGINE_CUDA_TRY(cuda::stream_create(&s));
-  cuda::name_stream(s, name);
+// A non-blocking stream named for Nsight Systems (a no-op without a tool attached).
+prim::stream_owner make_named_stream(const char* name) {
+  prim::stream_owner s = prim::make_stream();
+  nvtxNameCudaStreamA(s.get(), name);
   return s;
 }
 
@@ -46,18 +48,18 @@ prefetch_engine::prefetch_engine(const engine_config& config)
   if (config.on_pinned_exhausted != pinned_exhausted::keep_on_device &&
       config.on_pinned_exhausted != pinned_exhausted::wait)
     throw error(status::invalid_argument, "engine config: unknown pinned exhaustion policy");
-  d2h_ = cuda::stream_owner(make_stream("stash d2h"));
-  h2d_ = cuda::stream_owner(make_stream("stash h2d"));
+  d2h_ = make_named_stream("stash d2h");
+  h2d_ = make_named_stream("stash h2d");
   pinned_ = std::make_unique<pinned_pool>(pinned_config(config));
   if (config.timing) trace_ = std::make_unique<engine_trace>(events_, config.compute);
 }
 
 prefetch_engine::~prefetch_engine() {
   std::lock_guard<std::mutex> lock(mutex_);
-  cuda::stream_synchronize(d2h_.get());
-  cuda::stream_synchronize(h2d_.get());
+  prim::stream_synchronize(d2h_.get());
+  prim::stream_synchronize(h2d_.get());
   while (!in_flight_.empty()) {
-    cuda::event_synchronize(in_flight_.front().done);
+    prim::event_synchronize(in_flight_.front().done);
     retire_front();
   }
   trace_.reset();
@@ -84,7 +86,7 @@ status prefetch_engine::set_plan(engine_plan plan) noexcept {
                   s.live);
   try {
     while (!in_flight_.empty()) {
-      cuda::event_synchronize(in_flight_.front().done);
+      prim::event_synchronize(in_flight_.front().done);
       retire_front();
     }
     for (micro_batch_slot& s : slots_) reset_slot(s);
@@ -243,10 +245,13 @@ status prefetch_engine::offload(tensor_key k, void* device, std::size_t bytes,
   };
   if ((st = events_.take(&produced)) != status::ok) return undo(st);
   if ((st = events_.take(&done)) != status::ok) return undo(st);
-  cudaError_t err = cuda::event_record(produced, producer);
-  if (err != cudaSuccess) return undo(cuda::fail(err, "cudaEventRecord(producer)", __FILE__, __LINE__));
-  err = cuda::stream_wait(d2h_.get(), produced);
-  if (err != cudaSuccess) return undo(cuda::fail(err, "cudaStreamWaitEvent(d2h, producer)", __FILE__, __LINE__));
+  cudaError_t err = prim::event_record(produced, producer);
+  if (err != cudaSuccess)
+    return undo(prim::record_cuda_error(err, "cudaEventRecord(producer)", __FILE__, __LINE__));
+  err = prim::stream_wait(d2h_.get(), produced);
+  if (err != cudaSuccess)
+    return undo(
+        prim::record_cuda_error(err, "cudaStreamWaitEvent(d2h, producer)", __FILE__, __LINE__));
   events_.give(std::exchange(produced, nullptr));  // the wait captured it
   if (trace_) {
     timed_op t;
@@ -260,11 +265,11 @@ status prefetch_engine::offload(tensor_key k, void* device, std::size_t bytes,
     if ((st = trace_->start(t, d2h_.get(), &op)) != status::ok) return undo(st);
     timed = true;
   }
-  err = cuda::copy_d2h(host, device, bytes, d2h_.get());
+  err = prim::copy_d2h(host, device, bytes, d2h_.get());
   if (err != cudaSuccess) {
     // The pinned block may still be touched by nothing: the copy was not enqueued; but the
     // wait and the start event were, so guard it with the D2H stream anyway.
-    const status why = cuda::fail(err, "cudaMemcpyAsync(D2H)", __FILE__, __LINE__);
+    const status why = prim::record_cuda_error(err, "cudaMemcpyAsync(D2H)", __FILE__, __LINE__);
     if (timed) trace_->cancel(op);
     events_.give(done);
     cudaStream_t d2h = d2h_.get();
@@ -274,19 +279,20 @@ status prefetch_engine::offload(tensor_key k, void* device, std::size_t bytes,
   }
   if (timed) trace_->stop(op, d2h_.get());  // a failed record costs the span, not the data
   const std::uint64_t seq = ++d2h_seq_;
-  err = cuda::event_record(done, d2h_.get());
+  err = prim::event_record(done, d2h_.get());
   if (err == cudaSuccess) {
     cudaEvent_t& layer_ev = s->layer_copies[k.layer];
     if (layer_ev || events_.take(&layer_ev) == status::ok) {
-      err = cuda::event_record(layer_ev, d2h_.get());
+      err = prim::event_record(layer_ev, d2h_.get());
       if (err == cudaSuccess) s->layer_copies_seq[k.layer] = seq;
     }
   }
   if (err != cudaSuccess) {
     // The copy is enqueued but cannot be tracked: wait for it here (cold, rare) so that the
     // device block is not reused under it.
-    const status why = cuda::fail(err, "cudaEventRecord(d2h done)", __FILE__, __LINE__);
-    cuda::stream_synchronize(d2h_.get());
+    const status why =
+        prim::record_cuda_error(err, "cudaEventRecord(d2h done)", __FILE__, __LINE__);
+    prim::stream_synchronize(d2h_.get());
     events_.give(done);
     pinned_->deallocate(host, nullptr, 0);
     pinned_in_use_ -= bytes;
@@ -350,7 +356,7 @@ status prefetch_engine::make_room(std::size_t bytes) noexcept {
   while (!in_flight_.empty() && over()) {
     nvtx::range range(nvtx::kWaitCap, 0);
     ++stats_.cap_waits;
-    STASH_ENGINE_CUDA(cuda::event_synchronize(in_flight_.front().done));
+    STASH_CUDA_FAIL(prim::event_synchronize(in_flight_.front().done));
     retire_front();
   }
   return status::ok;
@@ -359,7 +365,7 @@ status prefetch_engine::make_room(std::size_t bytes) noexcept {
 void prefetch_engine::retire(bool block) noexcept {
   while (!in_flight_.empty()) {
     cudaEvent_t ev = in_flight_.front().done;
-    const cudaError_t err = block ? cuda::event_synchronize(ev) : cuda::event_query(ev);
+    const cudaError_t err = block ? prim::event_synchronize(ev) : prim::event_query(ev);
     if (err == cudaErrorNotReady) return;
     retire_front();
   }
@@ -428,8 +434,8 @@ status prefetch_engine::alloc_device(std::size_t bytes, void** out) noexcept {
 
 status prefetch_engine::synchronize() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
-  STASH_ENGINE_CUDA(cuda::stream_synchronize(d2h_.get()));
-  STASH_ENGINE_CUDA(cuda::stream_synchronize(h2d_.get()));
+  STASH_CUDA_FAIL(prim::stream_synchronize(d2h_.get()));
+  STASH_CUDA_FAIL(prim::stream_synchronize(h2d_.get()));
   retire(true);
   return status::ok;
 }

@@ -84,7 +84,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda_calls.h"
+#include "cuda_prim.h"
 #include "device_pool.h"
 #include "engine_plan.h"
 #include "engine_status.h"
@@ -211,7 +211,7 @@ class prefetch_engine {
   engine_config config_;
   std::mutex mutex_;
   engine_plan plan_;
-  cuda::stream_owner d2h_, h2d_;
+  prim::stream_owner d2h_, h2d_;
   std::unique_ptr<pinned_pool> pinned_;
   event_pool events_;
   std::vector<micro_batch_slot> slots_;

@@ -1,6 +1,6 @@
 #include "tensor_table.h"
 
-#include "cuda_calls.h"
+#include "cuda_prim.h"
 
 namespace stash::engine {
 
@@ -18,7 +18,7 @@ const char* to_string(tensor_state s) noexcept {
 }
 
 event_pool::~event_pool() {
-  for (cudaEvent_t ev : all_) cuda::event_destroy(ev);
+  for (cudaEvent_t ev : all_) prim::event_destroy(ev);
 }
 
 status event_pool::reserve(std::size_t n) noexcept {
@@ -30,7 +30,7 @@ status event_pool::reserve(std::size_t n) noexcept {
   }
   while (idle_.size() < n) {
     cudaEvent_t ev = nullptr;
-    STASH_ENGINE_CUDA(cuda::event_create(&ev, timing_));
+    STASH_CUDA_FAIL(prim::event_create(&ev, timing_));
     all_.push_back(ev);
     idle_.push_back(ev);
   }
@@ -42,12 +42,12 @@ status event_pool::take(cudaEvent_t* out) noexcept {
     // Past the reservation: grow (heap, rare). Keep idle_'s capacity >= all_'s size so
     // that give() never allocates.
     cudaEvent_t ev = nullptr;
-    STASH_ENGINE_CUDA(cuda::event_create(&ev, timing_));
+    STASH_CUDA_FAIL(prim::event_create(&ev, timing_));
     try {
       all_.push_back(ev);
       if (idle_.capacity() < all_.size()) idle_.reserve(all_.capacity());
     } catch (...) {
-      cuda::event_destroy(ev);
+      prim::event_destroy(ev);
       return fail(status::internal, "event_pool: out of host memory");
     }
     *out = ev;

@@ -26,7 +26,7 @@
 #include <cuda_runtime_api.h>
 
 #include "engine_plan.h"
-#include "status.h"
+#include "planner/error.h"
 
 namespace stash::engine {
 

@@ -8,7 +8,8 @@
 // After nvToolsExt.h: it uses NVTX's types without including them.
 #include <generated_nvtx_meta.h>
 
-#include "runtime/measure/measure_prim.h"
+#include "cuda_prim.h"
+#include "runtime/measure/cupti_api.h"
 
 namespace stash::measure {
 
@@ -25,7 +26,7 @@ constexpr CUpti_ActivityKind kKinds[] = {
     CUPTI_ACTIVITY_KIND_RUNTIME,           CUPTI_ACTIVITY_KIND_DRIVER,
     CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
 
-const prim::cupti_api* api_of(const void* p) { return static_cast<const prim::cupti_api*>(p); }
+const cupti_api* api_of(const void* p) { return static_cast<const cupti_api*>(p); }
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(kBufferAlign, kBufferBytes));
@@ -82,7 +83,7 @@ std::string cupti_profiler::start(const profiler_options& options) {
     if (!problem.empty()) return problem;
   }
   std::string why;
-  const prim::cupti_api* api = prim::cupti(&why);
+  const cupti_api* api = cupti(&why);
   if (!api) return why;
   api_ = api;
   options_ = options;
@@ -94,11 +95,11 @@ std::string cupti_profiler::start(const profiler_options& options) {
     std::string reason;
     if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
       reason = "another CUPTI client is attached to this process (Nsight Systems, Nsight "
-               "Compute or another profiler): " + prim::cupti_result_text(r);
+               "Compute or another profiler): " + cupti_result_text(r);
     } else if (options.ask_runtime) {
       reason = prim::device_problem();
     }
-    if (reason.empty()) reason = std::string(what) + ": " + prim::cupti_result_text(r);
+    if (reason.empty()) reason = std::string(what) + ": " + cupti_result_text(r);
     teardown();
     return reason;
   };
@@ -125,7 +126,7 @@ std::string cupti_profiler::start(const profiler_options& options) {
 }
 
 void cupti_profiler::teardown() {
-  const prim::cupti_api* api = api_of(api_);
+  const cupti_api* api = api_of(api_);
   if (!api) return;
   for (CUpti_ActivityKind k : kKinds) (void)api->activity_disable(k);
   if (subscriber_) (void)api->unsubscribe(static_cast<CUpti_SubscriberHandle>(subscriber_));
@@ -138,7 +139,7 @@ activity_log cupti_profiler::stop() {
     if (!active_) return {};
     active_ = false;
   }
-  const prim::cupti_api* api = api_of(api_);
+  const cupti_api* api = api_of(api_);
   // Forced: also hands over buffers that are not full, and records still in flight.
   (void)api->flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   teardown();
@@ -152,7 +153,7 @@ activity_log cupti_profiler::stop() {
 
 void cupti_profiler::apply(const scope_tracker::change& c) {
   if (!c.changed()) return;
-  const prim::cupti_api* api = api_of(api_);
+  const cupti_api* api = api_of(api_);
   uint64_t last = 0;
   if (c.before != 0) (void)api->pop_external(kExternalKind, &last);
   if (c.after != 0) (void)api->push_external(kExternalKind, c.after);
@@ -160,12 +161,12 @@ void cupti_profiler::apply(const scope_tracker::change& c) {
 
 void cupti_profiler::scope_push(std::string_view name) {
   if (!active()) return;
-  apply(tracker_->push(prim::system_thread_id(), 0, name, now()));
+  apply(tracker_->push(system_thread_id(), 0, name, now()));
 }
 
 void cupti_profiler::scope_pop() {
   if (!active()) return;
-  apply(tracker_->pop(prim::system_thread_id(), 0, now()));
+  apply(tracker_->pop(system_thread_id(), 0, now()));
 }
 
 void cupti_profiler::on_nvtx(std::uint32_t cbid, const void* data) {
@@ -181,7 +182,7 @@ void cupti_profiler::on_nvtx(std::uint32_t cbid, const void* data) {
     }
     return {};  // unicode and unknown messages are never stash scopes
   };
-  const std::uint64_t thread = prim::system_thread_id();
+  const std::uint64_t thread = system_thread_id();
   switch (cbid) {
     case CUPTI_CBID_NVTX_nvtxRangePushA: {
       const auto* p = static_cast<const nvtxRangePushA_params*>(d->functionParams);
@@ -232,7 +233,7 @@ void cupti_profiler::on_nvtx(std::uint32_t cbid, const void* data) {
 // correlationId.
 void cupti_profiler::on_buffer(void* ctx, std::uint32_t stream_id, std::uint8_t* buffer,
                                size_t valid) {
-  const prim::cupti_api* api = api_of(api_);
+  const cupti_api* api = api_of(api_);
   if (!api) return;
   activity_log part;
   CUpti_Activity* rec = nullptr;

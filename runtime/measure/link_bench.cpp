@@ -10,9 +10,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda_prim.h"
 #include "host_memory.h"
 #include "pinned_pool.h"
-#include "runtime/measure/measure_prim.h"
 
 namespace stash::measure {
 
@@ -35,20 +35,6 @@ planner::LinkProfile link_bench_result::link() const {
 
 namespace {
 
-// Owners of what one benchmark run holds; releases tolerate process teardown.
-struct device_buffer {
-  void* p = nullptr;
-  ~device_buffer() { prim::free_device(p); }
-};
-struct stream_owner {
-  cudaStream_t s = nullptr;
-  ~stream_owner() { prim::destroy_stream(s); }
-};
-struct event_owner {
-  cudaEvent_t e = nullptr;
-  ~event_owner() { prim::destroy_event(e); }
-};
-
 struct lane {
   void* dst;
   const void* src;
@@ -59,16 +45,16 @@ struct lane {
 class copy_timer {
  public:
   explicit copy_timer(size_t max_lanes) : streams_(max_lanes), ends_(max_lanes) {
-    for (auto& s : streams_) STASH_MEASURE_CUDA_TRY(cudaStreamCreateWithFlags(&s.s, cudaStreamNonBlocking));
-    for (auto& e : ends_) STASH_MEASURE_CUDA_TRY(cudaEventCreate(&e.e));
-    STASH_MEASURE_CUDA_TRY(cudaEventCreate(&start_.e));
+    for (auto& s : streams_) s = prim::make_stream();
+    for (auto& e : ends_) e = prim::make_event(/*timing=*/true);
+    start_ = prim::make_event(/*timing=*/true);
   }
   // Copies may still run when an error unwinds the benchmark; the buffers they use are
   // released after this (declared earlier), so wait for them first.
   ~copy_timer() {
     for (auto& s : streams_)
-      if (s.s) (void)cudaStreamSynchronize(s.s);
-    (void)cudaGetLastError();
+      if (s.get()) (void)prim::stream_synchronize(s.get());
+    prim::clear_runtime_error();
   }
   copy_timer(const copy_timer&) = delete;
   copy_timer& operator=(const copy_timer&) = delete;
@@ -76,27 +62,27 @@ class copy_timer {
   // One run: every lane waits for one start event, then copies on its own stream. Returns
   // each lane's milliseconds from the common start to its end.
   std::vector<float> run(const std::vector<lane>& lanes) {
-    STASH_MEASURE_CUDA_TRY(cudaEventRecord(start_.e, streams_[0].s));
+    STASH_CUDA_TRY(prim::event_record(start_.get(), streams_[0].get()));
     for (size_t i = 1; i < lanes.size(); ++i) {
-      STASH_MEASURE_CUDA_TRY(cudaStreamWaitEvent(streams_[i].s, start_.e, 0));
+      STASH_CUDA_TRY(prim::stream_wait(streams_[i].get(), start_.get()));
     }
     for (size_t i = 0; i < lanes.size(); ++i) {
       const lane& l = lanes[i];
-      STASH_MEASURE_CUDA_TRY(cudaMemcpyAsync(l.dst, l.src, l.bytes, l.kind, streams_[i].s));
-      STASH_MEASURE_CUDA_TRY(cudaEventRecord(ends_[i].e, streams_[i].s));
+      STASH_CUDA_TRY(cudaMemcpyAsync(l.dst, l.src, l.bytes, l.kind, streams_[i].get()));
+      STASH_CUDA_TRY(prim::event_record(ends_[i].get(), streams_[i].get()));
     }
     std::vector<float> ms(lanes.size());
     for (size_t i = 0; i < lanes.size(); ++i) {
-      STASH_MEASURE_CUDA_TRY(cudaEventSynchronize(ends_[i].e));
-      STASH_MEASURE_CUDA_TRY(cudaEventElapsedTime(&ms[i], start_.e, ends_[i].e));
+      STASH_CUDA_TRY(prim::event_synchronize(ends_[i].get()));
+      STASH_CUDA_TRY(prim::event_elapsed(&ms[i], start_.get(), ends_[i].get()));
     }
     return ms;
   }
 
  private:
-  std::vector<stream_owner> streams_;
-  std::vector<event_owner> ends_;
-  event_owner start_;
+  std::vector<prim::stream_owner> streams_;
+  std::vector<prim::event_owner> ends_;
+  prim::event_owner start_;
 };
 
 double gbps(size_t bytes, double ms) { return ms > 0 ? static_cast<double>(bytes) / (ms * 1e6) : 0; }
@@ -153,12 +139,12 @@ link_bench_result run_link_bench(const link_bench_options& o) {
   r.sharers = o.sharers > 0 ? o.sharers : r.local_ranks;
   r.pageable = o.pageable;
 
-  STASH_MEASURE_CUDA_TRY(cudaSetDevice(o.device));
+  STASH_CUDA_TRY(prim::set_device(o.device));
   cudaDeviceProp prop{};
-  STASH_MEASURE_CUDA_TRY(cudaGetDeviceProperties(&prop, o.device));
+  STASH_CUDA_TRY(cudaGetDeviceProperties(&prop, o.device));
   r.device_name = prop.name;
   size_t free_bytes = 0, total_bytes = 0;
-  STASH_MEASURE_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
+  STASH_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
   r.free_bytes = free_bytes;
   r.buffer_bytes = link_buffer_bytes(o.bytes, free_bytes);
   if (r.buffer_bytes == 0) {
@@ -185,19 +171,19 @@ link_bench_result run_link_bench(const link_bench_options& o) {
   pinned_block host_src{pool}, host_dst{pool};
   for (pinned_block* blk : {&host_src, &host_dst}) {
     if (pool.allocate(b, &blk->p) != status::ok) {
-      throw measure_error(std::string("pinned buffer of ") + planner::format_bytes(b) + ": " +
-                          last_error());
+      throw error(status::cuda_error, std::string("pinned buffer of ") +
+                                          planner::format_bytes(b) + ": " + last_error());
     }
   }
   std::memset(host_src.p, 0x5a, b);
-  device_buffer dev_dst, dev_src;
-  STASH_MEASURE_CUDA_TRY(cudaMalloc(&dev_dst.p, b));
-  STASH_MEASURE_CUDA_TRY(cudaMalloc(&dev_src.p, b));
+  prim::device_buffer dev_dst, dev_src;
+  STASH_CUDA_TRY(prim::device_alloc(dev_dst.out(), b));
+  STASH_CUDA_TRY(prim::device_alloc(dev_src.out(), b));
 
   const size_t k = static_cast<size_t>(std::max(1, r.sharers));
   copy_timer timer(std::max<size_t>(2, 2 * k));
-  const lane h2d{dev_dst.p, host_src.p, b, cudaMemcpyHostToDevice};
-  const lane d2h{host_dst.p, dev_src.p, b, cudaMemcpyDeviceToHost};
+  const lane h2d{dev_dst.get(), host_src.p, b, cudaMemcpyHostToDevice};
+  const lane d2h{host_dst.p, dev_src.get(), b, cudaMemcpyDeviceToHost};
   r.h2d = measure(timer, {h2d}, {0}, 1, o).aggregate;
   r.d2h = measure(timer, {d2h}, {0}, 1, o).aggregate;
   const measured both = measure(timer, {h2d, d2h}, {0, 1}, 2, o);
@@ -212,9 +198,9 @@ link_bench_result run_link_bench(const link_bench_options& o) {
     std::vector<int> g_up, g_mixed;
     for (size_t i = 0; i < k; ++i) {
       const size_t off = i * chunk;
-      up.push_back({static_cast<char*>(dev_dst.p) + off, static_cast<char*>(host_src.p) + off,
+      up.push_back({static_cast<char*>(dev_dst.get()) + off, static_cast<char*>(host_src.p) + off,
                     chunk, cudaMemcpyHostToDevice});
-      down.push_back({static_cast<char*>(host_dst.p) + off, static_cast<char*>(dev_src.p) + off,
+      down.push_back({static_cast<char*>(host_dst.p) + off, static_cast<char*>(dev_src.get()) + off,
                       chunk, cudaMemcpyDeviceToHost});
       g_up.push_back(0);
     }
@@ -232,9 +218,11 @@ link_bench_result run_link_bench(const link_bench_options& o) {
     std::unique_ptr<char[]> pageable(new char[b]);
     std::memset(pageable.get(), 0x3c, b);  // fault the pages in before timing
     r.pageable_h2d =
-        measure(timer, {{dev_dst.p, pageable.get(), b, cudaMemcpyHostToDevice}}, {0}, 1, o).aggregate;
+        measure(timer, {{dev_dst.get(), pageable.get(), b, cudaMemcpyHostToDevice}}, {0}, 1, o)
+            .aggregate;
     r.pageable_d2h =
-        measure(timer, {{pageable.get(), dev_src.p, b, cudaMemcpyDeviceToHost}}, {0}, 1, o).aggregate;
+        measure(timer, {{pageable.get(), dev_src.get(), b, cudaMemcpyDeviceToHost}}, {0}, 1, o)
+            .aggregate;
   }
   return r;
 }

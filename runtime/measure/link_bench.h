@@ -38,6 +38,10 @@
 
 namespace stash::measure {
 
+// A CUDA failure while measuring: stash::error with status::cuda_error, from the one check
+// macro family (STASH_CUDA_TRY, allocator/cuda_prim.h). measure_error names that type here.
+using measure_error = stash::error;
+
 inline constexpr size_t kMiB = size_t{1} << 20;
 inline constexpr size_t kDefaultLinkBytes = 512 * kMiB;
 inline constexpr size_t kMinLinkBytes = 64 * kMiB;
@@ -73,8 +77,9 @@ struct link_bench_result {
   planner::LinkProfile link() const;
 };
 
-// Throws measure_error (CUDA failures, named by file:line) or planner::input_error (a
-// buffer refused by Note [Link buffer size], bad options).
+// Throws measure_error (CUDA failures, named by file:line, status::cuda_error) or
+// planner::input_error (a buffer refused by Note [Link buffer size], bad options); both
+// are stash::error.
 link_bench_result run_link_bench(const link_bench_options& options);
 
 std::string format_link_table(const link_bench_result& r);

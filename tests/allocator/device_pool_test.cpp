@@ -6,7 +6,7 @@
 
 #include "device_pool.h"
 #include "double_api.h"
-#include "status.h"
+#include "planner/error.h"
 
 namespace stash {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "double_api.h"
 #include "pinned_pool.h"
-#include "status.h"
+#include "planner/error.h"
 
 namespace stash {
 namespace {

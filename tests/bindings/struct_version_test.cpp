@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <string>
 
-#include "status.h"
+#include "planner/error.h"
 #include "struct_version.h"
 
 namespace {

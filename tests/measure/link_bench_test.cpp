@@ -11,7 +11,7 @@
 #include "double_api.h"
 #include "planner/profile.h"
 #include "runtime/measure/link_bench.h"
-#include "runtime/measure/measure_prim.h"
+#include "cuda_prim.h"
 #include "stash.h"
 
 namespace stash::measure {

@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/measure/cupti_profiler.h"
-#include "runtime/measure/measure_prim.h"
+#include "cuda_prim.h"
 #include "stash.h"
 
 namespace stash::measure {

@@ -9,7 +9,7 @@
 
 #include "copy_bench.h"
 #include "double_api.h"
-#include "status.h"
+#include "planner/error.h"
 
 namespace stash::test {
 namespace {

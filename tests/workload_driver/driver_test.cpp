@@ -1,4 +1,4 @@
-// driver_test.cpp: the workload's training step over the engine (kernels/workload/driver).
+// driver_test.cpp: the workload's training step over the engine (tools/workload).
 // On the test double the host backend runs stream-ordered against the real engine, pool and
 // copies; on a GPU the same tests run the CUDA backend (skipped where it is not built).
 #include <cuda_runtime_api.h>
@@ -9,17 +9,25 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "checked_backend.h"
 #include "double_api.h"
-#include "kernels/workload/driver/session.h"
-#include "kernels/workload/driver/scope_timer.h"
-#include "kernels/workload/driver/skeleton.h"
-#include "kernels/workload/driver/virtual_cost.h"
+#include "tools/workload/session.h"
+#include "tools/workload/scope_timer.h"
+#include "tools/workload/skeleton.h"
+#include "tools/workload/test_double.h"
+#include "tools/workload/virtual_cost.h"
 #include "planner/plan.h"
 #include "planner/planner.h"
 #include "planner/profile.h"
+
+
+// Note [The test double seam] (tools/workload/test_double.h) restates the double's call
+// because tools/ may not include tests/; here the two are held together.
+static_assert(std::is_same_v<stash::workload::test_double::enqueue_compute_fn,
+                             decltype(&stashdbl_enqueue_compute)>);
 
 namespace stash::test {
 namespace {

@@ -15,9 +15,9 @@
 #include "planner/json_file.h"
 #include "planner/profile.h"
 #include "runtime/engine/copy_bench.h"
-#include "status.h"
+#include "planner/error.h"
 #include "runtime/measure/link_bench.h"
-#include "runtime/measure/measure_prim.h"
+#include "cuda_prim.h"
 #include "runtime/measure/profile_fill.h"
 
 namespace stash::cli {
@@ -51,7 +51,7 @@ void run_bench_link(const bench_link_args& a) {
   o.sharers = a.sharers;
   o.device = a.device;
   o.pageable = !a.no_pageable;
-  const std::string problem = measure::prim::device_problem();
+  const std::string problem = prim::device_problem();
   if (!problem.empty()) {
     std::fprintf(stderr, "stash bench link: no usable GPU: %s\n", problem.c_str());
     throw exit_status{3};
@@ -59,6 +59,8 @@ void run_bench_link(const bench_link_args& a) {
   measure::link_bench_result r;
   try {
     r = measure::run_link_bench(o);
+  } catch (const planner::input_error&) {
+    throw;  // bad options: main() reports them (exit 2)
   } catch (const measure::measure_error& e) {
     std::fprintf(stderr, "stash bench link: %s\n", e.what());
     throw exit_status{3};
@@ -89,7 +91,7 @@ void run_bench_copy(const bench_copy_args& a) {
   for (const std::string& s : a.sizes) o.sizes.push_back(planner::parse_bytes(s));
   o.samples = a.samples;
   o.warmups = a.warmups;
-  const std::string problem = measure::prim::device_problem();
+  const std::string problem = prim::device_problem();
   if (!problem.empty()) {
     std::fprintf(stderr, "stash bench copy: no usable GPU: %s\n", problem.c_str());
     throw exit_status{3};

@@ -1,7 +1,7 @@
 // `stash demo`: the main job end to end (docs/workload.md).
 //
 // With a GPU and the CUDA backend built: measure the link, profile the built-in workload
-// (kernels/workload/driver) in-process with CUPTI (CUDA events when CUPTI is unavailable),
+// (tools/workload) in-process with CUPTI (CUDA events when CUPTI is unavailable),
 // plan at the keep-all peak x 1.0, 0.85, 0.7, 0.55 and at the smallest feasible budget, run
 // every plan with the prefetch engine, check its gradients against keep-all bit for bit,
 // and print measured against predicted (planner/simulator.h). Without one: the same plans
@@ -20,7 +20,6 @@
 //                      print, the plans and Pareto files, and the no-GPU predicted path
 //   demo_measured.cpp  the measured pipeline: link benchmark, sessions, profiling (CUPTI or
 //                      CUDA events), the runs and their gradient check, and its report
-#include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,8 +35,9 @@
 
 #include "command.h"
 #include "demo.h"
-#include "kernels/workload/driver/model.h"
-#include "runtime/measure/measure_prim.h"
+#include "cuda_prim.h"
+#include "tools/workload/model.h"
+#include "tools/workload/test_double.h"
 
 namespace stash::cli::demo {
 namespace {
@@ -126,8 +126,8 @@ void run_demo(demo_args a) {
   if (a.steps < 2) throw input_error("--steps must be at least 2 (one warm-up, one timed)");
   if (!a.profile.empty() && !is_file(a.profile)) throw input_error(a.profile + ": no such profile");
 
-  const bool on_double = dlsym(RTLD_DEFAULT, "stashdbl_probe") != nullptr;
-  const std::string no_gpu = measure::prim::device_problem();  // "" when a device exists
+  const bool on_double = workload::test_double::loaded();  // Note [The test double seam]
+  const std::string no_gpu = prim::device_problem();  // "" when a device exists
   const bool have_gpu = no_gpu.empty() && !on_double;
   int rc = 0;
   if (a.backend == "host") {

@@ -13,7 +13,7 @@
 //   3. <exe dir>/STASH_BIN_TO_LIB/libstash_inject.so: an installed prefix (bin/ and lib/;
 //      cmake/StashInstall.cmake defines the relative path, ../lib unless GNUInstallDirs
 //      names another lib folder).
-// NVTX_INJECTION64_PATH gets the libcupti that stash itself loads (measure_prim.h), so
+// NVTX_INJECTION64_PATH gets the libcupti that stash itself loads (cupti_api.h), so
 // NVTX hands every range to the same CUPTI the injection library subscribes to.
 #include <dirent.h>
 #include <signal.h>
@@ -36,8 +36,9 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "cuda_prim.h"
 #include "planner/profile.h"
-#include "runtime/measure/measure_prim.h"
+#include "runtime/measure/cupti_api.h"
 #include "runtime/measure/measurement.h"
 #include "runtime/measure/profile_fill.h"
 
@@ -164,7 +165,7 @@ int run_profile(const profile_args& a) {
   std::string result_dir;
   const std::string inject = find_inject_library();
   std::string why;
-  const measure::prim::cupti_api* cupti = measure::prim::cupti(&why);
+  const measure::cupti_api* cupti = measure::cupti(&why);
   if (inject.empty()) {
     unavailable = "libstash_inject.so not found (Note [Finding the injection library]; set "
                   "STASH_INJECT_LIBRARY)";
@@ -196,7 +197,7 @@ int run_profile(const profile_args& a) {
   }
   if (unavailable.empty() && !have) {
     // The driver loads the injection library in cuInit; without a driver it never runs.
-    unavailable = measure::prim::device_problem();
+    unavailable = prim::device_problem();
     if (unavailable.empty()) {
       unavailable = "the command initialized no CUDA context, so the injection library was "
                     "never loaded";
@@ -205,7 +206,7 @@ int run_profile(const profile_args& a) {
   if (unavailable.empty() && !m.available) {
     // The injection library runs inside cuInit and cannot ask the runtime; we can.
     unavailable = m.unavailable_reason;
-    const std::string problem = measure::prim::device_problem();
+    const std::string problem = prim::device_problem();
     if (!problem.empty()) unavailable += " (CUDA runtime: " + problem + ")";
   }
   if (!unavailable.empty()) {

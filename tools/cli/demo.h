@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/workload/driver/model.h"
+#include "tools/workload/model.h"
 #include "planner/planner.h"
 #include "planner/simulator.h"
 

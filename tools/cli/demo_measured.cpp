@@ -16,10 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "cuda_prim.h"
 #include "demo.h"
-#include "kernels/workload/driver/session.h"
-#include "kernels/workload/driver/skeleton.h"
-#include "kernels/workload/driver/virtual_cost.h"
+#include "tools/workload/session.h"
+#include "tools/workload/skeleton.h"
+#include "tools/workload/virtual_cost.h"
 #include "planner/json_file.h"
 #include "planner/memory_svg.h"
 #include "planner/planner.h"
@@ -63,13 +64,6 @@ struct run_outcome {
   std::vector<float> losses;
 };
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(e));
-  }
-}
-
 // Step 0 warms up (allocator growth, cuBLAS heuristics, pinned slabs); the rest are timed
 // with events on the compute stream, one step at a time.
 run_outcome run_plan(const workload::model_config& c, workload::backend_kind kind,
@@ -79,30 +73,21 @@ run_outcome run_plan(const workload::model_config& c, workload::backend_kind kin
   s.set_plan(plan);
   workload::model& m = s.workload();
   m.reset_peaks();
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  check(cudaEventCreate(&e0), "cudaEventCreate");
-  check(cudaEventCreate(&e1), "cudaEventCreate");
+  const prim::event_owner e0 = prim::make_event(/*timing=*/true);
+  const prim::event_owner e1 = prim::make_event(/*timing=*/true);
   run_outcome o;
   std::vector<double> times;
   double all_ms = 0;  // the warm-up too: the engine's overlap report covers every step
-  try {
-    for (int i = 0; i < steps; ++i) {
-      check(cudaEventRecord(e0, s.stream()), "cudaEventRecord");
-      m.step();
-      check(cudaEventRecord(e1, s.stream()), "cudaEventRecord");
-      o.losses.push_back(m.last_loss());  // synchronizes
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-      all_ms += ms;
-      if (i > 0) times.push_back(ms);
-    }
-  } catch (...) {
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    throw;
+  for (int i = 0; i < steps; ++i) {
+    STASH_CUDA_TRY(prim::event_record(e0.get(), s.stream()));
+    m.step();
+    STASH_CUDA_TRY(prim::event_record(e1.get(), s.stream()));
+    o.losses.push_back(m.last_loss());  // synchronizes
+    float ms = 0;
+    STASH_CUDA_TRY(prim::event_elapsed(&ms, e0.get(), e1.get()));
+    all_ms += ms;
+    if (i > 0) times.push_back(ms);
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   // The upper middle of an even count, as the profile's scope times (scope_timer.h).
   o.step_ms = planner::median(std::move(times), planner::even_median::upper_middle);
   o.peak = m.peaks().held_bytes;

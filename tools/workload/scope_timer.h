@@ -43,7 +43,7 @@ class scope_timer {
   scope_timer(const scope_timer&) = delete;
   scope_timer& operator=(const scope_timer&) = delete;
 
-  // Records the opening event; returns a handle for end(). Throws std::runtime_error on a
+  // Records the opening event; returns a handle for end(). Throws stash::error on a
   // CUDA error.
   std::size_t begin();
   // Records the closing event of `handle` for scope (kind, layer, tensor); tensor -1 for
@@ -51,7 +51,7 @@ class scope_timer {
   void end(std::size_t handle, stash_scope_kind_t kind, int layer, int tensor) noexcept;
   // Records the opening event of a whole step; returns a handle for end_step(). Steps do
   // not nest, and every scope begun between begin_step and end_step belongs to the step.
-  // Throws std::runtime_error on a CUDA error.
+  // Throws stash::error on a CUDA error.
   std::size_t begin_step();
   // Records the step's closing event; `passes` forward passes ran in it (micro-batches).
   void end_step(std::size_t handle, int passes) noexcept;

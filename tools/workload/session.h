@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/workload/driver/model.h"
+#include "tools/workload/model.h"
 #include "stash.h"
 
 namespace stash::workload {

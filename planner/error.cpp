@@ -1,4 +1,5 @@
-#include "status.h"
+// error.cpp: Note [One error model at the bottom] (error.h).
+#include "planner/error.h"
 
 #include <cstdarg>
 #include <cstdio>
@@ -12,16 +13,8 @@ thread_local char error_text[error_capacity];
 }  // namespace
 
 const char* status_name(status s) noexcept {
-  switch (s) {
-    case status::ok: return "ok";
-    case status::invalid_argument: return "invalid argument";
-    case status::out_of_memory: return "out of memory";
-    case status::cuda_error: return "CUDA error";
-    case status::timeout: return "timed out";
-    case status::unknown_pointer: return "unknown pointer";
-    case status::version_mismatch: return "version mismatch";
-    case status::internal: return "internal error";
-  }
+  for (const status_entry& e : status_table)
+    if (e.code == s) return e.text;
   return "unknown status";
 }
 

@@ -1,21 +1,21 @@
 // scope_timer.cpp: CUDA-event timing of profiler scopes (scope_timer.h).
-#include "kernels/workload/driver/scope_timer.h"
+#include "tools/workload/scope_timer.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
-#include "kernels/workload/driver/model_detail.h"
+#include "tools/workload/model_detail.h"
 #include "planner/stats.h"
 
 namespace stash::workload {
 
 scope_timer::~scope_timer() {
   for (pair& p : open_) {
-    if (p.begin) cudaEventDestroy(p.begin);
-    if (p.end) cudaEventDestroy(p.end);
+    if (p.begin) prim::event_destroy(p.begin);
+    if (p.end) prim::event_destroy(p.end);
   }
-  for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+  for (cudaEvent_t e : spare_) prim::event_destroy(e);
 }
 
 cudaEvent_t scope_timer::take() {
@@ -25,14 +25,14 @@ cudaEvent_t scope_timer::take() {
     return e;
   }
   cudaEvent_t e = nullptr;
-  detail::check_cuda(cudaEventCreate(&e), "cudaEventCreate(scope timer)");
+  STASH_CUDA_TRY(prim::event_create(&e, /*timing=*/true));
   return e;
 }
 
 std::size_t scope_timer::begin() {
   pair p;
   p.begin = take();
-  detail::check_cuda(cudaEventRecord(p.begin, stream_), "cudaEventRecord(scope begin)");
+  STASH_CUDA_TRY(prim::event_record(p.begin, stream_));
   open_.push_back(p);
   return open_.size() - 1;
 }

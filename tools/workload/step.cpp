@@ -5,12 +5,11 @@
 #include <string>
 #include <utility>
 
-#include "kernels/workload/driver/model.h"
-#include "kernels/workload/driver/model_detail.h"
+#include "tools/workload/model.h"
+#include "tools/workload/model_detail.h"
 
 namespace stash::workload {
 
-using detail::check_cuda;
 using detail::check_stash;
 using detail::profile_scope;
 
@@ -37,15 +36,17 @@ void model::read_actions() {
       stash_action_t a = STASH_ACTION_KEEP;
       const stash_status_t st = stash_engine_action(rt_.engine, l, j, &a);
       if (st != STASH_OK) {
-        throw std::runtime_error(
+        throw error(
+            static_cast<status>(st),
             "stash workload: the engine's plan does not fit the model (" +
             std::to_string(config_.layers) + " layers of " + std::to_string(kSavedPerBlock) +
             " tensors: input, ln.stats, ln.out, fc1.out, act.out): " + stash_status_string(st) +
             ": " + stash_last_error());
       }
       if (j == kInput && a == STASH_ACTION_RECOMPUTE)
-        throw std::runtime_error("stash workload: the plan recomputes layer " + std::to_string(l) +
-                                 "'s input, which is not recomputable (recompute starts from it)");
+        throw error(status::invalid_argument,
+                    "stash workload: the plan recomputes layer " + std::to_string(l) +
+                        "'s input, which is not recomputable (recompute starts from it)");
       actions_[std::size_t(l) * kSavedPerBlock + j] = a;
     }
   }
@@ -134,8 +135,7 @@ void model::forward(std::uint32_t mb, std::uint32_t layer, float*& x) {
     // out = x + (a W2 + b2), built in the output block itself (residual first, then the GEMM
     // with beta = 1, then the bias), so the block needs no temporary of its own.
     out = static_cast<float*>(alloc(layout_.out_bytes));
-    check_cuda(cudaMemcpyAsync(out, x, TH * sizeof(float), cudaMemcpyDeviceToDevice, s),
-               "cudaMemcpyAsync(residual)");
+    STASH_CUDA_TRY(cudaMemcpyAsync(out, x, TH * sizeof(float), cudaMemcpyDeviceToDevice, s));
     backend_->gemm(s, false, false, T, H, F, a, p.w2, 1.0f, out);
     backend_->add_bias(s, T, H, p.b2, out);
     hand_over(mb, layer, kInput, x);

@@ -1,8 +1,6 @@
 // model.cpp: the model's memory (layout, parameters, data), its construction, read-back
 // and peaks. The training step itself is in step.cpp.
-#include "kernels/workload/driver/model.h"
-
-#include <dlfcn.h>
+#include "tools/workload/model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "kernels/workload/driver/model_detail.h"
+#include "tools/workload/model_detail.h"
+#include "tools/workload/test_double.h"
 
 namespace stash::workload {
 
@@ -121,15 +120,8 @@ layer_offsets offsets(std::size_t H, std::size_t F) {
 }
 
 [[noreturn]] void fail_stash(const char* what, stash_status_t st) {
-  throw std::runtime_error(std::string("stash workload: ") + what + ": " + stash_status_string(st) +
-                           ": " + stash_last_error());
-}
-
-void check_cuda(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return;
-  (void)cudaGetLastError();
-  throw std::runtime_error(std::string("stash workload: ") + what + ": " + cudaGetErrorName(err) +
-                           ": " + cudaGetErrorString(err));
+  throw error(static_cast<status>(st), std::string("stash workload: ") + what + ": " +
+                                           stash_status_string(st) + ": " + stash_last_error());
 }
 
 }  // namespace detail
@@ -154,7 +146,7 @@ model::model(const model_config& config, backend_kind kind, const runtime_handle
         "stash workload: the CUDA backend is not built (configure with STASH_BUILD_KERNELS=ON)");
   // The host backend dereferences "device" pointers on the host: only stash's CPU test
   // double, whose device memory is host memory, can run it in stream mode.
-  if (kind == backend_kind::host && !dlsym(RTLD_DEFAULT, "stashdbl_probe"))
+  if (kind == backend_kind::host && !test_double::loaded())
     throw std::invalid_argument(
         "stash workload: the host backend runs only on stash's CPU test double (device memory "
         "must be host memory); use the CUDA backend on a GPU");
@@ -188,20 +180,18 @@ model::model(const model_config& config, backend_kind kind, const runtime_handle
       fill(p + o.gamma, H, 0.1f, 1.0f, config.seed, s + 5);
       fill(p + o.beta, H, 0.1f, 0, config.seed, s + 6);
     }
-    detail::check_cuda(cudaMemcpyAsync(params_, host.data(), host.size() * sizeof(float),
-                                       cudaMemcpyHostToDevice, rt.stream),
-                       "cudaMemcpyAsync(parameters)");
+    STASH_CUDA_TRY(cudaMemcpyAsync(params_, host.data(), host.size() * sizeof(float),
+                                   cudaMemcpyHostToDevice, rt.stream));
     backend_->zero(rt.stream, grads_, layout_.grads_bytes);
     backend_->zero(rt.stream, losses_, layout_.loss_bytes);
 
     // Data: one fixed set of micro-batches, reused every step (a benchmark, not a data
     // loader), in pinned memory so each micro-batch's upload is an async copy.
     const std::size_t n = T * H * config.micro_batches;
-    detail::check_cuda(cudaMallocHost(reinterpret_cast<void**>(&host_data_), 2 * n * sizeof(float)),
-                       "cudaMallocHost(data)");
+    STASH_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_data_), 2 * n * sizeof(float)));
     fill(host_data_, n, 1.0f, 0, config.seed, 1u << 30);
     fill(host_data_ + n, n, 0.5f, 0, config.seed, (1u << 30) + 1);
-    detail::check_cuda(cudaStreamSynchronize(rt.stream), "cudaStreamSynchronize(init)");
+    STASH_CUDA_TRY(prim::stream_synchronize(rt.stream));
   } catch (...) {
     release();  // members are destroyed by the language; the pool's blocks are ours to free
     throw;
@@ -247,17 +237,14 @@ void model::free(void* p) {
 }
 
 void model::upload(float* dst, const float* host, std::size_t bytes) {
-  detail::check_cuda(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, rt_.stream),
-                     "cudaMemcpyAsync(data)");
+  STASH_CUDA_TRY(prim::copy_h2d(dst, host, bytes, rt_.stream));
 }
 
 std::vector<float> model::download(const float* src, std::size_t n, const char* what) {
   std::vector<float> out(n);
-  detail::check_cuda(cudaMemcpyAsync(out.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost,
-                                     rt_.stream),
-                     (std::string("cudaMemcpyAsync(") + what + ")").c_str());
-  detail::check_cuda(cudaStreamSynchronize(rt_.stream),
-                     (std::string("cudaStreamSynchronize(") + what + ")").c_str());
+  cudaError_t err = prim::copy_d2h(out.data(), src, n * sizeof(float), rt_.stream);
+  if (err == cudaSuccess) err = prim::stream_synchronize(rt_.stream);
+  if (err != cudaSuccess) prim::throw_cuda_error(err, what, __FILE__, __LINE__);
   return out;
 }
 

@@ -1,19 +1,17 @@
 // virtual_cost.cpp: Note [Virtual cost of host ops] (virtual_cost.h).
-#include "kernels/workload/driver/virtual_cost.h"
-
-#include <dlfcn.h>
+#include "tools/workload/virtual_cost.h"
 
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "cuda_prim.h"
+#include "tools/workload/test_double.h"
+
 namespace stash::workload {
 namespace {
 
-// stashdbl_enqueue_compute (tests/cudart_double/include/stashdbl.h).
-using enqueue_fn = cudaError_t (*)(cudaStream_t, double, const char*, const void* const*,
-                                   const std::size_t*, std::size_t, const void* const*,
-                                   const std::size_t*, std::size_t);
+using enqueue_fn = test_double::enqueue_compute_fn;
 
 class virtual_cost_backend final : public backend {
  public:
@@ -81,11 +79,7 @@ class virtual_cost_backend final : public backend {
 
   void charge(cudaStream_t s, const char* op, double ms) {
     const cudaError_t err = enqueue_(s, ms, op, nullptr, nullptr, 0, nullptr, nullptr, 0);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw std::runtime_error(std::string("stash workload: virtual cost of ") + op + ": " +
-                               cudaGetErrorName(err));
-    }
+    if (err != cudaSuccess) prim::throw_cuda_error(err, op, __FILE__, __LINE__);
   }
   void flops(cudaStream_t s, const char* op, double f) {
     charge(s, op, f / (rates_.gemm_tflops * 1e9));
@@ -103,11 +97,11 @@ class virtual_cost_backend final : public backend {
 
 std::unique_ptr<backend> with_virtual_cost(std::unique_ptr<backend> inner,
                                            const virtual_rates& rates) {
-  auto fn = reinterpret_cast<enqueue_fn>(dlsym(RTLD_DEFAULT, "stashdbl_enqueue_compute"));
+  const enqueue_fn fn = test_double::enqueue_compute();
   if (!fn)
-    throw std::runtime_error(
-        "stash workload: virtual op costs need stash's CPU test double (stashdbl_enqueue_compute "
-        "not found)");
+    throw error(status::invalid_argument,
+                "stash workload: virtual op costs need stash's CPU test double (Note [The "
+                "test double seam]), which is not the loaded runtime");
   if (!(rates.gemm_tflops > 0) || !(rates.memory_gbps > 0))
     throw std::invalid_argument("stash workload: virtual rates must be positive");
   return std::make_unique<virtual_cost_backend>(std::move(inner), rates, fn);

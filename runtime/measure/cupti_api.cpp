@@ -1,59 +1,13 @@
-#include "runtime/measure/measure_prim.h"
+// cupti_api.cpp: one dlopen of libcupti (cupti_api.h).
+#include "runtime/measure/cupti_api.h"
 
 #include <dlfcn.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <mutex>
 
-namespace stash::measure::prim {
-
-void throw_cuda(cudaError_t err, const char* call, const char* file, int line) {
-  char buf[768];
-  std::snprintf(buf, sizeof buf, "%s:%d: %s: %s (%s)", file, line, call, cudaGetErrorName(err),
-                cudaGetErrorString(err));
-  (void)cudaGetLastError();  // a failed call may leave a sticky error behind
-  throw measure_error(buf);
-}
-
-void throw_cupti(CUptiResult r, const char* call, const char* file, int line) {
-  char buf[768];
-  std::snprintf(buf, sizeof buf, "%s:%d: %s: CUPTI error %d (%s)", file, line, call,
-                static_cast<int>(r), cupti_result_text(r).c_str());
-  throw measure_error(buf);
-}
-
-std::string device_problem() noexcept {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  (void)cudaGetLastError();
-  if (err != cudaSuccess) return cudaGetErrorString(err);
-  if (n == 0) return "no CUDA-capable device is detected";
-  return "";
-}
-
-int host_numa_node(int device) noexcept {
-  int node = -1;
-  if (cudaDeviceGetAttribute(&node, cudaDevAttrHostNumaId, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return -1;
-  }
-  return node;
-}
-
-void free_device(void* p) noexcept {
-  if (p) (void)cudaFree(p);
-  (void)cudaGetLastError();
-}
-void destroy_stream(cudaStream_t s) noexcept {
-  if (s) (void)cudaStreamDestroy(s);
-  (void)cudaGetLastError();
-}
-void destroy_event(cudaEvent_t e) noexcept {
-  if (e) (void)cudaEventDestroy(e);
-  (void)cudaGetLastError();
-}
+namespace stash::measure {
 
 namespace {
 
@@ -132,4 +86,4 @@ std::uint64_t system_thread_id() noexcept {
   return static_cast<std::uint64_t>(::syscall(SYS_gettid));
 }
 
-}  // namespace stash::measure::prim
+}  // namespace stash::measure

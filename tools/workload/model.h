@@ -66,7 +66,7 @@
 #include <vector>
 
 #include "kernels/workload/backend.h"
-#include "kernels/workload/driver/scope_timer.h"
+#include "tools/workload/scope_timer.h"
 #include "stash.h"
 
 namespace stash::workload {
@@ -137,7 +137,7 @@ class model {
  public:
   // wrap: optional decorator around the backend the model creates (tests use it to annotate
   // accesses for the test double's checker). Throws std::invalid_argument for a bad config
-  // or handles, std::runtime_error for CUDA or stash errors (with stash_last_error()).
+  // or handles, stash::error for CUDA or stash errors (with stash_last_error()).
   model(const model_config& config, backend_kind kind, const runtime_handles& rt,
         std::function<std::unique_ptr<backend>(std::unique_ptr<backend>)> wrap = {});
   ~model();

@@ -22,7 +22,7 @@
 #include <optional>
 #include <string>
 
-#include "kernels/workload/driver/model.h"
+#include "tools/workload/model.h"
 #include "planner/profile.h"
 
 namespace stash::workload {
@@ -44,7 +44,7 @@ struct skeleton_options {
 planner::LinkProfile assumed_link();
 
 // The device's name and memory from the CUDA runtime (device 0 or the current one);
-// std::runtime_error naming the CUDA error when there is none.
+// stash::error naming the CUDA error when there is none.
 void device_facts(std::string* name, std::uint64_t* memory_bytes);
 
 // The skeleton as a validated profile (source "measured": its times are to be measured).

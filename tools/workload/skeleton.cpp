@@ -1,5 +1,5 @@
 // skeleton.cpp: the workload's profile skeleton (skeleton.h).
-#include "kernels/workload/driver/skeleton.h"
+#include "tools/workload/skeleton.h"
 
 #include <cuda_runtime_api.h>
 
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "allocator/host_memory.h"
+#include "cuda_prim.h"
 
 namespace stash::workload {
 
@@ -21,14 +22,11 @@ planner::LinkProfile assumed_link() {
 
 void device_facts(std::string* name, std::uint64_t* memory_bytes) {
   int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  cudaError_t err = prim::current_device(&dev);
   cudaDeviceProp prop{};
   if (err == cudaSuccess) err = cudaGetDeviceProperties(&prop, dev);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    throw std::runtime_error(std::string("stash workload: no CUDA device: ") +
-                             cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
-  }
+  if (err != cudaSuccess)
+    prim::throw_cuda_error(err, "stash workload: no CUDA device", __FILE__, __LINE__);
   *name = prop.name;
   *memory_bytes = prop.totalGlobalMem;
 }

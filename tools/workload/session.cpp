@@ -1,11 +1,11 @@
 // session.cpp: stream, pool, engine and model for one run (session.h).
-#include "kernels/workload/driver/session.h"
+#include "tools/workload/session.h"
 
 #include <stdexcept>
 #include <string>
 #include <utility>
 
-#include "kernels/workload/driver/model_detail.h"
+#include "tools/workload/model_detail.h"
 
 namespace stash::workload {
 
@@ -18,8 +18,7 @@ session::session(const model_config& c, backend_kind kind, const session_options
     if (o.stream) {
       stream_ = o.stream;
     } else {
-      detail::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                         "cudaStreamCreateWithFlags(compute)");
+      STASH_CUDA_TRY(prim::stream_create(&stream_));
       own_stream_ = true;
     }
     stash_device_pool_config_t pc;
@@ -53,7 +52,7 @@ void session::teardown() noexcept {
   model_.reset();
   stash_engine_destroy(std::exchange(engine_, nullptr));
   stash_device_pool_destroy(std::exchange(pool_, nullptr));
-  if (own_stream_ && stream_) cudaStreamDestroy(stream_);
+  if (own_stream_ && stream_) prim::stream_destroy(stream_);
   stream_ = nullptr;
 }
 

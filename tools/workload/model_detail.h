@@ -5,7 +5,9 @@
 
 #include <cstddef>
 
-#include "kernels/workload/driver/scope_timer.h"
+#include "cuda_prim.h"
+#include "planner/error.h"
+#include "tools/workload/scope_timer.h"
 #include "stash.h"
 
 namespace stash::workload::detail {
@@ -17,10 +19,9 @@ struct layer_offsets {
 layer_offsets offsets(std::size_t hidden, std::size_t ffn);
 std::size_t layer_floats(std::size_t hidden, std::size_t ffn);
 
-// Throw std::runtime_error naming the call, the status and stash_last_error() / the CUDA
-// error.
+// Throws stash::error with the C API's status, naming the call and stash_last_error().
+// CUDA calls are checked with STASH_CUDA_TRY (allocator/cuda_prim.h).
 [[noreturn]] void fail_stash(const char* what, stash_status_t st);
-void check_cuda(cudaError_t err, const char* what);
 
 inline void check_stash(stash_status_t st, const char* what) {
   if (st != STASH_OK) fail_stash(what, st);
