@@ -177,9 +177,9 @@ def test_tiny_run_every_cpu_peer_runs_and_trains_as_keep_all(tiny_run):
     assert tt["status"] == "unavailable" and "needs CUDA" in tt["reason"], tt["reason"]
     keep = rows["keep-all"]["peak_bytes"]
     assert rows["full-ac"]["peak_bytes"] < rows["sac"]["peak_bytes"] < keep
-    # save_on_cpu has no device memory to move on a CPU: keep-all's peak (Note [One meter
-    # for every row]).
-    assert rows["save_on_cpu"]["peak_bytes"] == keep
+    # save_on_cpu's copies are CPU tensors too: no less than keep-all's peak (Note [One
+    # meter for every row]).
+    assert rows["save_on_cpu"]["peak_bytes"] >= keep
 
     stash_rows = [r for r in doc["rows"] if r["kind"] == "stash"]
     peers_ran = ["full-ac", "sac", "save_on_cpu", "compile-0.3", "compile-0.5", "compile-0.7"]

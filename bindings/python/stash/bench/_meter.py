@@ -18,8 +18,8 @@ was alive when it began (parameters, gradients, optimizer state and the batch, c
 from their storages). The profiler slows the step it watches, so that step is never
 timed. On stash's CPU test double this counts what stands for device memory: torch's CPU
 tensors, while the double's pinned host memory is its own malloc and does not count; so
-save_on_cpu and torchtune, which have no device memory to move on a CPU, show keep-all's
-peak, and stash's offloads show as the bytes they free. stash.torch.fit's own CPU budget
+save_on_cpu, whose copies are CPU tensors too, shows at least keep-all's peak, and stash's
+offloads show as the bytes they free. stash.torch.fit's own CPU budget
 check is its own count (parameters, gradients, optimizer state and the saved tensors it
 tracks), which leaves out the step's temporaries: on the CPU a stash row can be within
 fit's budget yet above it on this meter. The table shows both; on CUDA they are one.

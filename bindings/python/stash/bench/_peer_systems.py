@@ -157,9 +157,9 @@ class SaveOnCpu(System):
     def start(self, model, optimizer, device) -> Session:
         import torch
 
-        # Pinning needs a driver; on the CPU the tensors are host memory already.
-        pin = torch.device(device).type == "cuda"
-        return _ContextSession(lambda: torch.autograd.graph.save_on_cpu(pin_memory=pin))
+        # Without a CUDA device torch's save_on_cpu copies into unpinned host memory: on the
+        # CPU every saved tensor is copied into another CPU tensor.
+        return _ContextSession(lambda: torch.autograd.graph.save_on_cpu(pin_memory=True))
 
 
 class TorchtuneOffload(System):
