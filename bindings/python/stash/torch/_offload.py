@@ -61,8 +61,9 @@ Note [Recompute under FSDP2]
 FSDP2 (fully_shard) gathers a block's parameters into storage of its own before the
 block's forward and frees it after; it gathers them again when autograd reaches the
 block's backward. stash's replay runs the block's forward function itself, not the module
-(so FSDP's hooks do not run), and may run it ahead of the block's backward (the prefetch
-window): the replay first asks FSDP for the block's parameters (FSDPModule.unshard(), the
+(so FSDP's hooks do not run), and can run before FSDP's pre-backward hook has gathered
+them (seen on the CPU with gloo: the replay met the sharded parameters): the replay
+first asks FSDP for the block's parameters (FSDPModule.unshard(), the
 public call FSDP offers for prefetching by hand; a no-op when they are gathered already;
 FSDP's post-backward frees them as usual). Which storages are parameters is read when a
 FSDP2 block's forward or replay begins, not once per step: the gathered storages of one

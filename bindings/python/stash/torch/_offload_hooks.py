@@ -43,7 +43,7 @@ from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._lib import StashError
 from ._boundary import at_backward_end, mark_backward
 from ._recompute import ForwardState, Frame, Placeholder
-from ._saved import SaveOrder, is_fsdp, resident_storages, storage_of, tensors_in
+from ._saved import SaveOrder, resident_storages, storage_of, tensors_in
 
 
 class _Fetched:
