@@ -32,10 +32,11 @@ def _batches(rank, n, seq=128, batch=2):
     return [torch.randint(0, 256, (batch, seq), generator=g) for _ in range(n)]
 
 
-def _train(model, data, handle=None):
+def _train(model, data, opt=None):
+    """AdamW training over data (its own optimizer unless given one): losses, optimizer."""
     import torch
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = opt or torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for ids in data:
         loss = model(input_ids=ids, labels=ids).loss
@@ -47,20 +48,14 @@ def _train(model, data, handle=None):
 
 
 def _train_under_fit(model, blocks, data, budget="80%"):
-    """_train's loop with stash.torch.fit over blocks: the losses and fit's report."""
+    """_train with stash.torch.fit over blocks: the losses and fit's report."""
     import torch
 
     import stash.torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     handle = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK, dist_timeout_s=60)
-    losses = []
-    for ids in data:
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+    losses, _ = _train(model, data, opt)
     rep = handle.report()
     handle.close()
     return losses, rep
@@ -123,7 +118,7 @@ def scenario_shape(rank, world, out):
     data = _batches(rank, 3)
     handle = stash.torch.fit(model.model.layers, "70%", link=LINK, dist_timeout_s=30)
     try:
-        _train(model, data, handle)
+        _train(model, data)
     finally:
         handle.close()
 
@@ -135,7 +130,7 @@ def scenario_infeasible(rank, world, out):
     model = _llama()
     handle = stash.torch.fit(model.model.layers, "40%", link=LINK, dist_timeout_s=30)
     try:
-        _train(model, _batches(rank, 3), handle)
+        _train(model, _batches(rank, 3))
     finally:
         handle.close()
 
@@ -154,7 +149,7 @@ def scenario_kill(rank, world, out):
                              dist_timeout_s=float(os.environ.get("RANKS_TIMEOUT", "5")))
     t0 = time.monotonic()
     try:
-        _train(model, data, handle)
+        _train(model, data)
     finally:
         out["waited_s"] = time.monotonic() - t0
         handle.close()
