@@ -29,21 +29,9 @@ There is no reserved figure on the CPU.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterable, Optional
+from typing import Dict, Optional
 
-
-def _storage_bytes(tensors: Iterable[Any]) -> int:
-    seen, n = set(), 0
-    for t in tensors:
-        if t is None or not hasattr(t, "untyped_storage"):
-            continue
-        s = t.untyped_storage()
-        key = s.data_ptr()
-        if key in seen or s.nbytes() == 0:
-            continue
-        seen.add(key)
-        n += s.nbytes()
-    return n
+from ..torch._fit_support import _tensor_bytes
 
 
 def live_training_bytes(model, optimizer, batch) -> int:
@@ -53,7 +41,7 @@ def live_training_bytes(model, optimizer, batch) -> int:
     for state in optimizer.state.values():
         tensors += [v for v in state.values() if hasattr(v, "untyped_storage")]
     tensors.append(batch)
-    return _storage_bytes(tensors)
+    return _tensor_bytes(tensors)
 
 
 class Meter:
