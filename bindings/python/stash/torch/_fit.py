@@ -92,8 +92,6 @@ takes a new plan only while no micro-batch holds tensors).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 import warnings
@@ -106,11 +104,11 @@ from .._lib import StashError
 from .._link import cached_link
 from .._planner import InfeasibleBudget, evaluate, make_plan
 from .._profiler import FORWARD, Profiler
-from .. import profile as _profile
 from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _actions_of, _allocator_state,
                            _Clock, _gib, _LayerRecord, _MeasureLayer, _min_feasible,
                            _model_digest, _optimizer_state_bytes, _optimizer_state_estimate,
                            _parse_budget, _signature, _StepRecord, _tensor_bytes, _weak)
+from ._fit_cache import FitCache
 from ._fit_profile import FitProfile
 from ._fit_ranks import FitRanks, Ranks
 from ._fit_report import FitReport
@@ -121,7 +119,7 @@ from ._saved import storage_of
 __all__ = ["BudgetHandle", "fit"]
 
 
-class BudgetHandle(FitProfile, FitRanks, FitReport, OffloadHandle):
+class BudgetHandle(FitProfile, FitCache, FitRanks, FitReport, OffloadHandle):
     """Returned by :func:`fit`; see there. A context manager: leaving it closes."""
 
     def __init__(self, blocks, budget, *, optimizer=None, solver="greedy", cache_dir=None,
@@ -619,59 +617,6 @@ class BudgetHandle(FitProfile, FitRanks, FitReport, OffloadHandle):
             entry["profile"]["fixed_bytes"] += real - self._opt_state_counted
             self._opt_state_counted = real
             entry.pop("plan", None)  # the next step plans again (_choose)
-
-    # --- the cache on disk (Note [Re-planning and the cache]) ---------------------------
-
-    def _plan_name(self) -> str:
-        b = hashlib.sha1(self._budget_text.encode()).hexdigest()[:8]
-        return f"plan-{b}-{self.solver}"
-
-    def _path(self, key: str, what: str) -> Optional[str]:
-        if self.cache_dir is None:
-            return None
-        return os.path.join(self.cache_dir, f"fit-{self._digest}-{key}.{what}.json")
-
-    def _store(self, key: str, what: str, doc):
-        path = self._path(key, what)
-        if path is None:
-            return
-        _profile.write_json(path, doc)
-
-    def _load_cached(self, key: str) -> Optional[Dict[str, Any]]:
-        ppath = self._path(key, "profile")
-        if ppath is None or not os.path.exists(ppath):
-            return None
-        try:
-            with open(ppath) as f:
-                doc = json.load(f)
-            _profile.validate(doc)
-        except (OSError, ValueError, StashError) as e:
-            warnings.warn(f"stash.torch.fit: ignoring the cached profile {ppath}: {e}")
-            return None
-        entry = {"profile": doc, "from_disk": True}
-        qpath = self._path(key, self._plan_name())
-        if self._ranks is not None and not os.path.exists(qpath):
-            return None  # ranks agree on cached plans, not profiles: measure (_agree_cached)
-        self._cache[key] = entry
-        plan = None
-        if os.path.exists(qpath):
-            try:
-                with open(qpath) as f:
-                    plan = json.load(f)
-                figures = evaluate(doc, plan)
-                figures["keep_all_peak_bytes"] = plan["baselines"]["keep_all"]["peak_bytes"]
-            except (OSError, ValueError, KeyError, StashError):
-                plan = None
-        if plan is None:
-            if self._ranks is not None:  # as without a plan on disk: measure
-                self._cache.pop(key, None)
-                return None
-            entry["measured_peak_bytes"] = None
-            self._measured_for[key] = self.measure_steps
-            self._entry = entry
-            return self._plan_from_measurement(key)
-        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
-        return entry
 
     # --- public ---------------------------------------------------------------------------
 
