@@ -19,9 +19,9 @@ struct stash_engine_t {
   eng::prefetch_engine engine;
 };
 
-static_assert(static_cast<int>(eng::Action::keep) == STASH_ACTION_KEEP);
-static_assert(static_cast<int>(eng::Action::recompute) == STASH_ACTION_RECOMPUTE);
-static_assert(static_cast<int>(eng::Action::offload) == STASH_ACTION_OFFLOAD);
+static_assert(static_cast<int>(eng::tensor_action::keep) == STASH_ACTION_KEEP);
+static_assert(static_cast<int>(eng::tensor_action::recompute) == STASH_ACTION_RECOMPUTE);
+static_assert(static_cast<int>(eng::tensor_action::offload) == STASH_ACTION_OFFLOAD);
 static_assert(static_cast<int>(eng::tensor_state::released) == STASH_TENSOR_RELEASED);
 static_assert(static_cast<int>(eng::tensor_state::ready) == STASH_TENSOR_READY);
 static_assert(static_cast<int>(eng::pinned_exhausted::keep_on_device) ==
@@ -108,16 +108,16 @@ STASH_API stash_status_t stash_engine_set_plan(stash_engine_t* e, size_t n_layer
                                                const stash_action_t* actions) {
   static const char* fn = "stash_engine_set_plan";
   return with_engine(fn, e, [&](eng::prefetch_engine& x) {
-    static_assert(sizeof(stash_action_t) == sizeof(eng::Action));
+    static_assert(sizeof(stash_action_t) == sizeof(eng::tensor_action));
     return x.set_plan(eng::engine_plan::from_actions(
-        n_layers, tensors_per_layer, reinterpret_cast<const eng::Action*>(actions)));
+        n_layers, tensors_per_layer, reinterpret_cast<const eng::tensor_action*>(actions)));
   });
 }
 
 STASH_API stash_status_t stash_engine_action(stash_engine_t* e, uint32_t layer, uint32_t index,
                                              stash_action_t* out) {
   return with_engine("stash_engine_action", e, [&](eng::prefetch_engine& x) {
-    eng::Action a{};
+    eng::tensor_action a{};
     const status s = x.action(layer, index, out ? &a : nullptr);
     if (s == status::ok) *out = static_cast<stash_action_t>(a);
     return s;
@@ -247,8 +247,8 @@ STASH_API stash_status_t stash_engine_overlap(stash_engine_t* e, stash_overlap_t
   return with_engine(fn, e, [&](eng::prefetch_engine& x) {
     if (capacity > 0 && !per_layer)
       return fail(status::invalid_argument, "%s: per_layer is NULL", fn);
-    const planner::OverlapReport r = x.overlap();
-    auto conv = [](const planner::LayerOverlap& l) {
+    const planner::overlap_report r = x.overlap();
+    auto conv = [](const planner::layer_overlap& l) {
       return stash_overlap_t{l.layer, l.copy_ms, l.hidden_ms, l.exposed_ms};
     };
     if (total) {

@@ -36,7 +36,7 @@ STASH_API stash_status_t stash_link_measure(int device, size_t bytes, int sharer
     // Its errors are stash::error: CUDA failures (cuda_error) and refused sizes
     // (input_error, invalid_argument), which api_call reports as "<fn>: <what>".
     const measure::link_bench_result r = measure::run_link_bench(o);
-    const planner::LinkProfile l = r.link();
+    const planner::link_profile l = r.link();
     stash_link_result_t full;
     stash_link_result_init(&full);
     full.h2d_gbps = l.h2d_gbps;

@@ -19,10 +19,9 @@ namespace pl = stash::planner;
 
 namespace {
 
-
-static_assert(static_cast<int>(pl::Action::keep) == STASH_ACTION_KEEP);
-static_assert(static_cast<int>(pl::Action::recompute) == STASH_ACTION_RECOMPUTE);
-static_assert(static_cast<int>(pl::Action::offload) == STASH_ACTION_OFFLOAD);
+static_assert(static_cast<int>(pl::tensor_action::keep) == STASH_ACTION_KEEP);
+static_assert(static_cast<int>(pl::tensor_action::recompute) == STASH_ACTION_RECOMPUTE);
+static_assert(static_cast<int>(pl::tensor_action::offload) == STASH_ACTION_OFFLOAD);
 
 // The figures, as far as the caller's struct goes (result may be NULL).
 void deliver_result(const stash_plan_result_t& r, stash_plan_result_t* result) noexcept {
@@ -67,7 +66,7 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
     }
     stash_plan_options_t o;  // newer fields than the caller's keep their defaults
     if (const status s = api::read_config(fn, "options", options, &o); s != status::ok) return s;
-    pl::PlanOptions opt;
+    pl::plan_options opt;
     switch (o.solver) {
       case STASH_SOLVER_GREEDY: opt.solver = pl::solver_kind::greedy; break;
       case STASH_SOLVER_ILP: opt.solver = pl::solver_kind::ilp; break;
@@ -85,7 +84,7 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
     stash_plan_result_t r;
     stash_plan_result_init(&r);
     auto deliver = [&] { deliver_result(r, result); };
-    pl::Profile p;
+    pl::step_profile p;
     std::uint64_t bytes = 0;
     try {
       nlohmann::json j = nlohmann::json::parse(profile_json);
@@ -114,7 +113,7 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
                   static_cast<unsigned long long>(r.min_feasible_bytes),
                   r.min_feasible_bytes / 1073741824.0);
     }
-    pl::Plan plan;
+    pl::step_plan plan;
     try {
       plan = pl::make_plan(p, bytes, opt);
     } catch (const pl::infeasible_budget& e) {
@@ -149,8 +148,8 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
     if (result) {
       if (const status s = api::check_size(fn, "result", *result); s != status::ok) return s;
     }
-    pl::Profile p;
-    pl::Plan plan;
+    pl::step_profile p;
+    pl::step_plan plan;
     try {
       p = pl::profile_from_json(nlohmann::json::parse(profile_json));
     } catch (const nlohmann::json::parse_error& e) {
@@ -166,7 +165,7 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
       return fail(status::bad_plan, "%s: plan: %s", fn, e.what());
     }
     const std::uint64_t budget = budget_bytes ? budget_bytes : plan.budget_bytes;
-    const pl::Evaluation ev = pl::evaluate(p, plan.decisions(), budget);
+    const pl::evaluation ev = pl::evaluate(p, plan.decisions(), budget);
     stash_plan_result_t r;
     stash_plan_result_init(&r);
     r.budget_bytes = budget;
@@ -191,9 +190,9 @@ STASH_API const char* stash_action_name(stash_action_t action) {
   int value;
   std::memcpy(&value, &action, sizeof value);
   switch (value) {
-    case STASH_ACTION_KEEP: return pl::to_string(pl::Action::keep);
-    case STASH_ACTION_RECOMPUTE: return pl::to_string(pl::Action::recompute);
-    case STASH_ACTION_OFFLOAD: return pl::to_string(pl::Action::offload);
+    case STASH_ACTION_KEEP: return pl::to_string(pl::tensor_action::keep);
+    case STASH_ACTION_RECOMPUTE: return pl::to_string(pl::tensor_action::recompute);
+    case STASH_ACTION_OFFLOAD: return pl::to_string(pl::tensor_action::offload);
     default: return nullptr;
   }
 }
@@ -211,7 +210,7 @@ STASH_API stash_status_t stash_plan_read_actions(const char* plan_json, size_t* 
                   !tensors_per_layer && layer_capacity ? "tensors_per_layer" : "actions",
                   !tensors_per_layer && layer_capacity ? layer_capacity : action_capacity);
     }
-    pl::Plan plan;  // Note [One plan reader] (planner/plan.h): the engine's reader
+    pl::step_plan plan;  // Note [One plan reader] (planner/plan.h): the engine's reader
     try {
       plan = pl::read_plan(nlohmann::json::parse(plan_json));
     } catch (const nlohmann::json::parse_error& e) {
@@ -221,7 +220,7 @@ STASH_API stash_status_t stash_plan_read_actions(const char* plan_json, size_t* 
     }
     std::size_t at = 0;
     for (std::size_t i = 0; i < plan.layers.size(); ++i) {
-      const std::vector<pl::Action>& a = plan.layers[i].actions;
+      const std::vector<pl::tensor_action>& a = plan.layers[i].actions;
       if (i < layer_capacity) tensors_per_layer[i] = a.size();
       for (std::size_t j = 0; j < a.size(); ++j, ++at) {
         if (at < action_capacity) actions[at] = static_cast<stash_action_t>(a[j]);

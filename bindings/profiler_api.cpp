@@ -96,9 +96,10 @@ STASH_API stash_status_t stash_profiler_stop(const char* skeleton_path, const ch
       return stash::fail(status::invalid_argument, "output_path is NULL or empty");
     }
     try {
-      std::unique_ptr<stash::planner::Profile> skeleton;
+      std::unique_ptr<stash::planner::step_profile> skeleton;
       if (skeleton_path && *skeleton_path) {
-        skeleton = std::make_unique<stash::planner::Profile>(stash::planner::load_profile(skeleton_path));
+        skeleton = std::make_unique<stash::planner::step_profile>(
+            stash::planner::load_profile(skeleton_path));
       }
       const auto filled = stash::measure::fill_profile(m, skeleton.get(), std::nullopt);
       std::ofstream out(output_path);

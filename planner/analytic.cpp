@@ -18,7 +18,7 @@ constexpr std::uint64_t GiB = 1024 * MiB;
 // reaches 300 to 450 GB/s per direction per GPU; we take the middle. Memory sizes are what
 // the driver reports (nvidia-smi MiB). Host RAM: DGX H100 / H200 carry 2 TiB for 8 GPUs;
 // a GB200 superchip's Grace carries 480 GB of LPDDR5X for 2 GPUs.
-const std::vector<DeviceSpec> kDevices = {
+const std::vector<device_spec> kDevices = {
     {"h100", "NVIDIA H100 80GB HBM3", 989.4, 3350, 81559 * MiB, 55, 55, 100, 256 * GiB,
      "PCIe Gen5 x16, measured-class figures"},
     {"h200", "NVIDIA H200", 989.4, 4800, 143771 * MiB, 55, 55, 100, 256 * GiB,
@@ -30,7 +30,7 @@ const std::vector<DeviceSpec> kDevices = {
 // Llama 3 8B / 70B (Meta's configs) and Llama 3.2 11B Vision's language model: 40 layers of
 // which 8 (3, 8, ..., 38) are gated cross-attention blocks over the image's tokens (4 tiles
 // x 1601 patches), with a frozen ~0.9B-parameter vision encoder.
-const std::vector<ArchSpec> kArchs = {
+const std::vector<arch_spec> kArchs = {
     {"llama3-8b", 32, 4096, 32, 8, 14336, 128256, -1, 0, 0, 0, "Llama 3 8B"},
     {"llama3-70b", 80, 8192, 64, 8, 28672, 128256, -1, 0, 0, 0, "Llama 3 70B"},
     {"llama3.2-11b-vision", 40, 4096, 32, 8, 14336, 128256, 3, 5, 6404, 0.88e9,
@@ -49,8 +49,8 @@ const T& find(const std::vector<T>& all, const std::string& key, const char* wha
 double round_ms(double ms) { return std::round(ms * 1e6) / 1e6; }
 
 // Costs of one layer's operations on one device.
-struct Costs {
-  const DeviceSpec& dev;
+struct op_costs {
+  const device_spec& dev;
   double gemm_ms(double m, double n, double k) const {
     return 2 * m * n * k / (dev.bf16_tflops * 1e12 * kGemmEfficiency) * 1e3;
   }
@@ -66,29 +66,30 @@ struct Costs {
   }
 };
 
-bool is_cross(const ArchSpec& a, int layer) {
+bool is_cross(const arch_spec& a, int layer) {
   return a.cross_attn_period > 0 && layer >= a.cross_attn_first &&
          (layer - a.cross_attn_first) % a.cross_attn_period == 0;
 }
 
-double layer_params(const ArchSpec& a) {
+double layer_params(const arch_spec& a) {
   const double h = a.hidden, kvd = double(a.kv_heads) * (a.hidden / a.heads);
   return 2 * h * h + 2 * h * kvd + 3 * h * a.ffn + 2 * h;  // q, o, k, v, MLP, two norms
 }
 
 // One block, self- or cross-attention. Records the forward and backward as it lists the
 // saved tensors, so each producer's cost is written once.
-LayerProfile block(const ArchSpec& a, const Costs& c, int index, double b, double s) {
+layer_profile block(const arch_spec& a, const op_costs& c, int index, double b, double s) {
   const bool cross = is_cross(a, index);
   const double T = b * s, h = a.hidden, f = a.ffn, d = h / a.heads;
   const double kvd = a.kv_heads * d;
   const double Tkv = cross ? b * a.vision_tokens : T;  // rows that k and v come from
-  LayerProfile l;
+  layer_profile l;
   l.name = "layers." + std::to_string(index);
   l.signature = cross ? "cross_attn_block" : "llama_block";
   double fwd = 0, gemm_fwd = 0, mem_fwd = 0;
-  auto saved = [&](const std::string& name, double bytes, double producer_ms, bool recomputable = true) {
-    TensorProfile t;
+  auto saved = [&](const std::string& name, double bytes, double producer_ms,
+                   bool recomputable = true) {
+    tensor_profile t;
     t.name = name;
     t.bytes = static_cast<std::uint64_t>(bytes);
     t.recompute_ms = round_ms(recomputable ? producer_ms : 0);
@@ -139,12 +140,12 @@ LayerProfile block(const ArchSpec& a, const Costs& c, int index, double b, doubl
 
 }  // namespace
 
-const std::vector<DeviceSpec>& analytic_devices() { return kDevices; }
-const std::vector<ArchSpec>& analytic_archs() { return kArchs; }
-const DeviceSpec& find_device(const std::string& key) { return find(kDevices, key, "device"); }
-const ArchSpec& find_arch(const std::string& key) { return find(kArchs, key, "architecture"); }
+const std::vector<device_spec>& analytic_devices() { return kDevices; }
+const std::vector<arch_spec>& analytic_archs() { return kArchs; }
+const device_spec& find_device(const std::string& key) { return find(kDevices, key, "device"); }
+const arch_spec& find_arch(const std::string& key) { return find(kArchs, key, "architecture"); }
 
-double trainable_params(const ArchSpec& a) {
+double trainable_params(const arch_spec& a) {
   return a.layers * layer_params(a) + 2.0 * a.vocab * a.hidden + a.hidden;
 }
 
@@ -154,7 +155,7 @@ double trainable_params(const ArchSpec& a) {
 // assumes FSDP over `shard` ranks. Auto picks the smallest power of two that brings the
 // sharded weights, gradients and optimizer state under a quarter of the device memory,
 // leaving the rest to activations, which is how such jobs are sized in practice.
-int analytic_shard(const AnalyticOptions& o) {
+int analytic_shard(const analytic_options& o) {
   if (o.shard > 0) return o.shard;
   const double states = 16 * trainable_params(find_arch(o.arch));
   const double room = 0.25 * static_cast<double>(find_device(o.device).memory_bytes);
@@ -163,16 +164,16 @@ int analytic_shard(const AnalyticOptions& o) {
   return n;
 }
 
-Profile analytic_profile(const AnalyticOptions& o) {
-  const ArchSpec& a = find_arch(o.arch);
-  const DeviceSpec& dev = find_device(o.device);
+step_profile analytic_profile(const analytic_options& o) {
+  const arch_spec& a = find_arch(o.arch);
+  const device_spec& dev = find_device(o.device);
   if (o.batch < 1) throw input_error("batch must be a positive integer");
   if (o.seq < 1) throw input_error("seq must be a positive integer");
   if (o.shard < 0) throw input_error("shard must be a positive integer (0: auto)");
   const int shard = analytic_shard(o);
-  const Costs c{dev};
-  Profile p;
-  p.source = ProfileSource::analytic;
+  const op_costs c{dev};
+  step_profile p;
+  p.source = profile_source::analytic;
   p.device_name = dev.name;
   p.device_memory_bytes = dev.memory_bytes;
   p.link = {dev.h2d_gbps, dev.d2h_gbps, dev.bidir_gbps, 1};
@@ -188,7 +189,7 @@ Profile analytic_profile(const AnalyticOptions& o) {
   return p;
 }
 
-std::string profile_json_text(const Profile& p) {
+std::string profile_json_text(const step_profile& p) {
   // The canonical serialization, re-laid out: schema first, then one line per tensor.
   const nlohmann::json j = profile_to_json(p);
   nlohmann::ordered_json head;

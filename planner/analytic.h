@@ -50,7 +50,7 @@ inline constexpr double kAttnBwdEfficiency = 0.40;  // flash attention backward
 inline constexpr double kMemEfficiency = 0.80;      // streaming elementwise kernels
 inline constexpr double kPinnableFraction = 0.75;   // of host RAM per GPU
 
-struct DeviceSpec {
+struct device_spec {
   std::string key;   // CLI name: h100 | h200 | gb200
   std::string name;  // as the profile's device.name
   double bf16_tflops = 0;  // dense peak, 1e12 FLOP/s
@@ -61,7 +61,7 @@ struct DeviceSpec {
   std::string link_note;
 };
 
-struct ArchSpec {
+struct arch_spec {
   std::string key;  // llama3-8b | llama3-70b | llama3.2-11b-vision
   int layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0;
   // Two-signature models: every cross_attn_period-th layer, starting at
@@ -71,26 +71,26 @@ struct ArchSpec {
   std::string note;
 };
 
-const std::vector<DeviceSpec>& analytic_devices();
-const std::vector<ArchSpec>& analytic_archs();
+const std::vector<device_spec>& analytic_devices();
+const std::vector<arch_spec>& analytic_archs();
 // Throw input_error listing the known names.
-const DeviceSpec& find_device(const std::string& key);
-const ArchSpec& find_arch(const std::string& key);
+const device_spec& find_device(const std::string& key);
+const arch_spec& find_arch(const std::string& key);
 
-struct AnalyticOptions {
+struct analytic_options {
   std::string arch, device;
   int batch = 1, seq = 4096;
   int shard = 0;  // FSDP shard count; 0 = auto (Note [FSDP shard count] in analytic.cpp)
 };
 
 // The shard count analytic_profile uses for these options.
-int analytic_shard(const AnalyticOptions& o);
+int analytic_shard(const analytic_options& o);
 // Trainable parameters of the architecture (layers + embedding + output head).
-double trainable_params(const ArchSpec& a);
+double trainable_params(const arch_spec& a);
 // Throws input_error for unknown names or non-positive batch / seq / shard.
-Profile analytic_profile(const AnalyticOptions& o);
+step_profile analytic_profile(const analytic_options& o);
 
 // profile_to_json rendered compactly for shipping: one line per tensor.
-std::string profile_json_text(const Profile& p);
+std::string profile_json_text(const step_profile& p);
 
 }  // namespace stash::planner

@@ -37,8 +37,8 @@ std::string idx(const char* base, std::size_t i) {
 
 }  // namespace
 
-exact_result solve_exact(const Profile& p, std::uint64_t budget_bytes, const exact_options& opt,
-                         const Decisions* start) {
+exact_result solve_exact(const step_profile& p, std::uint64_t budget_bytes,
+                         const exact_options& opt, const decision_table* start) {
   const std::size_t L = p.layers.size();
   const double unit = kLpByteUnit;
   const bool peak_mode = opt.objective == exact_objective::peak;
@@ -49,20 +49,20 @@ exact_result solve_exact(const Profile& p, std::uint64_t budget_bytes, const exa
   const int P = peak_mode ? mip.add_col("peak", -kInf, kInf, 1) : -1;
 
   for (std::size_t i = 0; i < L; ++i) {
-    const LayerProfile& layer = p.layers[i];
+    const layer_profile& layer = p.layers[i];
     xr[i].assign(layer.tensors.size(), -1);
     xo[i].assign(layer.tensors.size(), -1);
     std::vector<std::pair<int, double>> off_row, red_row;
     for (std::size_t j = 0; j < layer.tensors.size(); ++j) {
-      const TensorProfile& t = layer.tensors[j];
+      const tensor_profile& t = layer.tensors[j];
       if (t.bytes == 0) continue;
       const double mib = static_cast<double>(t.bytes) / unit;
       const std::string tag = "[" + std::to_string(i) + "," + std::to_string(j) + "]";
-      if (allowed(p, i, j, Action::recompute)) {
+      if (allowed(p, i, j, tensor_action::recompute)) {
         xr[i][j] = mip.add_col("xr" + tag, 0, 1, peak_mode ? 0 : t.recompute_ms, integer);
         red_row.push_back({xr[i][j], -mib});
       }
-      if (allowed(p, i, j, Action::offload)) {
+      if (allowed(p, i, j, tensor_action::offload)) {
         xo[i][j] = mip.add_col("xo" + tag, 0, 1, 0, integer);
         red_row.push_back({xo[i][j], -mib});
         off_row.push_back({xo[i][j], -mib});
@@ -129,16 +129,16 @@ exact_result solve_exact(const Profile& p, std::uint64_t budget_bytes, const exa
   if (start != nullptr) {
     x0.assign(mip.num_cols(), 0.0);
     double cumulative = 0, peak = 0;
-    const Evaluation ev = evaluate(p, *start, budget_bytes);
+    const evaluation ev = evaluate(p, *start, budget_bytes);
     for (std::size_t i = 0; i < L; ++i) {
       double o = 0, r = 0;
       for (std::size_t j = 0; j < p.layers[i].tensors.size(); ++j) {
         const double mib = static_cast<double>(p.layers[i].tensors[j].bytes) / unit;
-        const Action a = start->at(i).at(j);
-        if (a == Action::recompute && xr[i][j] >= 0) {
+        const tensor_action a = start->at(i).at(j);
+        if (a == tensor_action::recompute && xr[i][j] >= 0) {
           x0[xr[i][j]] = 1;
           r += mib;
-        } else if (a == Action::offload && xo[i][j] >= 0) {
+        } else if (a == tensor_action::offload && xo[i][j] >= 0) {
           x0[xo[i][j]] = 1;
           o += mib;
         }
@@ -181,8 +181,10 @@ exact_result solve_exact(const Profile& p, std::uint64_t budget_bytes, const exa
   out.decisions = keep_all(p);
   for (std::size_t i = 0; i < L; ++i) {
     for (std::size_t j = 0; j < xr[i].size(); ++j) {
-      if (xr[i][j] >= 0 && mip.col_value(xr[i][j]) > 0.5) out.decisions[i][j] = Action::recompute;
-      if (xo[i][j] >= 0 && mip.col_value(xo[i][j]) > 0.5) out.decisions[i][j] = Action::offload;
+      if (xr[i][j] >= 0 && mip.col_value(xr[i][j]) > 0.5)
+        out.decisions[i][j] = tensor_action::recompute;
+      if (xo[i][j] >= 0 && mip.col_value(xo[i][j]) > 0.5)
+        out.decisions[i][j] = tensor_action::offload;
     }
   }
   return out;

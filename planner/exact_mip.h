@@ -27,12 +27,12 @@ struct exact_result {
   double best_bound = 0;        // same unit
   double gap = 0;               // (objective - best_bound) / objective
   double lp_relaxation = 0;     // root LP, same unit
-  Decisions decisions;
+  decision_table decisions;
 };
 
 // `start` (optional) must be a valid plan at the budget; it is offered as the first
 // incumbent, so on a time limit the answer is never worse than it.
-exact_result solve_exact(const Profile& p, std::uint64_t budget_bytes, const exact_options& opt,
-                         const Decisions* start = nullptr);
+exact_result solve_exact(const step_profile& p, std::uint64_t budget_bytes,
+                         const exact_options& opt, const decision_table* start = nullptr);
 
 }  // namespace stash::planner

@@ -30,21 +30,21 @@ struct layer_problem {
 };
 
 struct layer_answer {
-  std::vector<Action> actions;
+  std::vector<tensor_action> actions;
   bool meets_targets = false;
 };
 
-double cost_of(const layer_problem& lp, const std::vector<Action>& a, double* K, double* R,
+double cost_of(const layer_problem& lp, const std::vector<tensor_action>& a, double* K, double* R,
                double* O) {
   double k = 0, r = 0, o = 0, ms = 0;
   for (std::size_t j = 0; j < a.size(); ++j) {
     switch (a[j]) {
-      case Action::keep: k += lp.items[j].bytes; break;
-      case Action::recompute:
+      case tensor_action::keep: k += lp.items[j].bytes; break;
+      case tensor_action::recompute:
         r += lp.items[j].bytes;
         ms += lp.items[j].cost;
         break;
-      case Action::offload: o += lp.items[j].bytes; break;
+      case tensor_action::offload: o += lp.items[j].bytes; break;
     }
   }
   if (K) *K = k;
@@ -53,7 +53,7 @@ double cost_of(const layer_problem& lp, const std::vector<Action>& a, double* K,
   return ms + lp.window.cost(o);
 }
 
-bool meets(const layer_problem& lp, const std::vector<Action>& a) {
+bool meets(const layer_problem& lp, const std::vector<tensor_action>& a) {
   double K, R, O;
   cost_of(lp, a, &K, &R, &O);
   return K <= lp.keep_max && R >= lp.rec_min && O <= lp.off_cap;
@@ -64,41 +64,41 @@ bool meets(const layer_problem& lp, const std::vector<Action>& a) {
 // whole tensors is where greedy loses against the LP; swapping, say, an offload that
 // overshoots the copy window for a recompute of similar size recovers most of it. Totals
 // are updated in O(1) per candidate (byte sums are exact integers in a double).
-void exchange(const layer_problem& lp, std::vector<Action>& a) {
+void exchange(const layer_problem& lp, std::vector<tensor_action>& a) {
   const std::size_t n = a.size();
   double K, R, O;
   const double start = cost_of(lp, a, &K, &R, &O);
   double ms = start - lp.window.cost(O);  // recompute milliseconds alone
   double cost = start;
   const auto options = [&](std::size_t j) {
-    std::vector<Action> v{Action::keep};
-    if (lp.items[j].can_r) v.push_back(Action::recompute);
-    if (lp.items[j].can_o) v.push_back(Action::offload);
+    std::vector<tensor_action> v{tensor_action::keep};
+    if (lp.items[j].can_r) v.push_back(tensor_action::recompute);
+    if (lp.items[j].can_o) v.push_back(tensor_action::offload);
     return v;
   };
-  std::vector<std::vector<Action>> opts(n);
+  std::vector<std::vector<tensor_action>> opts(n);
   for (std::size_t j = 0; j < n; ++j) opts[j] = options(j);
   // Adds (sign +1) or removes (-1) item j taking action x from the running totals.
-  const auto shift = [&](std::size_t j, Action x, double sign, double& k, double& r, double& o,
-                         double& m) {
+  const auto shift = [&](std::size_t j, tensor_action x, double sign, double& k, double& r,
+                         double& o, double& m) {
     const double b = sign * lp.items[j].bytes;
     switch (x) {
-      case Action::keep: k += b; break;
-      case Action::recompute:
+      case tensor_action::keep: k += b; break;
+      case tensor_action::recompute:
         r += b;
         m += sign * lp.items[j].cost;
         break;
-      case Action::offload: o += b; break;
+      case tensor_action::offload: o += b; break;
     }
   };
   for (std::size_t iter = 0; iter < 4 * n + 4; ++iter) {
     double best = cost - 1e-12;
     std::size_t bj = n, bk = n;
-    Action baj = Action::keep, bak = Action::keep;
+    tensor_action baj = tensor_action::keep, bak = tensor_action::keep;
     for (std::size_t j = 0; j < n; ++j) {
       for (std::size_t k = j; k < n; ++k) {
-        for (Action aj : opts[j]) {
-          for (Action ak : (k == j ? std::vector<Action>{a[j]} : opts[k])) {
+        for (tensor_action aj : opts[j]) {
+          for (tensor_action ak : (k == j ? std::vector<tensor_action>{a[j]} : opts[k])) {
             if (aj == a[j] && ak == a[k]) continue;
             double k2 = K, r2 = R, o2 = O, m2 = ms;
             shift(j, a[j], -1, k2, r2, o2, m2);
@@ -139,7 +139,7 @@ void exchange(const layer_problem& lp, std::vector<Action>& a) {
 // gives back what the rounding overshot.
 layer_answer solve_greedy(const layer_problem& lp) {
   const std::size_t n = lp.items.size();
-  std::vector<Action> a(n, Action::keep);
+  std::vector<tensor_action> a(n, tensor_action::keep);
   double K = lp.saved, R = 0, O = 0;
   std::vector<std::size_t> order(n);
   std::iota(order.begin(), order.end(), 0);
@@ -152,35 +152,35 @@ layer_answer solve_greedy(const layer_problem& lp) {
   for (std::size_t j : order) {
     if (R >= lp.rec_min) break;
     if (!lp.items[j].can_r || lp.items[j].bytes <= 0) continue;
-    a[j] = Action::recompute;
+    a[j] = tensor_action::recompute;
     R += lp.items[j].bytes;
     K -= lp.items[j].bytes;
   }
   while (K > lp.keep_max) {
     double best = kInf;
     std::size_t bj = n;
-    Action ba = Action::keep;
+    tensor_action ba = tensor_action::keep;
     for (std::size_t j = 0; j < n; ++j) {
       const item& it = lp.items[j];
-      if (a[j] != Action::keep || it.bytes <= 0) continue;
+      if (a[j] != tensor_action::keep || it.bytes <= 0) continue;
       if (it.can_r && it.cost / it.bytes < best) {
         best = it.cost / it.bytes;
         bj = j;
-        ba = Action::recompute;
+        ba = tensor_action::recompute;
       }
       if (it.can_o && O + it.bytes <= lp.off_cap) {
         const double d = (lp.window.cost(O + it.bytes) - lp.window.cost(O)) / it.bytes;
         if (d < best) {
           best = d;
           bj = j;
-          ba = Action::offload;
+          ba = tensor_action::offload;
         }
       }
     }
     if (bj == n) break;
     a[bj] = ba;
     K -= lp.items[bj].bytes;
-    (ba == Action::recompute ? R : O) += lp.items[bj].bytes;
+    (ba == tensor_action::recompute ? R : O) += lp.items[bj].bytes;
   }
   if (meets(lp, a)) exchange(lp, a);
   return {a, meets(lp, a)};
@@ -235,8 +235,8 @@ layer_answer solve_ilp(const layer_problem& lp, const inner_options& opt) {
     start.assign(mip.num_cols(), 0.0);
     double O = 0;
     for (std::size_t j = 0; j < n; ++j) {
-      if (greedy.actions[j] == Action::recompute && xr[j] >= 0) start[xr[j]] = 1;
-      if (greedy.actions[j] == Action::offload && xo[j] >= 0) {
+      if (greedy.actions[j] == tensor_action::recompute && xr[j] >= 0) start[xr[j]] = 1;
+      if (greedy.actions[j] == tensor_action::offload && xo[j] >= 0) {
         start[xo[j]] = 1;
         O += lp.items[j].bytes;
       }
@@ -249,10 +249,10 @@ layer_answer solve_ilp(const layer_problem& lp, const inner_options& opt) {
   const mip_outcome res = mip.solve_mip(opt.time_limit_s, opt.mip_gap, start);
   if (res.status != solve_status::optimal && res.status != solve_status::feasible) return greedy;
   layer_answer ans;
-  ans.actions.assign(n, Action::keep);
+  ans.actions.assign(n, tensor_action::keep);
   for (std::size_t j = 0; j < n; ++j) {
-    if (xr[j] >= 0 && mip.col_value(xr[j]) > 0.5) ans.actions[j] = Action::recompute;
-    if (xo[j] >= 0 && mip.col_value(xo[j]) > 0.5) ans.actions[j] = Action::offload;
+    if (xr[j] >= 0 && mip.col_value(xr[j]) > 0.5) ans.actions[j] = tensor_action::recompute;
+    if (xo[j] >= 0 && mip.col_value(xo[j]) > 0.5) ans.actions[j] = tensor_action::offload;
   }
   ans.meets_targets = meets(lp, ans.actions);
   // Row tolerances can let a MIP answer miss a target by a few bytes; the greedy answer
@@ -286,14 +286,14 @@ std::string key_of(const std::string& signature, const layer_problem& lp) {
 
 }  // namespace
 
-Decisions solve_inner(const Profile& p, const outer_lp_result& lp, const inner_options& opt,
-                      inner_stats* stats) {
+decision_table solve_inner(const step_profile& p, const outer_lp_result& lp,
+                           const inner_options& opt, inner_stats* stats) {
   const std::size_t L = p.layers.size();
-  Decisions d(L);
-  std::map<std::string, std::vector<Action>> solved;
+  decision_table d(L);
+  std::map<std::string, std::vector<tensor_action>> solved;
   inner_stats st;
   for (std::size_t i = 0; i < L; ++i) {
-    const LayerProfile& layer = p.layers[i];
+    const layer_profile& layer = p.layers[i];
     const layer_target& t = lp.layers.at(i);
     layer_problem prob;
     prob.window = window_of(p, i);
@@ -301,8 +301,8 @@ Decisions solve_inner(const Profile& p, const outer_lp_result& lp, const inner_o
       item it;
       it.bytes = static_cast<double>(layer.tensors[j].bytes);
       it.cost = layer.tensors[j].recompute_ms;
-      it.can_r = allowed(p, i, j, Action::recompute) && it.bytes > 0;
-      it.can_o = allowed(p, i, j, Action::offload) && it.bytes > 0;
+      it.can_r = allowed(p, i, j, tensor_action::recompute) && it.bytes > 0;
+      it.can_o = allowed(p, i, j, tensor_action::offload) && it.bytes > 0;
       prob.items.push_back(it);
       prob.saved += it.bytes;
     }

@@ -31,7 +31,7 @@ struct inner_stats {
 // cannot be met with whole tensors, the layer's best effort is returned and repair (repair.h)
 // restores validity. Solved once per distinct (signature, tensors, window, target) and
 // stamped onto every layer that shares it.
-Decisions solve_inner(const Profile& p, const outer_lp_result& lp, const inner_options& opt,
-                      inner_stats* stats = nullptr);
+decision_table solve_inner(const step_profile& p, const outer_lp_result& lp,
+                           const inner_options& opt, inner_stats* stats = nullptr);
 
 }  // namespace stash::planner

@@ -33,7 +33,7 @@ struct copy_window {
   }
 };
 
-inline copy_window window_of(const Profile& p, std::size_t i) {
+inline copy_window window_of(const step_profile& p, std::size_t i) {
   copy_window w;
   w.d2h_bytes_per_ms = p.d2h_bytes_per_ms();
   w.h2d_bytes_per_ms = p.h2d_bytes_per_ms();

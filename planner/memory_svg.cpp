@@ -10,10 +10,11 @@ namespace stash::planner {
 
 using namespace svg;
 
-std::vector<std::pair<double, double>> counter_window(const TraceWriter& t, const std::string& name,
-                                                      double from_ms, double to_ms) {
+std::vector<std::pair<double, double>> counter_window(const trace_writer& t,
+                                                      const std::string& name, double from_ms,
+                                                      double to_ms) {
   std::vector<std::pair<double, double>> all;
-  for (const CounterSample& c : t.counters())
+  for (const counter_sample& c : t.counters())
     if (c.name == name) all.emplace_back(c.t_ms, c.value);
   std::stable_sort(all.begin(), all.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -33,24 +34,24 @@ std::vector<std::pair<double, double>> counter_window(const TraceWriter& t, cons
   return out;
 }
 
-std::vector<std::pair<double, double>> step_memory(const SimResult& r) {
+std::vector<std::pair<double, double>> step_memory(const sim_result& r) {
   return counter_window(r.trace, kDeviceBytesCounter, 0, r.step_ms);
 }
 
-std::vector<std::pair<double, double>> last_pass(const TraceWriter& t, const std::string& name) {
+std::vector<std::pair<double, double>> last_pass(const trace_writer& t, const std::string& name) {
   double from = -1, to = 0;
-  for (const Span& s : t.spans()) {
+  for (const trace_span& s : t.spans()) {
     to = std::max(to, s.end_ms());
-    if (s.kind == SpanKind::forward && s.layer == 0) from = std::max(from, s.start_ms);
+    if (s.kind == span_kind::forward && s.layer == 0) from = std::max(from, s.start_ms);
   }
   if (from < 0) return {};
   return counter_window(t, name, from, to);
 }
 
-std::string memory_svg(const std::vector<MemorySeries>& series, std::uint64_t budget_bytes,
+std::string memory_svg(const std::vector<memory_series>& series, std::uint64_t budget_bytes,
                        const std::string& title, const std::string& subtitle) {
   double xhi = 0, yhi = static_cast<double>(budget_bytes);
-  for (const MemorySeries& s : series)
+  for (const memory_series& s : series)
     for (const auto& [ms, v] : s.samples) xhi = std::max(xhi, ms), yhi = std::max(yhi, v);
   const bool gib = yhi >= 2.0 * 1073741824.0;
   const double unit = gib ? 1073741824.0 : 1048576.0;
@@ -59,7 +60,7 @@ std::string memory_svg(const std::vector<MemorySeries>& series, std::uint64_t bu
   double ytop = yhi / unit;
   if (!(ytop > 0)) ytop = 1;
   // Headroom above the highest level for the legend's lines.
-  const Axis X{0, xhi * 1.02, kL, kW - kR},
+  const plot_axis X{0, xhi * 1.02, kL, kW - kR},
       Y{0, ytop * (1.1 + 0.05 * static_cast<double>(series.size())), kH - kB, kT};
   std::string s = open_plot(title, subtitle, X, Y, "time in the step (ms)",
                             std::string("device memory (") + unit_name + ")");
@@ -72,7 +73,7 @@ std::string memory_svg(const std::vector<MemorySeries>& series, std::uint64_t bu
          "\" font-size=\"12\" fill=\"#b03030\" text-anchor=\"end\">" +
          esc("budget " + fmt("%.2f ", budget_bytes / unit) + unit_name) + "</text>\n";
   }
-  for (const MemorySeries& m : series) {
+  for (const memory_series& m : series) {
     if (m.samples.empty()) continue;
     std::string d = "M" + fmt("%.2f", X(m.samples[0].first)) + "," +
                     fmt("%.2f", Y(m.samples[0].second / unit));
@@ -85,7 +86,7 @@ std::string memory_svg(const std::vector<MemorySeries>& series, std::uint64_t bu
   // Legend, with each series' peak.
   double ly = kT + 18;
   s += "<g id=\"legend\" font-size=\"12\">\n";
-  for (const MemorySeries& m : series) {
+  for (const memory_series& m : series) {
     double peak = 0;
     for (const auto& [ms, v] : m.samples) peak = std::max(peak, v);
     const std::string text =

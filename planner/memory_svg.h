@@ -14,7 +14,7 @@
 
 namespace stash::planner {
 
-struct MemorySeries {
+struct memory_series {
   std::string name;   // legend text
   std::string color;  // SVG colour
   std::vector<std::pair<double, double>> samples;  // (ms from the window's start, bytes)
@@ -23,20 +23,21 @@ struct MemorySeries {
 // The samples of counter `name` in [from_ms, to_ms], in time order, shifted so that from_ms
 // is 0; the value in effect at from_ms (the last sample before it) opens the series, and the
 // last value is held to to_ms.
-std::vector<std::pair<double, double>> counter_window(const TraceWriter& t, const std::string& name,
-                                                      double from_ms, double to_ms);
+std::vector<std::pair<double, double>> counter_window(const trace_writer& t,
+                                                      const std::string& name, double from_ms,
+                                                      double to_ms);
 
 // A replay's predicted "device bytes" over its one step (the simulator's trace from 0 to
 // step_ms).
-std::vector<std::pair<double, double>> step_memory(const SimResult& r);
+std::vector<std::pair<double, double>> step_memory(const sim_result& r);
 
 // counter_window over a measured trace's last pass: from the start of its last forward span
 // of layer 0 (any micro-batch) to the end of its last span. Empty without such a span.
-std::vector<std::pair<double, double>> last_pass(const TraceWriter& t, const std::string& name);
+std::vector<std::pair<double, double>> last_pass(const trace_writer& t, const std::string& name);
 
 // The plot; budget_bytes 0 draws no budget line. Bytes are shown in MiB below 2 GiB, else
 // GiB. Series with no samples are left out of the plot but named in the legend as missing.
-std::string memory_svg(const std::vector<MemorySeries>& series, std::uint64_t budget_bytes,
+std::string memory_svg(const std::vector<memory_series>& series, std::uint64_t budget_bytes,
                        const std::string& title, const std::string& subtitle);
 
 }  // namespace stash::planner

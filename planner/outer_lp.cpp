@@ -71,7 +71,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-outer_lp_result solve_outer_lp(const Profile& p, std::uint64_t budget_bytes) {
+outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::size_t L = p.layers.size();
   const double unit = kLpByteUnit;
@@ -81,15 +81,15 @@ outer_lp_result solve_outer_lp(const Profile& p, std::uint64_t budget_bytes) {
   std::vector<std::pair<int, double>> host;
 
   for (std::size_t i = 0; i < L; ++i) {
-    const LayerProfile& layer = p.layers[i];
+    const layer_profile& layer = p.layers[i];
     layer_cols& c = cols[i];
     double o_only = 0, ro = 0;
     for (std::size_t j = 0; j < layer.tensors.size(); ++j) {
-      const TensorProfile& t = layer.tensors[j];
+      const tensor_profile& t = layer.tensors[j];
       if (t.bytes == 0) continue;  // nothing to save by moving it
       const double mib = static_cast<double>(t.bytes) / unit;
-      const bool rec = allowed(p, i, j, Action::recompute);
-      const bool off = allowed(p, i, j, Action::offload);
+      const bool rec = allowed(p, i, j, tensor_action::recompute);
+      const bool off = allowed(p, i, j, tensor_action::offload);
       if (rec) {
         c.r.push_back(lp.add_col("r[" + std::to_string(i) + "," + std::to_string(j) + "]", 0,
                                  mib, t.recompute_ms / mib));

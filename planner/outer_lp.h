@@ -33,6 +33,6 @@ struct outer_lp_result {
   double solve_ms = 0;
 };
 
-outer_lp_result solve_outer_lp(const Profile& p, std::uint64_t budget_bytes);
+outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes);
 
 }  // namespace stash::planner

@@ -12,7 +12,7 @@ namespace stash::planner {
 
 namespace {
 
-struct Solved {
+struct solved_budget {
   double step_ms = 0, recompute_ms = 0, exposed_copy_ms = 0;
   // The step time without the profile's constant overhead: what the sweep compares, so
   // the budgets it samples and the envelope do not depend on the overhead (Note [Step
@@ -22,18 +22,18 @@ struct Solved {
   std::string solver;
 };
 
-bool changed(const Solved& a, const Solved& b, double tol) {
+bool changed(const solved_budget& a, const solved_budget& b, double tol) {
   return std::abs(a.layer_ms - b.layer_ms) > tol * std::max(a.layer_ms, b.layer_ms);
 }
 
 }  // namespace
 
-ParetoCurve pareto_sweep(const Profile& p, const ParetoOptions& opt) {
-  ParetoCurve c;
+pareto_curve pareto_sweep(const step_profile& p, const pareto_options& opt) {
+  pareto_curve c;
   c.device = p.device_name;
   c.solver = to_string(opt.plan.solver);
-  const Evaluation ka = evaluate(p, keep_all(p), ~0ull);
-  const Evaluation ra = evaluate(p, recompute_all(p), ~0ull);
+  const evaluation ka = evaluate(p, keep_all(p), ~0ull);
+  const evaluation ra = evaluate(p, recompute_all(p), ~0ull);
   c.keep_all = {ka.step_ms, ka.peak_bytes};
   c.recompute_all = {ra.step_ms, ra.peak_bytes};
   c.from_bytes = opt.from_bytes ? opt.from_bytes : min_feasible_budget(p);
@@ -50,14 +50,14 @@ ParetoCurve pareto_sweep(const Profile& p, const ParetoOptions& opt) {
   const std::uint64_t resolution =
       opt.resolution_bytes ? opt.resolution_bytes : std::max<std::uint64_t>(span / 512, 1048576);
 
-  std::map<std::uint64_t, Solved> solved;
+  std::map<std::uint64_t, solved_budget> solved;
   std::set<std::uint64_t> tried;  // infeasible answers leave no point but must not repeat
   auto solve = [&](std::uint64_t budget) {
     if (!tried.insert(budget).second) return;
     const auto t0 = std::chrono::steady_clock::now();
-    Solved s;
+    solved_budget s;
     try {
-      const Plan plan = make_plan(p, budget, opt.plan);
+      const step_plan plan = make_plan(p, budget, opt.plan);
       s = {plan.predicted.step_ms,
            plan.predicted.recompute_ms,
            plan.predicted.exposed_copy_ms,
@@ -105,11 +105,11 @@ ParetoCurve pareto_sweep(const Profile& p, const ParetoOptions& opt) {
   }
 
   // Note [Pareto envelope]
-  const Solved* best = nullptr;
+  const solved_budget* best = nullptr;
   std::uint64_t best_budget = 0;
   for (const auto& [budget, s] : solved) {
     if (!best || s.layer_ms < best->layer_ms) best = &s, best_budget = budget;
-    ParetoPoint pt;
+    pareto_point pt;
     pt.budget_bytes = budget;
     pt.solved_step_ms = s.step_ms;
     pt.step_ms = best->step_ms;
@@ -126,13 +126,13 @@ ParetoCurve pareto_sweep(const Profile& p, const ParetoOptions& opt) {
   return c;
 }
 
-std::size_t find_knee(const std::vector<ParetoPoint>& pts) {
-  if (pts.size() < 3) return ParetoCurve::npos;
-  const ParetoPoint &lo = pts.front(), &hi = pts.back();
+std::size_t find_knee(const std::vector<pareto_point>& pts) {
+  if (pts.size() < 3) return pareto_curve::npos;
+  const pareto_point &lo = pts.front(), &hi = pts.back();
   const double dx = static_cast<double>(hi.budget_bytes - lo.budget_bytes);
   const double dy = lo.step_ms - hi.step_ms;
-  if (dx <= 0 || dy <= 1e-4 * hi.step_ms) return ParetoCurve::npos;  // flat: no elbow
-  std::size_t knee = ParetoCurve::npos;
+  if (dx <= 0 || dy <= 1e-4 * hi.step_ms) return pareto_curve::npos;  // flat: no elbow
+  std::size_t knee = pareto_curve::npos;
   double best = 0.01;  // must lie at least 1% of the range below the chord
   for (std::size_t i = 1; i + 1 < pts.size(); ++i) {
     const double x = (pts[i].budget_bytes - lo.budget_bytes) / dx;
@@ -142,13 +142,13 @@ std::size_t find_knee(const std::vector<ParetoPoint>& pts) {
   return knee;
 }
 
-std::string pareto_csv(const ParetoCurve& c) {
+std::string pareto_csv(const pareto_curve& c) {
   std::string out =
       "budget_bytes,budget_gib,step_ms,peak_bytes,offloaded_bytes,recompute_ms,solver,knee,"
       "plan_budget_bytes,solved_step_ms\n";
   char line[320];
   for (std::size_t i = 0; i < c.points.size(); ++i) {
-    const ParetoPoint& p = c.points[i];
+    const pareto_point& p = c.points[i];
     std::snprintf(line, sizeof line, "%llu,%.4f,%.6f,%llu,%llu,%.6f,%s,%d,%llu,%.6f\n",
                   static_cast<unsigned long long>(p.budget_bytes),
                   p.budget_bytes / 1073741824.0, p.step_ms,

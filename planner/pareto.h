@@ -35,10 +35,10 @@
 
 namespace stash::planner {
 
-struct ParetoOptions {
+struct pareto_options {
   std::uint64_t from_bytes = 0;  // 0: min_feasible_budget(p)
   std::uint64_t to_bytes = 0;    // 0: the keep-all peak
-  PlanOptions plan;
+  plan_options plan;
   int initial_points = 9;  // evenly spaced over [from, to], ends included
   int max_points = 64;     // solver calls in all
   // Intervals narrower than this are not bisected; 0: (to - from) / 512, at least 1 MiB.
@@ -50,7 +50,7 @@ struct ParetoOptions {
       progress;
 };
 
-struct ParetoPoint {
+struct pareto_point {
   std::uint64_t budget_bytes = 0;
   double step_ms = 0;  // the envelope's: best plan at any budget <= this one
   std::uint64_t peak_bytes = 0;
@@ -62,11 +62,11 @@ struct ParetoPoint {
   double solved_step_ms = 0;            // what the solver returned at budget_bytes
 };
 
-struct ParetoCurve {
-  std::vector<ParetoPoint> points;  // ascending budget
+struct pareto_curve {
+  std::vector<pareto_point> points;  // ascending budget
   std::size_t knee = npos;          // index into points, or npos
   std::uint64_t from_bytes = 0, to_bytes = 0;
-  Baseline keep_all, recompute_all;
+  baseline keep_all, recompute_all;
   std::string device, solver;
   int solver_calls = 0;
   int carried_forward = 0;  // points whose plan came from a smaller budget
@@ -75,14 +75,14 @@ struct ParetoCurve {
 
 // Throws input_error for from > to or a from below fixed_bytes; infeasible_budget when
 // `from` was given and no plan exists there.
-ParetoCurve pareto_sweep(const Profile& p, const ParetoOptions& opt = {});
+pareto_curve pareto_sweep(const step_profile& p, const pareto_options& opt = {});
 
 // Note [Knee]; points ascending in budget with non-increasing step time.
-std::size_t find_knee(const std::vector<ParetoPoint>& points);
+std::size_t find_knee(const std::vector<pareto_point>& points);
 
-std::string pareto_csv(const ParetoCurve& c);
+std::string pareto_csv(const pareto_curve& c);
 // A complete SVG document: axes with ticks and units, the envelope as a step curve, the
 // sample points, the knee, the keep-all and recompute-all reference lines, a title.
-std::string pareto_svg(const ParetoCurve& c, const std::string& title);
+std::string pareto_svg(const pareto_curve& c, const std::string& title);
 
 }  // namespace stash::planner

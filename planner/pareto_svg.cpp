@@ -19,7 +19,7 @@ constexpr double kGiB = 1073741824.0;
 
 }  // namespace
 
-std::string pareto_svg(const ParetoCurve& c, const std::string& title) {
+std::string pareto_svg(const pareto_curve& c, const std::string& title) {
   // Ranges: the sweep's budgets (and the recompute-all peak when it falls inside a little
   // margin), step times of the curve and of both baselines.
   double xlo = c.from_bytes / kGiB, xhi = c.to_bytes / kGiB;
@@ -27,11 +27,12 @@ std::string pareto_svg(const ParetoCurve& c, const std::string& title) {
   const double xpad = 0.03 * (xhi - xlo);
   xlo -= xpad, xhi += xpad;
   double ylo = c.keep_all.step_ms, yhi = c.recompute_all.step_ms;
-  for (const ParetoPoint& p : c.points) ylo = std::min(ylo, p.step_ms), yhi = std::max(yhi, p.step_ms);
+  for (const pareto_point& p : c.points)
+    ylo = std::min(ylo, p.step_ms), yhi = std::max(yhi, p.step_ms);
   if (yhi - ylo < 1e-6 * std::max(1.0, yhi)) ylo -= 1, yhi += 1;
   const double ypad = 0.06 * (yhi - ylo);
   ylo = std::max(0.0, ylo - ypad), yhi += ypad;
-  const Axis X{xlo, xhi, kL, kW - kR}, Y{ylo, yhi, kH - kB, kT};
+  const plot_axis X{xlo, xhi, kL, kW - kR}, Y{ylo, yhi, kH - kB, kT};
 
   std::string s = open_plot(title,
                             c.device + ", solver " + c.solver + ", " +
@@ -63,12 +64,12 @@ std::string pareto_svg(const ParetoCurve& c, const std::string& title) {
       d += " H" + fmt("%.2f", X(c.points[i].budget_bytes / kGiB)) + " V" +
            fmt("%.2f", Y(c.points[i].step_ms));
     s += "<path id=\"curve\" d=\"" + d + "\" fill=\"none\" stroke=\"#1f5fbf\" stroke-width=\"2.2\"/>\n";
-    for (const ParetoPoint& p : c.points)
+    for (const pareto_point& p : c.points)
       s += "<circle class=\"sample\" cx=\"" + fmt("%.2f", X(p.budget_bytes / kGiB)) + "\" cy=\"" +
            fmt("%.2f", Y(p.step_ms)) + "\" r=\"2.6\" fill=\"#1f5fbf\"/>\n";
   }
   if (c.knee < c.points.size()) {
-    const ParetoPoint& k = c.points[c.knee];
+    const pareto_point& k = c.points[c.knee];
     const double x = X(k.budget_bytes / kGiB), y = Y(k.step_ms);
     s += "<circle id=\"knee\" cx=\"" + fmt("%.2f", x) + "\" cy=\"" + fmt("%.2f", y) +
          "\" r=\"7\" fill=\"none\" stroke=\"#e07000\" stroke-width=\"2.5\"/>\n";

@@ -16,19 +16,19 @@ namespace stash::planner {
 
 using nlohmann::json;
 
-const char* to_string(Action a) {
+const char* to_string(tensor_action a) {
   switch (a) {
-    case Action::keep: return "keep";
-    case Action::recompute: return "recompute";
-    case Action::offload: return "offload";
+    case tensor_action::keep: return "keep";
+    case tensor_action::recompute: return "recompute";
+    case tensor_action::offload: return "offload";
   }
   return "keep";
 }
 
-Action action_from_string(const std::string& s) {
-  if (s == "keep") return Action::keep;
-  if (s == "recompute") return Action::recompute;
-  if (s == "offload") return Action::offload;
+tensor_action action_from_string(const std::string& s) {
+  if (s == "keep") return tensor_action::keep;
+  if (s == "recompute") return tensor_action::recompute;
+  if (s == "offload") return tensor_action::offload;
   throw input_error("unknown action \"" + s + "\" (expected keep, recompute or offload)");
 }
 
@@ -36,11 +36,11 @@ namespace {
 
 // The rule a decision breaks, or nullptr. Order matters only for which name is reported
 // when several apply; must_keep is the strongest statement, so it comes first.
-const char* broken_rule(const Profile& p, std::size_t i, std::size_t j, Action a) {
-  const TensorProfile& t = p.layers[i].tensors[j];
-  if (a == Action::keep) return nullptr;
+const char* broken_rule(const step_profile& p, std::size_t i, std::size_t j, tensor_action a) {
+  const tensor_profile& t = p.layers[i].tensors[j];
+  if (a == tensor_action::keep) return nullptr;
   if (t.must_keep) return "must_keep";
-  if (a == Action::recompute) return t.recomputable ? nullptr : "not_recomputable";
+  if (a == tensor_action::recompute) return t.recomputable ? nullptr : "not_recomputable";
   if (!t.offloadable) return "not_offloadable";
   if (t.bytes < kMinOffloadBytes) return "min_offload_bytes";
   if (i + 1 == p.layers.size()) return "last_layer";
@@ -49,20 +49,20 @@ const char* broken_rule(const Profile& p, std::size_t i, std::size_t j, Action a
 
 }  // namespace
 
-bool allowed(const Profile& p, std::size_t layer, std::size_t tensor, Action a) {
+bool allowed(const step_profile& p, std::size_t layer, std::size_t tensor, tensor_action a) {
   return broken_rule(p, layer, tensor, a) == nullptr;
 }
 
-Evaluation evaluate(const Profile& p, const Decisions& d, std::uint64_t budget_bytes) {
+evaluation evaluate(const step_profile& p, const decision_table& d, std::uint64_t budget_bytes) {
   const std::size_t L = p.layers.size();
   if (d.size() != L) {
     throw input_error("plan has " + std::to_string(d.size()) + " layers, profile has " +
                       std::to_string(L));
   }
-  Evaluation ev;
+  evaluation ev;
   std::vector<std::uint64_t> K(L, 0), O(L, 0), A(L, 0);
   for (std::size_t i = 0; i < L; ++i) {
-    const LayerProfile& lp = p.layers[i];
+    const layer_profile& lp = p.layers[i];
     if (d[i].size() != lp.tensors.size()) {
       throw input_error("layers[" + std::to_string(i) + "]: plan has " +
                         std::to_string(d[i].size()) + " tensors, profile has " +
@@ -70,19 +70,19 @@ Evaluation evaluate(const Profile& p, const Decisions& d, std::uint64_t budget_b
     }
     double R = 0;
     for (std::size_t j = 0; j < lp.tensors.size(); ++j) {
-      const TensorProfile& t = lp.tensors[j];
+      const tensor_profile& t = lp.tensors[j];
       A[i] += t.bytes;
       if (const char* rule = broken_rule(p, i, j, d[i][j])) {
         ev.violations.push_back("rule:layers[" + std::to_string(i) + "].tensors[" +
                                 std::to_string(j) + "]:" + rule);
       }
       switch (d[i][j]) {
-        case Action::keep: K[i] += t.bytes; break;
-        case Action::recompute:
+        case tensor_action::keep: K[i] += t.bytes; break;
+        case tensor_action::recompute:
           R += t.recompute_ms;
           ev.recomputed_bytes += t.bytes;
           break;
-        case Action::offload: O[i] += t.bytes; break;
+        case tensor_action::offload: O[i] += t.bytes; break;
       }
     }
     ev.compute_ms += lp.fwd_ms + lp.bwd_ms;
@@ -127,32 +127,32 @@ Evaluation evaluate(const Profile& p, const Decisions& d, std::uint64_t budget_b
   return ev;
 }
 
-Decisions keep_all(const Profile& p) {
-  Decisions d(p.layers.size());
+decision_table keep_all(const step_profile& p) {
+  decision_table d(p.layers.size());
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
-    d[i].assign(p.layers[i].tensors.size(), Action::keep);
+    d[i].assign(p.layers[i].tensors.size(), tensor_action::keep);
   }
   return d;
 }
 
-Decisions recompute_all(const Profile& p) {
-  Decisions d = keep_all(p);
+decision_table recompute_all(const step_profile& p) {
+  decision_table d = keep_all(p);
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
     for (std::size_t j = 0; j < d[i].size(); ++j) {
-      if (allowed(p, i, j, Action::recompute)) d[i][j] = Action::recompute;
+      if (allowed(p, i, j, tensor_action::recompute)) d[i][j] = tensor_action::recompute;
     }
   }
   return d;
 }
 
-Decisions Plan::decisions() const {
-  Decisions d;
+decision_table step_plan::decisions() const {
+  decision_table d;
   d.reserve(layers.size());
   for (const auto& l : layers) d.push_back(l.actions);
   return d;
 }
 
-json plan_to_json(const Plan& plan) {
+json plan_to_json(const step_plan& plan) {
   json layers = json::array();
   for (const auto& l : plan.layers) {
     json ts = json::array();
@@ -167,7 +167,7 @@ json plan_to_json(const Plan& plan) {
                         {"offload", l.fractions.offload}}},
                       {"tensors", std::move(ts)}});
   }
-  const Predicted& pr = plan.predicted;
+  const prediction& pr = plan.predicted;
   json j = {{"schema", kPlanSchema},
             {"budget_bytes", plan.budget_bytes},
             {"solver", plan.solver},
@@ -224,14 +224,14 @@ std::uint64_t size_or(const json& o, const char* key, std::uint64_t dflt) {
 // file. Only the structure and the decisions are trusted: the predicted figures and
 // baselines are read back for display, but `stash check` recomputes everything with
 // evaluate().
-Plan parse_plan(const json& j, const Profile* p) {
+step_plan parse_plan(const json& j, const step_profile* p) {
   if (!j.is_object()) fail("<root>", "a plan must be a JSON object");
   const json& schema = member(j, "", "schema");
   if (!schema.is_string() || schema.get<std::string>() != kPlanSchema) {
     fail("schema", "unsupported plan schema " + schema.dump() + ", expected \"" + kPlanSchema +
                        "\"");
   }
-  Plan plan;
+  step_plan plan;
   // The planner's header: required against a profile, optional (but typed) without one.
   if (p || j.contains("budget_bytes")) {
     const json& budget = member(j, "", "budget_bytes");
@@ -256,9 +256,9 @@ Plan parse_plan(const json& j, const Profile* p) {
   if (layers.empty()) fail("layers", "must be a non-empty array");
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const std::string lp = "layers[" + std::to_string(i) + "]";
-    const LayerProfile* prof = p ? &p->layers[i] : nullptr;
+    const layer_profile* prof = p ? &p->layers[i] : nullptr;
     if (!layers[i].is_object()) fail(lp, "expected an object");
-    LayerPlan l;
+    layer_plan l;
     l.index = i;
     if (auto ix = layers[i].find("index"); ix != layers[i].end()) {
       if (!ix->is_number_unsigned() || ix->get<std::uint64_t>() != i) {
@@ -353,7 +353,7 @@ Plan parse_plan(const json& j, const Profile* p) {
 
 // The file's JSON through `parse`, every error prefixed with the path.
 template <class Parse>
-Plan parse_plan_file(const std::string& path, Parse parse) {
+step_plan parse_plan_file(const std::string& path, Parse parse) {
   const json j = read_json_file(path);  // its errors name the path already
   try {
     return parse(j);
@@ -364,15 +364,15 @@ Plan parse_plan_file(const std::string& path, Parse parse) {
 
 }  // namespace
 
-Plan read_plan(const json& j) { return parse_plan(j, nullptr); }
+step_plan read_plan(const json& j) { return parse_plan(j, nullptr); }
 
-Plan plan_from_json(const json& j, const Profile& p) { return parse_plan(j, &p); }
+step_plan plan_from_json(const json& j, const step_profile& p) { return parse_plan(j, &p); }
 
-Plan read_plan_file(const std::string& path) {
+step_plan read_plan_file(const std::string& path) {
   return parse_plan_file(path, [](const json& j) { return read_plan(j); });
 }
 
-Plan load_plan(const std::string& path, const Profile& p) {
+step_plan load_plan(const std::string& path, const step_profile& p) {
   return parse_plan_file(path, [&p](const json& j) { return plan_from_json(j, p); });
 }
 

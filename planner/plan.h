@@ -14,19 +14,19 @@ namespace stash::planner {
 
 inline constexpr const char* kPlanSchema = "stash.plan/1";
 
-enum class Action { keep, recompute, offload };
-const char* to_string(Action a);
-Action action_from_string(const std::string& s);  // throws input_error
+enum class tensor_action { keep, recompute, offload };
+const char* to_string(tensor_action a);
+tensor_action action_from_string(const std::string& s);  // throws input_error
 
 // decisions[i][j]: the action for tensor j of layer i.
-using Decisions = std::vector<std::vector<Action>>;
+using decision_table = std::vector<std::vector<tensor_action>>;
 
-struct Fractions {  // byte fractions of a layer's saved bytes; k + r + o = 1
+struct byte_fractions {  // byte fractions of a layer's saved bytes; k + r + o = 1
   double keep = 1, recompute = 0, offload = 0;
 };
 
 // The canonical model's verdict on a set of decisions.
-struct Evaluation {
+struct evaluation {
   double step_ms = 0;          // layer_ms + step_overhead_ms
   double layer_ms = 0;         // compute + recompute + exposed: what the solvers compare
   double step_overhead_ms = 0; // the profile's, outside the layers (Note [Step overhead])
@@ -61,23 +61,23 @@ struct Evaluation {
 //   forward_i  = fixed + sum_{l<i} K_l + O_{i-1} + A_i
 //   backward_i = fixed + sum_{l<i} K_l + A_i + O_{i-1} + bwd_temp_i
 //   peak = max_i max(forward_i, backward_i);  host: sum O_i <= pinnable_bytes.
-// Decisions must have one entry per tensor (input_error otherwise).
-Evaluation evaluate(const Profile& p, const Decisions& d, std::uint64_t budget_bytes);
+// The decision table must have one entry per tensor (input_error otherwise).
+evaluation evaluate(const step_profile& p, const decision_table& d, std::uint64_t budget_bytes);
 
 // The actions a tensor may take under the rules (must_keep, offloadable, recomputable,
 // 1 MiB floor, last layer).
-bool allowed(const Profile& p, std::size_t layer, std::size_t tensor, Action a);
+bool allowed(const step_profile& p, std::size_t layer, std::size_t tensor, tensor_action a);
 
-Decisions keep_all(const Profile& p);
+decision_table keep_all(const step_profile& p);
 // Recomputes every recomputable tensor that is not must_keep; keeps the rest.
-Decisions recompute_all(const Profile& p);
+decision_table recompute_all(const step_profile& p);
 
-struct Baseline {
+struct baseline {
   double step_ms = 0;
   std::uint64_t peak_bytes = 0;
 };
 
-struct Predicted {
+struct prediction {
   double step_ms = 0;
   std::uint64_t peak_bytes = 0;
   std::string peak_at;
@@ -88,30 +88,30 @@ struct Predicted {
   double gap = 0;             // step_ms / lower_bound_ms - 1
 };
 
-struct LayerPlan {
+struct layer_plan {
   std::size_t index = 0;
   std::string name;
-  Fractions fractions;
+  byte_fractions fractions;
   std::vector<std::string> tensor_names;
-  std::vector<Action> actions;
+  std::vector<tensor_action> actions;
 };
 
-struct Plan {
+struct step_plan {
   std::uint64_t budget_bytes = 0;
   std::string solver;  // greedy | ilp | exact
   double solve_ms = 0;
   std::string profile_sha256;
-  std::vector<LayerPlan> layers;
-  Predicted predicted;
-  Baseline keep_all, recompute_all;
+  std::vector<layer_plan> layers;
+  prediction predicted;
+  baseline keep_all, recompute_all;
   std::vector<std::string> binding_constraints;  // names of LP rows at their bound
   bool proved_optimal = false;                   // exact only
   double mip_gap = 0;                            // exact only: remaining relative gap
 
-  Decisions decisions() const;
+  decision_table decisions() const;
 };
 
-nlohmann::json plan_to_json(const Plan& plan);
+nlohmann::json plan_to_json(const step_plan& plan);
 
 // Note [One plan reader]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -132,9 +132,9 @@ nlohmann::json plan_to_json(const Plan& plan);
 //  * With a profile (plan_from_json): budget_bytes, solver and every name are required,
 //    and the layers and their tensors must be the profile's, in order and by name.
 // Validity under a budget and the rules is evaluate()'s job, never the reader's.
-Plan read_plan(const nlohmann::json& j);
-Plan read_plan_file(const std::string& path);  // read_json_file, then read_plan
-Plan plan_from_json(const nlohmann::json& j, const Profile& p);
-Plan load_plan(const std::string& path, const Profile& p);  // read_json_file, then plan_from_json
+step_plan read_plan(const nlohmann::json& j);
+step_plan read_plan_file(const std::string& path);  // read_json_file, then read_plan
+step_plan plan_from_json(const nlohmann::json& j, const step_profile& p);
+step_plan load_plan(const std::string& path, const step_profile& p);  // read, then plan_from_json
 
 }  // namespace stash::planner

@@ -56,7 +56,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void check_budget(const Profile& p, std::uint64_t budget) {
+void check_budget(const step_profile& p, std::uint64_t budget) {
   if (budget < p.fixed_bytes) {
     throw input_error("budget " + std::to_string(budget) + " bytes (" + format_bytes(budget) +
                       ") is below fixed_bytes " + std::to_string(p.fixed_bytes) + " (" +
@@ -65,7 +65,7 @@ void check_budget(const Profile& p, std::uint64_t budget) {
   }
 }
 
-[[noreturn]] void throw_infeasible(const Profile& p, std::uint64_t budget) {
+[[noreturn]] void throw_infeasible(const step_profile& p, std::uint64_t budget) {
   bool proved = true;
   const std::uint64_t min = min_feasible_budget(p, &proved);
   throw infeasible_budget(budget, std::max(min, budget + 1), proved);
@@ -80,17 +80,17 @@ infeasible_budget::infeasible_budget(std::uint64_t budget, std::uint64_t min_fea
       min_(min_feasible),
       proved_(min_proved) {}
 
-std::uint64_t min_feasible_budget(const Profile& p, bool* proved, double time_limit_s) {
+std::uint64_t min_feasible_budget(const step_profile& p, bool* proved, double time_limit_s) {
   if (proved) *proved = true;
-  const Decisions greedy = min_peak_greedy(p);
-  const Evaluation ev = evaluate(p, greedy, UINT64_MAX);
+  const decision_table greedy = min_peak_greedy(p);
+  const evaluation ev = evaluate(p, greedy, UINT64_MAX);
   if (ev.valid) return ev.peak_bytes;  // host fits: per tensor this is the least peak
   // The host cap binds: which tensors stay on the host is a knapsack-like choice. Start
   // from "no offload at all", which always fits the host, and let the MIP improve on it.
-  Decisions start = greedy;
+  decision_table start = greedy;
   for (auto& layer : start) {
     for (auto& a : layer) {
-      if (a == Action::offload) a = Action::keep;
+      if (a == tensor_action::offload) a = tensor_action::keep;
     }
   }
   std::uint64_t best = evaluate(p, start, UINT64_MAX).peak_bytes;
@@ -99,33 +99,33 @@ std::uint64_t min_feasible_budget(const Profile& p, bool* proved, double time_li
   opt.time_limit_s = time_limit_s;
   const exact_result r = solve_exact(p, 0, opt, &start);
   if (r.found) {
-    const Evaluation e = evaluate(p, r.decisions, UINT64_MAX);
+    const evaluation e = evaluate(p, r.decisions, UINT64_MAX);
     if (e.valid) best = std::min(best, e.peak_bytes);
   }
   if (proved) *proved = r.found && r.proved_optimal;
   return best;
 }
 
-double lower_bound_ms(const Profile& p, std::uint64_t budget) {
+double lower_bound_ms(const step_profile& p, std::uint64_t budget) {
   check_budget(p, budget);
   const outer_lp_result lp = solve_outer_lp(p, budget);
   if (!lp.feasible) throw_infeasible(p, budget);
   return lp.step_lower_bound_ms;
 }
 
-Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
+step_plan make_plan(const step_profile& p, std::uint64_t budget, const plan_options& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   check_budget(p, budget);
   const outer_lp_result lp = solve_outer_lp(p, budget);
   if (!lp.feasible) throw_infeasible(p, budget);
 
-  Plan plan;
+  step_plan plan;
   plan.solver = to_string(opt.solver);
   inner_options io;
   io.method = opt.solver == solver_kind::ilp ? inner_method::ilp : inner_method::greedy;
   io.time_limit_s = std::min(opt.time_limit_s, 5.0);
   io.mip_gap = std::max(opt.mip_gap, 1e-6);
-  Decisions d = solve_inner(p, lp, io);
+  decision_table d = solve_inner(p, lp, io);
   bool valid = evaluate(p, d, budget).valid || repair(p, budget, d);
   if (!valid) {
     // Rounding and repair failed (host cap binding hard): start over from the least peak.
@@ -153,11 +153,11 @@ Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
     if (tensors <= kPairPolishTensors) polish_pairs(p, budget, d);
     // Solvers compare layer_ms, not step_ms (Note [Step overhead] in plan.h).
     double best = evaluate(p, d, budget).layer_ms;
-    for (Decisions alt : {keep_all(p), min_peak_greedy(p)}) {
+    for (decision_table alt : {keep_all(p), min_peak_greedy(p)}) {
       if (!repair(p, budget, alt)) continue;
       polish(p, budget, alt);
       if (tensors <= kPairPolishTensors) polish_pairs(p, budget, alt);
-      const Evaluation e = evaluate(p, alt, budget);
+      const evaluation e = evaluate(p, alt, budget);
       if (e.valid && e.layer_ms < best) {
         best = e.layer_ms;
         d = std::move(alt);
@@ -171,7 +171,7 @@ Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
     if (valid) {
       inner_options ilp = io;
       ilp.method = inner_method::ilp;
-      Decisions alt = solve_inner(p, lp, ilp);
+      decision_table alt = solve_inner(p, lp, ilp);
       if (evaluate(p, alt, budget).valid || repair(p, budget, alt)) {
         if (opt.polish) polish(p, budget, alt);
         if (evaluate(p, alt, budget).layer_ms < evaluate(p, d, budget).layer_ms) d = std::move(alt);
@@ -190,7 +190,7 @@ Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
     plan.proved_optimal = r.proved_optimal;
     plan.mip_gap = r.found ? r.gap : 1.0;
   }
-  const Evaluation ev = evaluate(p, d, budget);
+  const evaluation ev = evaluate(p, d, budget);
   if (!ev.valid) {
     // Never emit an invalid plan; reaching this is a planner bug, not a user error.
     throw std::logic_error("planner produced an invalid plan (" + ev.violations.front() + ")");
@@ -199,8 +199,8 @@ Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
   plan.budget_bytes = budget;
   plan.profile_sha256 = profile_sha256(p);
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
-    const LayerProfile& layer = p.layers[i];
-    LayerPlan lp_out;
+    const layer_profile& layer = p.layers[i];
+    layer_plan lp_out;
     lp_out.index = i;
     lp_out.name = layer.name;
     double k = 0, r = 0, o = 0;
@@ -208,7 +208,7 @@ Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
       lp_out.tensor_names.push_back(layer.tensors[j].name);
       lp_out.actions.push_back(d[i][j]);
       const double b = static_cast<double>(layer.tensors[j].bytes);
-      (d[i][j] == Action::keep ? k : d[i][j] == Action::recompute ? r : o) += b;
+      (d[i][j] == tensor_action::keep ? k : d[i][j] == tensor_action::recompute ? r : o) += b;
     }
     const double a = k + r + o;
     if (a > 0) lp_out.fractions = {k / a, r / a, o / a};
@@ -223,8 +223,8 @@ Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
   plan.predicted.lower_bound_ms = lp.step_lower_bound_ms;
   plan.predicted.gap =
       lp.step_lower_bound_ms > 0 ? ev.step_ms / lp.step_lower_bound_ms - 1.0 : 0.0;
-  const Evaluation ka = evaluate(p, keep_all(p), budget);
-  const Evaluation ra = evaluate(p, recompute_all(p), budget);
+  const evaluation ka = evaluate(p, keep_all(p), budget);
+  const evaluation ra = evaluate(p, recompute_all(p), budget);
   plan.keep_all = {ka.step_ms, ka.peak_bytes};
   plan.recompute_all = {ra.step_ms, ra.peak_bytes};
   plan.binding_constraints = lp.binding;
@@ -232,7 +232,7 @@ Plan make_plan(const Profile& p, std::uint64_t budget, const PlanOptions& opt) {
   return plan;
 }
 
-std::uint64_t parse_budget(const std::string& text, const Profile& p) {
+std::uint64_t parse_budget(const std::string& text, const step_profile& p) {
   std::size_t end = text.find_last_not_of(" \t");
   if (end == std::string::npos || text[end] != '%') return parse_bytes(text);
   const std::string num = text.substr(0, end);

@@ -14,7 +14,7 @@ enum class solver_kind { greedy, ilp, exact };
 const char* to_string(solver_kind s);
 solver_kind solver_from_string(const std::string& s);  // throws input_error
 
-struct PlanOptions {
+struct plan_options {
   solver_kind solver = solver_kind::greedy;
   // exact: the whole MIP's limit; ilp: the limit of each distinct per-layer problem.
   double time_limit_s = 60;
@@ -44,18 +44,19 @@ class infeasible_budget : public error {  // status::infeasible_budget
 // A budget as a user writes it: a byte count with units (parse_bytes: "80GiB", "85.9GB",
 // "123456"), or a share of the profile's keep-all peak ("70%"), the way PyTorch's memory
 // budget takes a ratio. Throws input_error naming the text.
-std::uint64_t parse_budget(const std::string& text, const Profile& p);
+std::uint64_t parse_budget(const std::string& text, const step_profile& p);
 
-Plan make_plan(const Profile& p, std::uint64_t budget_bytes, const PlanOptions& opt = {});
+step_plan make_plan(const step_profile& p, std::uint64_t budget_bytes,
+                    const plan_options& opt = {});
 
 // The step time of the whole model's LP relaxation at this budget; throws
 // infeasible_budget when even the relaxation has no point under the budget.
-double lower_bound_ms(const Profile& p, std::uint64_t budget_bytes);
+double lower_bound_ms(const step_profile& p, std::uint64_t budget_bytes);
 
 // The smallest budget with a valid plan. Exact when the host cap does not bind on the
 // minimum-peak decisions; otherwise a minimum-peak MIP (time-limited; *proved says whether
 // it finished).
-std::uint64_t min_feasible_budget(const Profile& p, bool* proved = nullptr,
+std::uint64_t min_feasible_budget(const step_profile& p, bool* proved = nullptr,
                                   double time_limit_s = 30);
 
 }  // namespace stash::planner

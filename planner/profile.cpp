@@ -20,7 +20,7 @@ namespace stash::planner {
 
 using nlohmann::json;
 
-std::uint64_t LayerProfile::saved_bytes() const {
+std::uint64_t layer_profile::saved_bytes() const {
   std::uint64_t a = 0;
   for (const auto& t : tensors) a += t.bytes;
   return a;
@@ -96,9 +96,9 @@ bool get_bool(const json& obj, const std::string& path, const char* key) {
   return v.get<bool>();
 }
 
-TensorProfile parse_tensor(const json& t, const std::string& path) {
+tensor_profile parse_tensor(const json& t, const std::string& path) {
   require_object(t, path);
-  TensorProfile tp;
+  tensor_profile tp;
   tp.name = get_string(t, path, "name");
   if (tp.name.empty()) fail(join(path, "name"), "must not be empty");
   tp.bytes = get_size(t, path, "bytes");
@@ -109,9 +109,9 @@ TensorProfile parse_tensor(const json& t, const std::string& path) {
   return tp;
 }
 
-LayerProfile parse_layer(const json& l, const std::string& path) {
+layer_profile parse_layer(const json& l, const std::string& path) {
   require_object(l, path);
-  LayerProfile lp;
+  layer_profile lp;
   lp.name = get_string(l, path, "name");
   lp.signature = get_string(l, path, "signature");
   lp.fwd_ms = get_number(l, path, "fwd_ms", false);
@@ -136,19 +136,19 @@ LayerProfile parse_layer(const json& l, const std::string& path) {
 
 }  // namespace
 
-Profile profile_from_json(const json& j) {
+step_profile profile_from_json(const json& j) {
   require_object(j, "");
   const json& schema = field(j, "", "schema");
   if (!schema.is_string() || schema.get<std::string>() != kProfileSchema) {
     fail("schema", std::string("unsupported profile schema ") + schema.dump() + ", expected \"" +
                        kProfileSchema + "\"");
   }
-  Profile p;
+  step_profile p;
   const std::string src = get_string(j, "", "source");
   if (src == "analytic") {
-    p.source = ProfileSource::analytic;
+    p.source = profile_source::analytic;
   } else if (src == "measured") {
-    p.source = ProfileSource::measured;
+    p.source = profile_source::measured;
   } else {
     fail("source", "must be \"analytic\" or \"measured\", got \"" + src + "\"");
   }
@@ -189,7 +189,7 @@ Profile profile_from_json(const json& j) {
   return p;
 }
 
-json profile_to_json(const Profile& p) {
+json profile_to_json(const step_profile& p) {
   json layers = json::array();
   for (const auto& l : p.layers) {
     json ts = json::array();
@@ -209,7 +209,7 @@ json profile_to_json(const Profile& p) {
                       {"tensors", std::move(ts)}});
   }
   json j = {{"schema", kProfileSchema},
-            {"source", p.source == ProfileSource::analytic ? "analytic" : "measured"},
+            {"source", p.source == profile_source::analytic ? "analytic" : "measured"},
             {"device", {{"name", p.device_name}, {"memory_bytes", p.device_memory_bytes}}},
             {"link",
              {{"h2d_gbps", p.link.h2d_gbps},
@@ -225,7 +225,7 @@ json profile_to_json(const Profile& p) {
   return j;
 }
 
-Profile load_profile(const std::string& path) {
+step_profile load_profile(const std::string& path) {
   const json j = read_json_file(path);
   try {
     return profile_from_json(j);
@@ -234,7 +234,7 @@ Profile load_profile(const std::string& path) {
   }
 }
 
-std::string profile_sha256(const Profile& p) {
+std::string profile_sha256(const step_profile& p) {
   const std::string text = profile_to_json(p).dump();
   // Nettle rather than OpenSSL: Nettle's hash is a pure function over a context on the
   // stack, with no library state. OpenSSL 3 keeps its default context in pthread-key

@@ -27,9 +27,9 @@ inline constexpr const char* kProfileSchema = "stash.profile/1";
 // Tensors under this size never offload (TransformerEngine/Megatron use the same floor).
 inline constexpr std::uint64_t kMinOffloadBytes = 1048576;
 
-enum class ProfileSource { analytic, measured };
+enum class profile_source { analytic, measured };
 
-struct TensorProfile {
+struct tensor_profile {
   std::string name;
   std::uint64_t bytes = 0;
   double recompute_ms = 0;
@@ -38,36 +38,36 @@ struct TensorProfile {
   bool must_keep = false;
 };
 
-struct LayerProfile {
+struct layer_profile {
   std::string name;
   std::string signature;
   double fwd_ms = 0;
   double bwd_ms = 0;
   std::uint64_t bwd_temp_bytes = 0;
-  std::vector<TensorProfile> tensors;
+  std::vector<tensor_profile> tensors;
 
   std::uint64_t saved_bytes() const;  // A_i
 };
 
-struct LinkProfile {
+struct link_profile {
   double h2d_gbps = 0;    // per rank, 1e9 B/s
   double d2h_gbps = 0;    // per rank
   double bidir_gbps = 0;  // both directions at once, aggregate
   int local_ranks = 1;    // informational
 };
 
-struct Profile {
-  ProfileSource source = ProfileSource::analytic;
+struct step_profile {
+  profile_source source = profile_source::analytic;
   std::string device_name;
   std::uint64_t device_memory_bytes = 0;
-  LinkProfile link;
+  link_profile link;
   std::uint64_t pinnable_bytes = 0;  // per rank
   std::uint64_t fixed_bytes = 0;
   // Per-step time outside every layer: the loss, the optimizer step, input uploads
   // (optional "step_overhead_ms", default 0). A constant of the step: it adds to every
   // step time and moves no plan decision (Note [Step overhead] in plan.h).
   double step_overhead_ms = 0;
-  std::vector<LayerProfile> layers;
+  std::vector<layer_profile> layers;
 
   // Bandwidths in bytes per millisecond, as the cost model uses them.
   double d2h_bytes_per_ms() const { return link.d2h_gbps * 1e6; }
@@ -78,14 +78,14 @@ struct Profile {
 // negative / fractional / non-numeric sizes, negative or non-finite times, empty layer
 // lists and duplicate tensor names within a layer; every message names the field.
 // "step_overhead_ms" is optional (absent: 0); when present it is a time like the others.
-Profile profile_from_json(const nlohmann::json& j);
-nlohmann::json profile_to_json(const Profile& p);
+step_profile profile_from_json(const nlohmann::json& j);
+nlohmann::json profile_to_json(const step_profile& p);
 // Reads a file; errors name the path. Bad JSON is an input_error with line/column.
-Profile load_profile(const std::string& path);
+step_profile load_profile(const std::string& path);
 // profile_to_json writes "step_overhead_ms" only when it is not 0, so a profile without
 // overhead serializes, and hashes, exactly as it did before the field existed.
 // Lowercase hex SHA-256 of the canonical serialization (profile_to_json(p).dump()).
-std::string profile_sha256(const Profile& p);
+std::string profile_sha256(const step_profile& p);
 
 // Parses a byte count: a bare integer ("123456"), or a number with a unit, binary
 // (KiB MiB GiB TiB) or decimal (B KB MB GB TB), case-insensitive, optional space:

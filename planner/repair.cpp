@@ -17,12 +17,13 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 struct aggregates {
-  const Profile& p;
+  const step_profile& p;
   std::uint64_t budget;
   std::vector<std::uint64_t> K, O, A;
   std::uint64_t total_O = 0;
 
-  aggregates(const Profile& prof, std::uint64_t b, const Decisions& d) : p(prof), budget(b) {
+  aggregates(const step_profile& prof, std::uint64_t b, const decision_table& d)
+      : p(prof), budget(b) {
     const std::size_t L = p.layers.size();
     K.assign(L, 0);
     O.assign(L, 0);
@@ -31,21 +32,21 @@ struct aggregates {
       for (std::size_t j = 0; j < d[i].size(); ++j) {
         const std::uint64_t bytes = p.layers[i].tensors[j].bytes;
         A[i] += bytes;
-        if (d[i][j] == Action::keep) K[i] += bytes;
-        if (d[i][j] == Action::offload) O[i] += bytes;
+        if (d[i][j] == tensor_action::keep) K[i] += bytes;
+        if (d[i][j] == tensor_action::offload) O[i] += bytes;
       }
       total_O += O[i];
     }
   }
 
-  void apply(std::size_t i, std::uint64_t bytes, Action from, Action to) {
-    if (from == Action::keep) K[i] -= bytes;
-    if (from == Action::offload) {
+  void apply(std::size_t i, std::uint64_t bytes, tensor_action from, tensor_action to) {
+    if (from == tensor_action::keep) K[i] -= bytes;
+    if (from == tensor_action::offload) {
       O[i] -= bytes;
       total_O -= bytes;
     }
-    if (to == Action::keep) K[i] += bytes;
-    if (to == Action::offload) {
+    if (to == tensor_action::keep) K[i] += bytes;
+    if (to == tensor_action::offload) {
       O[i] += bytes;
       total_O += bytes;
     }
@@ -76,38 +77,38 @@ struct aggregates {
 };
 
 // Step-time change of moving one tensor of layer i from `from` to `to` (layer-separable).
-double delta_ms(const aggregates& g, std::size_t i, const TensorProfile& t, Action from,
-                Action to) {
+double delta_ms(const aggregates& g, std::size_t i, const tensor_profile& t, tensor_action from,
+                tensor_action to) {
   const copy_window w = window_of(g.p, i);
   double o_after = static_cast<double>(g.O[i]);
-  if (from == Action::offload) o_after -= static_cast<double>(t.bytes);
-  if (to == Action::offload) o_after += static_cast<double>(t.bytes);
+  if (from == tensor_action::offload) o_after -= static_cast<double>(t.bytes);
+  if (to == tensor_action::offload) o_after += static_cast<double>(t.bytes);
   double d = w.cost(o_after) - w.cost(static_cast<double>(g.O[i]));
-  if (from == Action::recompute) d -= t.recompute_ms;
-  if (to == Action::recompute) d += t.recompute_ms;
+  if (from == tensor_action::recompute) d -= t.recompute_ms;
+  if (to == tensor_action::recompute) d += t.recompute_ms;
   return d;
 }
 
 }  // namespace
 
-Decisions min_peak_greedy(const Profile& p) {
-  Decisions d = keep_all(p);
+decision_table min_peak_greedy(const step_profile& p) {
+  decision_table d = keep_all(p);
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
     for (std::size_t j = 0; j < d[i].size(); ++j) {
-      if (allowed(p, i, j, Action::recompute)) {
-        d[i][j] = Action::recompute;
-      } else if (allowed(p, i, j, Action::offload)) {
-        d[i][j] = Action::offload;
+      if (allowed(p, i, j, tensor_action::recompute)) {
+        d[i][j] = tensor_action::recompute;
+      } else if (allowed(p, i, j, tensor_action::offload)) {
+        d[i][j] = tensor_action::offload;
       }
     }
   }
   return d;
 }
 
-bool repair(const Profile& p, std::uint64_t budget, Decisions& d) {
+bool repair(const step_profile& p, std::uint64_t budget, decision_table& d) {
   for (std::size_t i = 0; i < d.size(); ++i) {
     for (std::size_t j = 0; j < d[i].size(); ++j) {
-      if (!allowed(p, i, j, d[i][j])) d[i][j] = Action::keep;
+      if (!allowed(p, i, j, d[i][j])) d[i][j] = tensor_action::keep;
     }
   }
   aggregates g(p, budget, d);
@@ -122,8 +123,8 @@ bool repair(const Profile& p, std::uint64_t budget, Decisions& d) {
     if (host_ok && worst <= budget) return true;
     double best = kInf;
     std::size_t bi = 0, bj = 0;
-    Action bto = Action::keep;
-    const auto consider = [&](std::size_t i, std::size_t j, Action to, double freed) {
+    tensor_action bto = tensor_action::keep;
+    const auto consider = [&](std::size_t i, std::size_t j, tensor_action to, double freed) {
       if (!allowed(p, i, j, to) || freed <= 0) return;
       const double score = delta_ms(g, i, p.layers[i].tensors[j], d[i][j], to) / freed;
       if (score < best) {
@@ -136,23 +137,23 @@ bool repair(const Profile& p, std::uint64_t budget, Decisions& d) {
     for (std::size_t i = 0; i < d.size(); ++i) {
       for (std::size_t j = 0; j < d[i].size(); ++j) {
         const double b = static_cast<double>(p.layers[i].tensors[j].bytes);
-        const Action a = d[i][j];
+        const tensor_action a = d[i][j];
         if (!host_ok) {
           // Off the host: recompute frees memory too; keep only where recompute is barred.
-          if (a != Action::offload) continue;
-          consider(i, j, Action::recompute, b);
-          if (!allowed(p, i, j, Action::recompute)) consider(i, j, Action::keep, b);
+          if (a != tensor_action::offload) continue;
+          consider(i, j, tensor_action::recompute, b);
+          if (!allowed(p, i, j, tensor_action::recompute)) consider(i, j, tensor_action::keep, b);
           continue;
         }
         // Over budget at layer `at`: only tensors of earlier layers can help.
         if (i >= at) continue;
-        if (a == Action::keep) {
-          consider(i, j, Action::recompute, b);
+        if (a == tensor_action::keep) {
+          consider(i, j, tensor_action::recompute, b);
           if (i + 1 < at && g.total_O + p.layers[i].tensors[j].bytes <= p.pinnable_bytes) {
-            consider(i, j, Action::offload, b);
+            consider(i, j, tensor_action::offload, b);
           }
-        } else if (a == Action::offload && i + 1 == at) {
-          consider(i, j, Action::recompute, b);
+        } else if (a == tensor_action::offload && i + 1 == at) {
+          consider(i, j, tensor_action::recompute, b);
         }
       }
     }
@@ -163,7 +164,7 @@ bool repair(const Profile& p, std::uint64_t budget, Decisions& d) {
   return g.host_ok() && g.peak_ok();
 }
 
-std::size_t polish(const Profile& p, std::uint64_t budget, Decisions& d, int max_passes) {
+std::size_t polish(const step_profile& p, std::uint64_t budget, decision_table& d, int max_passes) {
   aggregates g(p, budget, d);
   if (!g.host_ok() || !g.peak_ok()) return 0;
   // Most expensive moves first: they are the ones worth undoing.
@@ -179,15 +180,16 @@ std::size_t polish(const Profile& p, std::uint64_t budget, Decisions& d, int max
   for (int pass = 0; pass < max_passes; ++pass) {
     std::size_t before = changes;
     for (const auto& [i, j] : order) {
-      if (d[i][j] == Action::keep) continue;
-      const TensorProfile& t = p.layers[i].tensors[j];
-      Action best_to = d[i][j];
+      if (d[i][j] == tensor_action::keep) continue;
+      const tensor_profile& t = p.layers[i].tensors[j];
+      tensor_action best_to = d[i][j];
       double best = -1e-12;  // strict improvement only, so the loop terminates
-      for (Action to : {Action::keep, Action::offload, Action::recompute}) {
+      for (tensor_action to :
+           {tensor_action::keep, tensor_action::offload, tensor_action::recompute}) {
         if (to == d[i][j] || !allowed(p, i, j, to)) continue;
         const double delta = delta_ms(g, i, t, d[i][j], to);
         if (delta >= best) continue;
-        const Action from = d[i][j];
+        const tensor_action from = d[i][j];
         g.apply(i, t.bytes, from, to);
         const bool ok = g.host_ok() && g.peak_ok();
         g.apply(i, t.bytes, to, from);
@@ -209,24 +211,26 @@ std::size_t polish(const Profile& p, std::uint64_t budget, Decisions& d, int max
 
 namespace {
 
-double layer_cost(const aggregates& g, const Decisions& d, std::size_t i) {
+double layer_cost(const aggregates& g, const decision_table& d, std::size_t i) {
   double ms = 0;
   for (std::size_t j = 0; j < d[i].size(); ++j) {
-    if (d[i][j] == Action::recompute) ms += g.p.layers[i].tensors[j].recompute_ms;
+    if (d[i][j] == tensor_action::recompute) ms += g.p.layers[i].tensors[j].recompute_ms;
   }
   return ms + window_of(g.p, i).cost(static_cast<double>(g.O[i]));
 }
 
 }  // namespace
 
-std::size_t polish_pairs(const Profile& p, std::uint64_t budget, Decisions& d, int max_rounds) {
+std::size_t polish_pairs(const step_profile& p, std::uint64_t budget, decision_table& d,
+                         int max_rounds) {
   aggregates g(p, budget, d);
   if (!g.host_ok() || !g.peak_ok()) return 0;
   std::vector<std::pair<std::size_t, std::size_t>> slots;
   for (std::size_t i = 0; i < d.size(); ++i) {
     for (std::size_t j = 0; j < d[i].size(); ++j) slots.push_back({i, j});
   }
-  const Action kActs[] = {Action::keep, Action::recompute, Action::offload};
+  const tensor_action kActs[] = {tensor_action::keep, tensor_action::recompute,
+                                 tensor_action::offload};
   std::size_t changes = 0;
   for (int round = 0; round < max_rounds; ++round) {
     bool improved = false;
@@ -236,9 +240,9 @@ std::size_t polish_pairs(const Profile& p, std::uint64_t budget, Decisions& d, i
         const auto [i2, j2] = slots[y];
         const std::uint64_t b1 = p.layers[i1].tensors[j1].bytes;
         const std::uint64_t b2 = p.layers[i2].tensors[j2].bytes;
-        for (Action a1 : kActs) {
-          for (Action a2 : kActs) {
-            const Action o1 = d[i1][j1], o2 = d[i2][j2];
+        for (tensor_action a1 : kActs) {
+          for (tensor_action a2 : kActs) {
+            const tensor_action o1 = d[i1][j1], o2 = d[i2][j2];
             if (a1 == o1 || a2 == o2) continue;  // single moves are polish()'s job
             if (!allowed(p, i1, j1, a1) || !allowed(p, i2, j2, a2)) continue;
             const double before = layer_cost(g, d, i1) + (i2 != i1 ? layer_cost(g, d, i2) : 0);

@@ -42,28 +42,28 @@ namespace stash::planner::schedule {
 inline constexpr int kMinLookahead = 1;
 
 // Layers lo..hi (inclusive); empty when lo > hi.
-struct LayerSpan {
+struct layer_span {
   std::size_t lo = 1, hi = 0;
   constexpr bool empty() const noexcept { return lo > hi; }
   constexpr bool contains(std::size_t layer) const noexcept { return lo <= layer && layer <= hi; }
 };
 
 // The layers whose D2H copies forward of `layer` waits for: layer-2, or none.
-constexpr LayerSpan forward_waits_for(std::size_t layer) noexcept {
-  return layer >= 2 ? LayerSpan{layer - 2, layer - 2} : LayerSpan{};
+constexpr layer_span forward_waits_for(std::size_t layer) noexcept {
+  return layer >= 2 ? layer_span{layer - 2, layer - 2} : layer_span{};
 }
 
 // The layers whose D2H copies the loss turn (the first backward of a step of `n_layers`
 // layers) waits for: all of them.
-constexpr LayerSpan turn_waits_for(std::size_t n_layers) noexcept {
-  return n_layers > 0 ? LayerSpan{0, n_layers - 1} : LayerSpan{};
+constexpr layer_span turn_waits_for(std::size_t n_layers) noexcept {
+  return n_layers > 0 ? layer_span{0, n_layers - 1} : layer_span{};
 }
 
 // The layers whose prefetches backward of `layer` issues (those not issued yet, hi first)
 // at lookahead depth `lookahead` (>= kMinLookahead): layer .. layer-lookahead, down to 0.
-constexpr LayerSpan prefetch_window(std::size_t layer, int lookahead) noexcept {
+constexpr layer_span prefetch_window(std::size_t layer, int lookahead) noexcept {
   const std::size_t d = static_cast<std::size_t>(lookahead);
-  return LayerSpan{layer >= d ? layer - d : 0, layer};
+  return layer_span{layer >= d ? layer - d : 0, layer};
 }
 
 }  // namespace stash::planner::schedule

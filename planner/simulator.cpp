@@ -12,13 +12,13 @@ namespace stash::planner {
 
 namespace {
 
-using schedule::LayerSpan;
+using schedule::layer_span;
 
 // step_overhead: the profile's time outside the layers, at the turn (layer -1).
-enum class OpKind { forward, recompute, backward, step_overhead };
+enum class op_kind { forward, recompute, backward, step_overhead };
 
-struct ComputeOp {
-  OpKind kind;
+struct compute_op {
+  op_kind kind;
   int layer;
   double dur_ms;
 };
@@ -28,7 +28,7 @@ constexpr const char* kStepOverheadSpan = "step overhead (loss, optimizer)";
 // One tensor's copy. Its rate can change while it runs (Note [Link model]); the current
 // segment started at seg_start_ms with seg_bytes left, so the finish time is recomputed
 // from one segment only and stays exact (bytes / bandwidth) when the rate never changes.
-struct Copy {
+struct copy_op {
   int layer = 0;
   std::size_t tensor = 0;
   std::uint64_t bytes = 0;
@@ -37,13 +37,13 @@ struct Copy {
   double finish_ms() const { return seg_start_ms + seg_bytes / rate; }
 };
 
-class Replay {
+class replay {
  public:
-  Replay(const Profile& p, const Decisions& d, const SimOptions& opt);
-  SimResult run();
+  replay(const step_profile& p, const decision_table& d, const sim_options& opt);
+  sim_result run();
 
  private:
-  struct Layer {
+  struct layer_state {
     std::uint64_t all = 0, recomputed = 0, offloaded_out = 0;  // offloaded_out: left device
     double recompute_ms = 0;
     int d2h_pending = 0, h2d_pending = 0;
@@ -52,41 +52,41 @@ class Replay {
     std::vector<std::size_t> out;  // tensors copied out (offloads that got a pinned block)
   };
 
-  bool ready(const ComputeOp& op) const;
-  bool d2h_done(LayerSpan layers) const;
+  bool ready(const compute_op& op) const;
+  bool d2h_done(layer_span layers) const;
   void start_op(double t);
   void finish_op(double t);
   void issue_prefetch(int layer, const std::string& label, double t);
   void trigger_prefetch(int backward_layer, const std::string& label, double t);
   void retime(double t);
-  void finish_copy(Copy& c, bool d2h, double t);
+  void finish_copy(copy_op& c, bool d2h, double t);
   void alloc(std::uint64_t bytes, const std::string& label, double t);
   void free(std::uint64_t bytes, double t);
   void pinned_change(std::int64_t delta, double t);
   void sample(const char* counter, double t, double value);
 
-  const Profile& p_;
-  const Decisions& d_;
-  const SimOptions& opt_;
+  const step_profile& p_;
+  const decision_table& d_;
+  const sim_options& opt_;
   const int L_;
-  std::vector<Layer> layers_;
-  std::vector<ComputeOp> ops_;
+  std::vector<layer_state> layers_;
+  std::vector<compute_op> ops_;
   std::size_t next_op_ = 0;
   bool busy_ = false;
   double op_end_ = 0, prev_end_ = 0;  // prev_end_: when the compute stream went idle
-  std::deque<Copy> d2h_queue_, h2d_queue_;
-  std::optional<Copy> d2h_, h2d_;
+  std::deque<copy_op> d2h_queue_, h2d_queue_;
+  std::optional<copy_op> d2h_, h2d_;
   std::vector<std::vector<bool>> copied_out_;  // [layer][tensor]: its D2H completed
   std::uint64_t device_ = 0, pinned_ = 0;
-  std::vector<CounterSample> samples_;  // moved into the trace at the end
-  SimResult r_;
+  std::vector<counter_sample> samples_;  // moved into the trace at the end
+  sim_result r_;
 };
 
 std::string phase(const char* what, int layer) {
   return std::string(what) + "[" + std::to_string(layer) + "]";
 }
 
-Replay::Replay(const Profile& p, const Decisions& d, const SimOptions& opt)
+replay::replay(const step_profile& p, const decision_table& d, const sim_options& opt)
     : p_(p), d_(d), opt_(opt), L_(static_cast<int>(p.layers.size())), layers_(p.layers.size()) {
   if (opt.lookahead < schedule::kMinLookahead)
     throw input_error("simulate: lookahead depth must be at least 1");
@@ -96,34 +96,34 @@ Replay::Replay(const Profile& p, const Decisions& d, const SimOptions& opt)
   copied_out_.resize(p.layers.size());
   bool offloads = false;
   for (int i = 0; i < L_; ++i) {
-    const LayerProfile& lp = p.layers[i];
+    const layer_profile& lp = p.layers[i];
     if (d[i].size() != lp.tensors.size())
       throw input_error("simulate: layers[" + std::to_string(i) + "] has " +
                         std::to_string(d[i].size()) + " actions for " +
                         std::to_string(lp.tensors.size()) + " tensors");
     copied_out_[i].assign(lp.tensors.size(), false);
-    Layer& l = layers_[i];
+    layer_state& l = layers_[i];
     for (std::size_t j = 0; j < lp.tensors.size(); ++j) {
       l.all += lp.tensors[j].bytes;
-      if (d[i][j] == Action::recompute) {
+      if (d[i][j] == tensor_action::recompute) {
         l.recomputed += lp.tensors[j].bytes;
         l.recompute_ms += lp.tensors[j].recompute_ms;
       }
-      offloads |= d[i][j] == Action::offload;
+      offloads |= d[i][j] == tensor_action::offload;
     }
   }
   if (offloads && (p.link.d2h_gbps <= 0 || p.link.h2d_gbps <= 0))
     throw input_error("simulate: the plan offloads but link.d2h_gbps / link.h2d_gbps is not positive");
-  for (int i = 0; i < L_; ++i) ops_.push_back({OpKind::forward, i, p.layers[i].fwd_ms});
-  if (p.step_overhead_ms > 0) ops_.push_back({OpKind::step_overhead, -1, p.step_overhead_ms});
+  for (int i = 0; i < L_; ++i) ops_.push_back({op_kind::forward, i, p.layers[i].fwd_ms});
+  if (p.step_overhead_ms > 0) ops_.push_back({op_kind::step_overhead, -1, p.step_overhead_ms});
   for (int i = L_ - 1; i >= 0; --i) {
     if (layers_[i].recompute_ms > 0 || layers_[i].recomputed > 0)
-      ops_.push_back({OpKind::recompute, i, layers_[i].recompute_ms});
-    ops_.push_back({OpKind::backward, i, p.layers[i].bwd_ms});
+      ops_.push_back({op_kind::recompute, i, layers_[i].recompute_ms});
+    ops_.push_back({op_kind::backward, i, p.layers[i].bwd_ms});
   }
 }
 
-bool Replay::d2h_done(LayerSpan layers) const {
+bool replay::d2h_done(layer_span layers) const {
   for (std::size_t i = layers.lo; i <= layers.hi; ++i)
     if (layers_[i].d2h_pending > 0) return false;
   return true;
@@ -131,20 +131,20 @@ bool Replay::d2h_done(LayerSpan layers) const {
 
 // Whether the next compute op's copy dependencies are met (Note [The step's schedule] in
 // schedule.h; Note [Runtime semantics the simulator replays]).
-bool Replay::ready(const ComputeOp& op) const {
-  const LayerSpan turn = schedule::turn_waits_for(layers_.size());
-  if (op.kind == OpKind::forward)
+bool replay::ready(const compute_op& op) const {
+  const layer_span turn = schedule::turn_waits_for(layers_.size());
+  if (op.kind == op_kind::forward)
     return d2h_done(schedule::forward_waits_for(static_cast<std::size_t>(op.layer)));
-  if (op.kind == OpKind::step_overhead) return !opt_.turn_barrier || d2h_done(turn);
-  const bool first_of_layer = op.kind == OpKind::recompute || next_op_ == 0 ||
-                              ops_[next_op_ - 1].kind != OpKind::recompute;
+  if (op.kind == op_kind::step_overhead) return !opt_.turn_barrier || d2h_done(turn);
+  const bool first_of_layer = op.kind == op_kind::recompute || next_op_ == 0 ||
+                              ops_[next_op_ - 1].kind != op_kind::recompute;
   if (!first_of_layer) return true;
   if (op.layer == L_ - 1 && opt_.turn_barrier && !d2h_done(turn)) return false;
   return layers_[op.layer].h2d_pending == 0;
 }
 
-void Replay::start_op(double t) {
-  const ComputeOp& op = ops_[next_op_];
+void replay::start_op(double t) {
+  const compute_op& op = ops_[next_op_];
   if (t > prev_end_) {
     // A dependency held the op back; the last one to complete is the one it waited for.
     int layer = -1;
@@ -154,13 +154,13 @@ void Replay::start_op(double t) {
       const double at = is_d2h ? layers_[l].d2h_done_ms : layers_[l].h2d_done_ms;
       if (at > latest) latest = at, layer = l, d2h = is_d2h;
     };
-    const auto consider_d2h = [&](LayerSpan span) {
+    const auto consider_d2h = [&](layer_span span) {
       for (std::size_t i = span.lo; i <= span.hi; ++i) consider(static_cast<int>(i), true);
     };
-    const LayerSpan turn = schedule::turn_waits_for(layers_.size());
-    if (op.kind == OpKind::forward) {
+    const layer_span turn = schedule::turn_waits_for(layers_.size());
+    if (op.kind == op_kind::forward) {
       consider_d2h(schedule::forward_waits_for(static_cast<std::size_t>(op.layer)));
-    } else if (op.kind == OpKind::step_overhead) {
+    } else if (op.kind == op_kind::step_overhead) {
       consider_d2h(turn);  // only the barrier holds it
     } else {
       if (op.layer == L_ - 1 && opt_.turn_barrier) consider_d2h(turn);
@@ -170,41 +170,42 @@ void Replay::start_op(double t) {
     (d2h ? r_.d2h_wait_ms : r_.h2d_wait_ms) += wait;
     r_.exposed_copy_ms += wait;
     if (opt_.record_trace)
-      r_.trace.add_span(kComputeTrack, std::string(d2h ? "wait d2h L" : "wait h2d L") +
-                        std::to_string(layer), SpanKind::wait, prev_end_, wait, layer);
+      r_.trace.add_span(kComputeTrack,
+                        std::string(d2h ? "wait d2h L" : "wait h2d L") + std::to_string(layer),
+                        span_kind::wait, prev_end_, wait, layer);
   }
-  if (op.kind == OpKind::step_overhead) {
+  if (op.kind == op_kind::step_overhead) {
     r_.step_overhead_ms += op.dur_ms;
     if (opt_.record_trace)
-      r_.trace.add_span(kComputeTrack, kStepOverheadSpan, SpanKind::step_overhead, t, op.dur_ms);
+      r_.trace.add_span(kComputeTrack, kStepOverheadSpan, span_kind::step_overhead, t, op.dur_ms);
     busy_ = true;
     op_end_ = t + op.dur_ms;
     return;
   }
-  const LayerProfile& lp = p_.layers[op.layer];
-  const std::string label = phase(op.kind == OpKind::forward ? "forward" : "backward", op.layer);
+  const layer_profile& lp = p_.layers[op.layer];
+  const std::string label = phase(op.kind == op_kind::forward ? "forward" : "backward", op.layer);
   const char* name = "fwd L";
-  SpanKind kind = SpanKind::forward;
+  span_kind kind = span_kind::forward;
   switch (op.kind) {
-    case OpKind::forward:
+    case op_kind::forward:
       alloc(layers_[op.layer].all, label, t);
       r_.compute_ms += op.dur_ms;
       break;
-    case OpKind::recompute:
-      name = "recompute L", kind = SpanKind::recompute;
+    case op_kind::recompute:
+      name = "recompute L", kind = span_kind::recompute;
       alloc(layers_[op.layer].recomputed, label, t);
       r_.recompute_ms += op.dur_ms;
       if (!opt_.prefetch_after_recompute) trigger_prefetch(op.layer, label, t);
       break;
-    case OpKind::backward: {
-      name = "bwd L", kind = SpanKind::backward;
-      const bool after_recompute = next_op_ > 0 && ops_[next_op_ - 1].kind == OpKind::recompute;
+    case op_kind::backward: {
+      name = "bwd L", kind = span_kind::backward;
+      const bool after_recompute = next_op_ > 0 && ops_[next_op_ - 1].kind == op_kind::recompute;
       alloc(lp.bwd_temp_bytes, label, t);
       if (opt_.prefetch_after_recompute || !after_recompute) trigger_prefetch(op.layer, label, t);
       r_.compute_ms += op.dur_ms;
       break;
     }
-    case OpKind::step_overhead: break;  // handled above
+    case op_kind::step_overhead: break;  // handled above
   }
   if (opt_.record_trace)
     r_.trace.add_span(kComputeTrack, name + std::to_string(op.layer), kind, t, op.dur_ms,
@@ -213,20 +214,20 @@ void Replay::start_op(double t) {
   op_end_ = t + op.dur_ms;
 }
 
-void Replay::finish_op(double t) {
-  const ComputeOp& op = ops_[next_op_];
-  if (op.kind == OpKind::step_overhead) {
+void replay::finish_op(double t) {
+  const compute_op& op = ops_[next_op_];
+  if (op.kind == op_kind::step_overhead) {
     busy_ = false;
     prev_end_ = t;
     ++next_op_;
     return;
   }
-  const LayerProfile& lp = p_.layers[op.layer];
-  Layer& l = layers_[op.layer];
-  if (op.kind == OpKind::forward) {
+  const layer_profile& lp = p_.layers[op.layer];
+  layer_state& l = layers_[op.layer];
+  if (op.kind == op_kind::forward) {
     free(l.recomputed, t);
     for (std::size_t j = 0; j < lp.tensors.size(); ++j) {
-      if (d_[op.layer][j] != Action::offload) continue;
+      if (d_[op.layer][j] != tensor_action::offload) continue;
       const std::uint64_t b = lp.tensors[j].bytes;
       if (b > opt_.pinned_bytes - std::min(pinned_, opt_.pinned_bytes)) {
         r_.pinned_fallback_bytes += b;  // Note [Pinned capacity]: stays on device, as kept
@@ -234,7 +235,7 @@ void Replay::finish_op(double t) {
         continue;
       }
       pinned_change(static_cast<std::int64_t>(b), t);
-      Copy c;
+      copy_op c;
       c.layer = op.layer;
       c.tensor = j;
       c.bytes = b;
@@ -248,7 +249,7 @@ void Replay::finish_op(double t) {
     // A (rule-breaking) offload of the last layer is fetched back at the turn; its backward
     // cannot issue it later without waiting on itself.
     if (op.layer == L_ - 1) issue_prefetch(op.layer, phase("backward", op.layer), t);
-  } else if (op.kind == OpKind::backward) {
+  } else if (op.kind == op_kind::backward) {
     free(l.all + lp.bwd_temp_bytes, t);
     pinned_change(-static_cast<std::int64_t>(l.offloaded_out), t);
   }
@@ -257,14 +258,14 @@ void Replay::finish_op(double t) {
   ++next_op_;
 }
 
-void Replay::issue_prefetch(int layer, const std::string& label, double t) {
-  Layer& l = layers_[layer];
+void replay::issue_prefetch(int layer, const std::string& label, double t) {
+  layer_state& l = layers_[layer];
   if (l.h2d_issued) return;
   l.h2d_issued = true;
   l.h2d_done_ms = t;
   for (std::size_t j : l.out) {
     alloc(p_.layers[layer].tensors[j].bytes, label, t);  // block for the consumer stream
-    Copy c;
+    copy_op c;
     c.layer = layer;
     c.tensor = j;
     c.bytes = p_.layers[layer].tensors[j].bytes;
@@ -274,14 +275,14 @@ void Replay::issue_prefetch(int layer, const std::string& label, double t) {
 
 // Backward compute of `backward_layer` begins: issue the prefetches of its window (Note
 // [The step's schedule]; issue_prefetch skips the layers issued already).
-void Replay::trigger_prefetch(int backward_layer, const std::string& label, double t) {
-  const LayerSpan window =
+void replay::trigger_prefetch(int backward_layer, const std::string& label, double t) {
+  const layer_span window =
       schedule::prefetch_window(static_cast<std::size_t>(backward_layer), opt_.lookahead);
   for (std::size_t i = window.hi + 1; i-- > window.lo;)
     issue_prefetch(static_cast<int>(i), label, t);
 }
 
-void Replay::retime(double t) {
+void replay::retime(double t) {
   const double d2h_bw = p_.d2h_bytes_per_ms(), h2d_bw = p_.h2d_bytes_per_ms();
   double rd = d2h_bw, rh = h2d_bw;
   if (d2h_ && h2d_ && opt_.share_link && p_.link.bidir_gbps > 0) {
@@ -289,7 +290,7 @@ void Replay::retime(double t) {
     rd = std::min(d2h_bw, std::max(half, bidir - h2d_bw));
     rh = std::min(h2d_bw, std::max(half, bidir - d2h_bw));
   }
-  auto set = [t](std::optional<Copy>& c, double rate) {
+  auto set = [t](std::optional<copy_op>& c, double rate) {
     if (!c || c->rate == rate) return;
     if (c->rate > 0) {
       c->seg_bytes = std::max(0.0, c->seg_bytes - c->rate * (t - c->seg_start_ms));
@@ -301,9 +302,9 @@ void Replay::retime(double t) {
   set(h2d_, rh);
 }
 
-void Replay::finish_copy(Copy& c, bool d2h, double t) {
-  Layer& l = layers_[c.layer];
-  const TensorProfile& tp = p_.layers[c.layer].tensors[c.tensor];
+void replay::finish_copy(copy_op& c, bool d2h, double t) {
+  layer_state& l = layers_[c.layer];
+  const tensor_profile& tp = p_.layers[c.layer].tensors[c.tensor];
   if (d2h) {
     free(c.bytes, t);
     copied_out_[c.layer][c.tensor] = true;
@@ -312,10 +313,10 @@ void Replay::finish_copy(Copy& c, bool d2h, double t) {
     l.h2d_done_ms = t;
   }
   if (!opt_.record_trace) return;
-  Span s;
+  trace_span s;
   s.track = d2h ? kD2HTrack : kH2DTrack;
   s.name = std::string(d2h ? "d2h L" : "h2d L") + std::to_string(c.layer) + " " + tp.name;
-  s.kind = d2h ? SpanKind::d2h : SpanKind::h2d;
+  s.kind = d2h ? span_kind::d2h : span_kind::h2d;
   s.start_ms = c.start_ms;
   s.dur_ms = t - c.start_ms;
   s.layer = c.layer;
@@ -325,7 +326,7 @@ void Replay::finish_copy(Copy& c, bool d2h, double t) {
   r_.trace.add_span(std::move(s));
 }
 
-void Replay::alloc(std::uint64_t bytes, const std::string& label, double t) {
+void replay::alloc(std::uint64_t bytes, const std::string& label, double t) {
   if (bytes == 0) return;
   device_ += bytes;
   sample(kDeviceBytesCounter, t, static_cast<double>(device_));
@@ -336,13 +337,13 @@ void Replay::alloc(std::uint64_t bytes, const std::string& label, double t) {
   }
 }
 
-void Replay::free(std::uint64_t bytes, double t) {
+void replay::free(std::uint64_t bytes, double t) {
   if (bytes == 0) return;
   device_ -= bytes;
   sample(kDeviceBytesCounter, t, static_cast<double>(device_));
 }
 
-void Replay::pinned_change(std::int64_t delta, double t) {
+void replay::pinned_change(std::int64_t delta, double t) {
   if (delta == 0) return;
   pinned_ = static_cast<std::uint64_t>(static_cast<std::int64_t>(pinned_) + delta);
   r_.pinned_peak_bytes = std::max(r_.pinned_peak_bytes, pinned_);
@@ -352,7 +353,7 @@ void Replay::pinned_change(std::int64_t delta, double t) {
 // Rises at one instant collapse into one sample: frees normally precede allocations at an
 // instant, so the sample kept is the instant's highest level. A fall after a rise at the
 // same instant (zero-length compute) is appended, so the counter's maximum is the peak.
-void Replay::sample(const char* counter, double t, double value) {
+void replay::sample(const char* counter, double t, double value) {
   if (!opt_.record_trace) return;
   for (auto it = samples_.rbegin(); it != samples_.rend() && it->t_ms == t; ++it)
     if (it->name == counter) {
@@ -363,7 +364,7 @@ void Replay::sample(const char* counter, double t, double value) {
   samples_.push_back({counter, t, value});
 }
 
-SimResult Replay::run() {
+sim_result replay::run() {
   r_.trace.set_metadata("source", "stash simulate");
   r_.trace.set_metadata("lookahead", std::to_string(opt_.lookahead));
   alloc(p_.fixed_bytes, phase("forward", 0), 0);
@@ -416,14 +417,14 @@ SimResult Replay::run() {
     if (busy_ && op_end_ <= t) finish_op(t);
   }
   r_.step_ms = t;
-  for (const CounterSample& c : samples_) r_.trace.add_counter(c.name, c.t_ms, c.value);
+  for (const counter_sample& c : samples_) r_.trace.add_counter(c.name, c.t_ms, c.value);
   return std::move(r_);
 }
 
 }  // namespace
 
-SimResult simulate(const Profile& p, const Decisions& d, const SimOptions& opt) {
-  return Replay(p, d, opt).run();
+sim_result simulate(const step_profile& p, const decision_table& d, const sim_options& opt) {
+  return replay(p, d, opt).run();
 }
 
 }  // namespace stash::planner

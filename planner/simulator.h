@@ -89,7 +89,7 @@
 
 namespace stash::planner {
 
-struct SimOptions {
+struct sim_options {
   int lookahead = 1;  // the prefetch window's depth (Note [The step's schedule])
   std::uint64_t pinned_bytes = std::numeric_limits<std::uint64_t>::max();  // pool capacity
   bool share_link = true;                // apply bidir_gbps while both directions run
@@ -98,7 +98,7 @@ struct SimOptions {
   bool record_trace = true;
 };
 
-struct SimResult {
+struct sim_result {
   double step_ms = 0;
   double compute_ms = 0;       // sum of fwd + bwd
   double recompute_ms = 0;     // sum of R_i
@@ -113,12 +113,12 @@ struct SimResult {
   std::uint64_t pinned_peak_bytes = 0;
   std::uint64_t pinned_fallback_bytes = 0;  // offloads kept on device: pool full
   std::size_t pinned_fallback_tensors = 0;
-  TraceWriter trace{"stash simulate"};
+  trace_writer trace{"stash simulate"};
 };
 
 // Replays `d` (one action per tensor; input_error otherwise) on `p`. Plans that break the
 // rules (e.g. offloading the last layer) are replayed as written: validity is evaluate()'s
 // job. Throws input_error for lookahead < schedule::kMinLookahead.
-SimResult simulate(const Profile& p, const Decisions& d, const SimOptions& opt = {});
+sim_result simulate(const step_profile& p, const decision_table& d, const sim_options& opt = {});
 
 }  // namespace stash::planner

@@ -43,8 +43,8 @@ std::string tick_format(double step) {
   return "%." + std::to_string(d) + "f";
 }
 
-std::string open_plot(const std::string& title, const std::string& subtitle, const Axis& X,
-                      const Axis& Y, const std::string& x_label, const std::string& y_label) {
+std::string open_plot(const std::string& title, const std::string& subtitle, const plot_axis& X,
+                      const plot_axis& Y, const std::string& x_label, const std::string& y_label) {
   std::string s;
   s += "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fmt("%.0f", kW) + "\" height=\"" +

@@ -26,7 +26,7 @@ double tick_step(double range, int target);
 // Decimals enough to write every multiple of `step` exactly.
 std::string tick_format(double step);
 
-struct Axis {
+struct plot_axis {
   double lo, hi, px_lo, px_hi;
   double operator()(double v) const { return px_lo + (v - lo) / (hi - lo) * (px_hi - px_lo); }
 };
@@ -34,7 +34,7 @@ struct Axis {
 // The opening of a plot over X x Y: the XML header and <svg>, a white background, the
 // title (shrunk to fit) and subtitle, grid lines and ticks, the frame and the axis labels.
 // The caller appends its marks and closes with "</svg>\n".
-std::string open_plot(const std::string& title, const std::string& subtitle, const Axis& X,
-                      const Axis& Y, const std::string& x_label, const std::string& y_label);
+std::string open_plot(const std::string& title, const std::string& subtitle, const plot_axis& X,
+                      const plot_axis& Y, const std::string& x_label, const std::string& y_label);
 
 }  // namespace stash::planner::svg

@@ -17,22 +17,26 @@ namespace stash::planner {
 namespace {
 
 constexpr int kPid = 1;
-constexpr std::pair<SpanKind, const char*> kKindNames[] = {
-    {SpanKind::forward, "forward"}, {SpanKind::recompute, "recompute"},
-    {SpanKind::backward, "backward"}, {SpanKind::d2h, "d2h"},
-    {SpanKind::h2d, "h2d"},         {SpanKind::wait, "wait"},
-    {SpanKind::step_overhead, "step_overhead"}, {SpanKind::other, "other"}};
+constexpr std::pair<span_kind, const char*> kKindNames[] = {
+    {span_kind::forward, "forward"},
+    {span_kind::recompute, "recompute"},
+    {span_kind::backward, "backward"},
+    {span_kind::d2h, "d2h"},
+    {span_kind::h2d, "h2d"},
+    {span_kind::wait, "wait"},
+    {span_kind::step_overhead, "step_overhead"},
+    {span_kind::other, "other"}};
 
-bool is_compute(SpanKind k) {
-  return k == SpanKind::forward || k == SpanKind::recompute || k == SpanKind::backward ||
-         k == SpanKind::step_overhead;
+bool is_compute(span_kind k) {
+  return k == span_kind::forward || k == span_kind::recompute || k == span_kind::backward ||
+         k == span_kind::step_overhead;
 }
-bool is_copy(SpanKind k) { return k == SpanKind::d2h || k == SpanKind::h2d; }
+bool is_copy(span_kind k) { return k == span_kind::d2h || k == span_kind::h2d; }
 
 // Sorted, disjoint [start, end) intervals covering every compute span.
-std::vector<std::pair<double, double>> compute_cover(const std::vector<Span>& spans) {
+std::vector<std::pair<double, double>> compute_cover(const std::vector<trace_span>& spans) {
   std::vector<std::pair<double, double>> iv;
-  for (const Span& s : spans)
+  for (const trace_span& s : spans)
     if (is_compute(s.kind) && s.dur_ms > 0) iv.emplace_back(s.start_ms, s.end_ms());
   std::sort(iv.begin(), iv.end());
   std::vector<std::pair<double, double>> merged;
@@ -57,25 +61,25 @@ double covered(const std::vector<std::pair<double, double>>& cover, double a, do
 
 }  // namespace
 
-const char* to_string(SpanKind k) {
+const char* to_string(span_kind k) {
   for (const auto& [kind, name] : kKindNames)
     if (kind == k) return name;
   return "other";
 }
 
-SpanKind span_kind_from_string(const std::string& s) {
+span_kind span_kind_from_string(const std::string& s) {
   for (const auto& [kind, name] : kKindNames)
     if (s == name) return kind;
-  return SpanKind::other;
+  return span_kind::other;
 }
 
-TraceWriter::TraceWriter(std::string process_name) : process_name_(std::move(process_name)) {}
+trace_writer::trace_writer(std::string process_name) : process_name_(std::move(process_name)) {}
 
-void TraceWriter::add_span(Span s) { spans_.push_back(std::move(s)); }
+void trace_writer::add_span(trace_span s) { spans_.push_back(std::move(s)); }
 
-void TraceWriter::add_span(const std::string& track, const std::string& name, SpanKind kind,
-                           double start_ms, double dur_ms, int layer) {
-  Span s;
+void trace_writer::add_span(const std::string& track, const std::string& name, span_kind kind,
+                            double start_ms, double dur_ms, int layer) {
+  trace_span s;
   s.track = track;
   s.name = name;
   s.kind = kind;
@@ -85,15 +89,15 @@ void TraceWriter::add_span(const std::string& track, const std::string& name, Sp
   spans_.push_back(std::move(s));
 }
 
-void TraceWriter::add_counter(const std::string& name, double t_ms, double value) {
+void trace_writer::add_counter(const std::string& name, double t_ms, double value) {
   counters_.push_back({name, t_ms, value});
 }
 
-void TraceWriter::set_metadata(const std::string& key, const std::string& value) {
+void trace_writer::set_metadata(const std::string& key, const std::string& value) {
   metadata_[key] = value;
 }
 
-nlohmann::json TraceWriter::to_json() const {
+nlohmann::json trace_writer::to_json() const {
   using nlohmann::json;
   json events = json::array();
   events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", 0}, {"name", "process_name"},
@@ -107,9 +111,9 @@ nlohmann::json TraceWriter::to_json() const {
     tracks.push_back(t);
     return static_cast<int>(tracks.size());
   };
-  for (const Span& s : spans_)
+  for (const trace_span& s : spans_)
     if (s.track == kComputeTrack) { track_id(s.track); break; }
-  for (const Span& s : spans_) track_id(s.track);
+  for (const trace_span& s : spans_) track_id(s.track);
   for (std::size_t i = 0; i < tracks.size(); ++i) {
     const int tid = static_cast<int>(i) + 1;
     events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", tid}, {"name", "thread_name"},
@@ -117,7 +121,7 @@ nlohmann::json TraceWriter::to_json() const {
     events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", tid}, {"name", "thread_sort_index"},
                       {"args", {{"sort_index", tid}}}});
   }
-  for (const Span& s : spans_) {
+  for (const trace_span& s : spans_) {
     json args = json::object();
     if (s.layer >= 0) args["layer"] = s.layer;
     if (!s.tensor.empty()) args["tensor"] = s.tensor;
@@ -130,10 +134,11 @@ nlohmann::json TraceWriter::to_json() const {
   }
   // Samples in time order (a writer may add them out of order: the engine harvests per
   // stream); stable, so samples at one instant keep the order they were added in.
-  std::vector<CounterSample> counters = counters_;
-  std::stable_sort(counters.begin(), counters.end(),
-                   [](const CounterSample& a, const CounterSample& b) { return a.t_ms < b.t_ms; });
-  for (const CounterSample& c : counters) {
+  std::vector<counter_sample> counters = counters_;
+  std::stable_sort(
+      counters.begin(), counters.end(),
+      [](const counter_sample& a, const counter_sample& b) { return a.t_ms < b.t_ms; });
+  for (const counter_sample& c : counters) {
     // Byte counts are integers; write them as such while a double holds them exactly.
     const bool integral = c.value >= 0 && c.value < 9007199254740992.0 && c.value == std::floor(c.value);
     json value = integral ? json(static_cast<std::uint64_t>(c.value)) : json(c.value);
@@ -146,14 +151,14 @@ nlohmann::json TraceWriter::to_json() const {
           {"otherData", std::move(other)}};
 }
 
-void TraceWriter::write(const std::string& path) const {
+void trace_writer::write(const std::string& path) const {
   std::ofstream out(path);
   if (!out) throw std::runtime_error("cannot write trace to " + path);
   out << to_json().dump() << '\n';
   if (!out) throw std::runtime_error("error writing trace to " + path);
 }
 
-TraceWriter trace_from_json(const nlohmann::json& j) {
+trace_writer trace_from_json(const nlohmann::json& j) {
   if (!j.is_object() || !j.contains("traceEvents") || !j["traceEvents"].is_array())
     throw input_error("trace: expected an object with a \"traceEvents\" array");
   std::string process = "stash";
@@ -165,7 +170,7 @@ TraceWriter trace_from_json(const nlohmann::json& j) {
     if (what == "process_name") process = e["args"].value("name", process);
     if (what == "thread_name") track_names[e.value("tid", 0)] = e["args"].value("name", "");
   }
-  TraceWriter w(process);
+  trace_writer w(process);
   for (std::size_t i = 0; i < events.size(); ++i) {
     const auto& e = events[i];
     const std::string where = "trace: traceEvents[" + std::to_string(i) + "]";
@@ -181,7 +186,7 @@ TraceWriter trace_from_json(const nlohmann::json& j) {
       continue;
     }
     if (!e.contains("dur") || !e["dur"].is_number()) throw input_error(where + ".dur: missing");
-    Span s;
+    trace_span s;
     const int tid = e.value("tid", 0);
     auto t = track_names.find(tid);
     s.track = t != track_names.end() ? t->second : "tid " + std::to_string(tid);
@@ -203,24 +208,24 @@ TraceWriter trace_from_json(const nlohmann::json& j) {
   return w;
 }
 
-OverlapReport overlap_report(const std::vector<Span>& spans) {
+overlap_report compute_overlap(const std::vector<trace_span>& spans) {
   const auto cover = compute_cover(spans);
-  std::map<int, LayerOverlap> by_layer;
-  for (const Span& s : spans) {
+  std::map<int, layer_overlap> by_layer;
+  for (const trace_span& s : spans) {
     const bool copy = is_copy(s.kind);
-    const bool wait = s.kind == SpanKind::wait && s.track == kComputeTrack;
+    const bool wait = s.kind == span_kind::wait && s.track == kComputeTrack;
     if (!copy && !wait) continue;
-    LayerOverlap& l = by_layer[s.layer];
+    layer_overlap& l = by_layer[s.layer];
     l.layer = s.layer;
     if (wait) {
       l.exposed_ms += s.dur_ms;
       continue;
     }
-    (s.kind == SpanKind::d2h ? l.d2h_ms : l.h2d_ms) += s.dur_ms;
+    (s.kind == span_kind::d2h ? l.d2h_ms : l.h2d_ms) += s.dur_ms;
     l.copy_ms += s.dur_ms;
     l.hidden_ms += covered(cover, s.start_ms, s.end_ms());
   }
-  OverlapReport r;
+  overlap_report r;
   for (auto& [layer, l] : by_layer) {
     r.total.d2h_ms += l.d2h_ms;
     r.total.h2d_ms += l.h2d_ms;
@@ -232,21 +237,20 @@ OverlapReport overlap_report(const std::vector<Span>& spans) {
   return r;
 }
 
-std::string format_overlap_report(const OverlapReport& r) {
+std::string format_overlap_report(const overlap_report& r) {
   std::string out;
   char line[160];
   std::snprintf(line, sizeof line, "%-7s %10s %10s %10s %10s %8s %11s\n", "layer", "d2h ms",
                 "h2d ms", "copy ms", "hidden ms", "hidden%", "exposed ms");
   out += line;
-  auto row = [&](const std::string& label, const LayerOverlap& l) {
+  auto row = [&](const std::string& label, const layer_overlap& l) {
     const double pct = l.copy_ms > 0 ? 100.0 * l.hidden_ms / l.copy_ms : 100.0;
     std::snprintf(line, sizeof line, "%-7s %10.3f %10.3f %10.3f %10.3f %7.1f%% %11.3f\n",
                   label.c_str(), l.d2h_ms, l.h2d_ms, l.copy_ms, l.hidden_ms, pct,
                   l.exposed_ms);
     out += line;
   };
-  for (const LayerOverlap& l : r.layers)
-    row(l.layer >= 0 ? std::to_string(l.layer) : "-", l);
+  for (const layer_overlap& l : r.layers) row(l.layer >= 0 ? std::to_string(l.layer) : "-", l);
   row("total", r.total);
   return out;
 }

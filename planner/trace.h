@@ -10,7 +10,7 @@
 //     thread_sort_index; a track is a stream ("compute", "stash d2h", "stash h2d"), tids
 //     numbered from 1 in order of first use;
 //   * spans: complete events "ph":"X" with "ts"/"dur" in microseconds (doubles), "cat" =
-//     the SpanKind ("forward", "recompute", "backward", "d2h", "h2d", "wait",
+//     the span_kind ("forward", "recompute", "backward", "d2h", "h2d", "wait",
 //     "step_overhead", "other") and
 //     "args" {layer, tensor, bytes} where known plus any numeric extras;
 //   * counters: "ph":"C" named "device bytes" and "pinned bytes" (any name is allowed), with
@@ -31,9 +31,9 @@ namespace stash::planner {
 
 // step_overhead: compute outside every layer (the loss, the optimizer; the simulator's
 // span for the profile's step_overhead_ms). It counts as compute in the overlap report.
-enum class SpanKind { forward, recompute, backward, d2h, h2d, wait, step_overhead, other };
-const char* to_string(SpanKind k);
-SpanKind span_kind_from_string(const std::string& s);  // unknown text -> other
+enum class span_kind { forward, recompute, backward, d2h, h2d, wait, step_overhead, other };
+const char* to_string(span_kind k);
+span_kind span_kind_from_string(const std::string& s);  // unknown text -> other
 
 inline constexpr const char* kComputeTrack = "compute";
 inline constexpr const char* kD2HTrack = "stash d2h";
@@ -41,10 +41,10 @@ inline constexpr const char* kH2DTrack = "stash h2d";
 inline constexpr const char* kDeviceBytesCounter = "device bytes";
 inline constexpr const char* kPinnedBytesCounter = "pinned bytes";
 
-struct Span {
+struct trace_span {
   std::string track;  // the stream it ran on
   std::string name;
-  SpanKind kind = SpanKind::other;
+  span_kind kind = span_kind::other;
   double start_ms = 0;
   double dur_ms = 0;
   int layer = -1;           // -1: not tied to a layer
@@ -55,25 +55,25 @@ struct Span {
   double end_ms() const { return start_ms + dur_ms; }
 };
 
-struct CounterSample {
+struct counter_sample {
   std::string name;
   double t_ms = 0;
   double value = 0;
 };
 
-class TraceWriter {
+class trace_writer {
  public:
-  explicit TraceWriter(std::string process_name = "stash");
+  explicit trace_writer(std::string process_name = "stash");
 
-  void add_span(Span s);
-  void add_span(const std::string& track, const std::string& name, SpanKind kind,
-                double start_ms, double dur_ms, int layer = -1);
+  void add_span(trace_span s);
+  void add_span(const std::string& track, const std::string& name, span_kind kind, double start_ms,
+                double dur_ms, int layer = -1);
   void add_counter(const std::string& name, double t_ms, double value);
   // Process-level facts written under "otherData" (e.g. the source: simulate / engine).
   void set_metadata(const std::string& key, const std::string& value);
 
-  const std::vector<Span>& spans() const { return spans_; }
-  const std::vector<CounterSample>& counters() const { return counters_; }
+  const std::vector<trace_span>& spans() const { return spans_; }
+  const std::vector<counter_sample>& counters() const { return counters_; }
   const std::string& process_name() const { return process_name_; }
 
   nlohmann::json to_json() const;
@@ -82,14 +82,14 @@ class TraceWriter {
 
  private:
   std::string process_name_;
-  std::vector<Span> spans_;
-  std::vector<CounterSample> counters_;
+  std::vector<trace_span> spans_;
+  std::vector<counter_sample> counters_;
   std::map<std::string, std::string> metadata_;
 };
 
 // Reads back the spans and counters of a trace in the format above (ours or the engine's);
 // events of other phases are ignored. Throws input_error on a structurally bad trace.
-TraceWriter trace_from_json(const nlohmann::json& j);
+trace_writer trace_from_json(const nlohmann::json& j);
 
 // Note [Overlap report]
 // ~~~~~~~~~~~~~~~~~~~~~
@@ -102,19 +102,19 @@ TraceWriter trace_from_json(const nlohmann::json& j);
 //                the time compute stood still for its copies.
 // copy_ms - hidden_ms can exceed exposed_ms (a copy may also run while compute waits for
 // something else), so the three are reported separately rather than derived.
-struct LayerOverlap {
+struct layer_overlap {
   int layer = -1;
   double d2h_ms = 0, h2d_ms = 0;
   double copy_ms = 0, hidden_ms = 0, exposed_ms = 0;
 };
 
-struct OverlapReport {
-  std::vector<LayerOverlap> layers;  // ascending layer, only layers with copies or waits
-  LayerOverlap total;
+struct overlap_report {
+  std::vector<layer_overlap> layers;  // ascending layer, only layers with copies or waits
+  layer_overlap total;
 };
 
-OverlapReport overlap_report(const std::vector<Span>& spans);
+overlap_report compute_overlap(const std::vector<trace_span>& spans);
 // A fixed-width table; layers with nothing to report are omitted.
-std::string format_overlap_report(const OverlapReport& r);
+std::string format_overlap_report(const overlap_report& r);
 
 }  // namespace stash::planner

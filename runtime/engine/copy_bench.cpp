@@ -140,7 +140,7 @@ copy_bench_result run_copy_bench(const copy_bench_options& options) {
   ec.pinned.report_progress = false;
   prefetch_engine engine(ec);
   std::vector<std::size_t> per(sizes.size(), 1);
-  std::vector<Action> actions(sizes.size(), Action::offload);
+  std::vector<tensor_action> actions(sizes.size(), tensor_action::offload);
   check(engine.set_plan(engine_plan::from_actions(per.size(), per.data(), actions.data())));
 
   std::vector<double> pd, ph, ed, eh;

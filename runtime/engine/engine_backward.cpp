@@ -17,7 +17,7 @@ namespace schedule = planner::schedule;
 
 // The highest layer of `span` with D2H copies in this micro-batch, or -1: the D2H stream is
 // FIFO, so the event after its latest copy covers every copy of the span (and before).
-int latest_copies(const micro_batch_slot& s, schedule::LayerSpan span) noexcept {
+int latest_copies(const micro_batch_slot& s, schedule::layer_span span) noexcept {
   for (std::size_t l = span.hi + 1; l-- > span.lo;)
     if (s.layer_copies[l]) return static_cast<int>(l);
   return -1;
@@ -32,7 +32,7 @@ status timed_wait(engine_trace* trace, cudaStream_t stream, cudaEvent_t ev, int 
   std::size_t op = 0;
   if (trace) {
     timed_op t;
-    t.kind = planner::SpanKind::wait;
+    t.kind = planner::span_kind::wait;
     t.what = what;
     t.layer = layer;
     t.micro_batch = mb;
@@ -92,7 +92,7 @@ status prefetch_engine::forward_end(std::uint32_t mb, std::uint32_t layer) noexc
   cudaEvent_t& mark = s->compute_begin[2 * layer + kFwd];
   if (trace_ && mark) {
     timed_op t;
-    t.kind = planner::SpanKind::forward;
+    t.kind = planner::span_kind::forward;
     t.layer = static_cast<std::int32_t>(layer);
     t.micro_batch = mb;
     sample_device(t, true);
@@ -149,7 +149,7 @@ status prefetch_engine::issue_prefetch(micro_batch_slot& s, std::uint32_t layer,
   bool timed = false;
   if (trace_) {
     timed_op t;
-    t.kind = planner::SpanKind::h2d;
+    t.kind = planner::span_kind::h2d;
     t.micro_batch = s.id;
     t.flat = flat;
     t.bytes = r.bytes;
@@ -187,7 +187,7 @@ status prefetch_engine::prefetch_layer(micro_batch_slot& s, std::uint32_t layer)
   status first = status::ok;
   const std::size_t begin = plan_.first(layer), end = begin + plan_.tensors(layer);
   for (std::size_t f = begin; f < end; ++f) {
-    if (plan_.action(f) != Action::offload) continue;
+    if (plan_.action(f) != tensor_action::offload) continue;
     const status st = issue_prefetch(s, layer, f, config_.compute);
     if (st != status::ok && first == status::ok) first = st;  // the others still go
   }
@@ -217,7 +217,7 @@ status prefetch_engine::backward_begin(std::uint32_t mb, std::uint32_t layer) no
   }
   // The prefetch window (Note [The step's schedule]), each ordered after this point of the
   // compute stream.
-  const schedule::LayerSpan window = schedule::prefetch_window(layer, config_.lookahead);
+  const schedule::layer_span window = schedule::prefetch_window(layer, config_.lookahead);
   status first = status::ok;
   for (std::size_t i = window.hi + 1; i-- > window.lo;) {
     const auto l = static_cast<std::uint32_t>(i);
@@ -246,7 +246,7 @@ status prefetch_engine::backward_end(std::uint32_t mb, std::uint32_t layer) noex
   cudaEvent_t& mark = s->compute_begin[2 * layer + kBwd];
   if (trace_ && mark) {
     timed_op t;
-    t.kind = planner::SpanKind::backward;
+    t.kind = planner::span_kind::backward;
     t.layer = static_cast<std::int32_t>(layer);
     t.micro_batch = mb;
     sample_device(t, true);
@@ -393,7 +393,7 @@ void prefetch_engine::sample_device(timed_op& t, bool compute) noexcept {
   t.device_bytes = config_.pool->held_bytes();
 }
 
-planner::TraceWriter prefetch_engine::trace() {
+planner::trace_writer prefetch_engine::trace() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!trace_) throw error(status::invalid_argument, "trace: the engine was created with timing off");
   trace_->harvest(true, plan_);
@@ -402,6 +402,8 @@ planner::TraceWriter prefetch_engine::trace() {
 
 void prefetch_engine::write_trace(const std::string& path) { trace().write(path); }
 
-planner::OverlapReport prefetch_engine::overlap() { return planner::overlap_report(trace().spans()); }
+planner::overlap_report prefetch_engine::overlap() {
+  return planner::compute_overlap(trace().spans());
+}
 
 }  // namespace stash::engine

@@ -4,19 +4,19 @@
 
 namespace stash::engine {
 
-void engine_plan::add_layer(std::vector<Action> actions, std::vector<std::string> names) {
+void engine_plan::add_layer(std::vector<tensor_action> actions, std::vector<std::string> names) {
   char offloads = 0;
-  for (Action a : actions) offloads |= a == Action::offload;
+  for (tensor_action a : actions) offloads |= a == tensor_action::offload;
   actions_.insert(actions_.end(), actions.begin(), actions.end());
   names_.insert(names_.end(), names.begin(), names.end());
   offsets_.push_back(actions_.size());
   offloads_.push_back(offloads);
 }
 
-engine_plan engine_plan::from_plan(const planner::Plan& plan) {
+engine_plan engine_plan::from_plan(const planner::step_plan& plan) {
   if (plan.layers.empty()) throw error(status::invalid_argument, "plan has no layers");
   engine_plan p;
-  for (const planner::LayerPlan& l : plan.layers) {
+  for (const planner::layer_plan& l : plan.layers) {
     std::vector<std::string> names = l.tensor_names;
     names.resize(l.actions.size());
     for (size_t j = 0; j < names.size(); ++j)
@@ -29,7 +29,7 @@ engine_plan engine_plan::from_plan(const planner::Plan& plan) {
 // Note [One plan reader] (planner/plan.h): the planner's profile-free reader; its
 // input_error ("<path>: <json path>: <problem>") becomes bad_plan with the same text.
 engine_plan engine_plan::from_file(const std::string& path) {
-  planner::Plan plan;
+  planner::step_plan plan;
   try {
     plan = planner::read_plan_file(path);
   } catch (const planner::input_error& e) {
@@ -39,13 +39,13 @@ engine_plan engine_plan::from_file(const std::string& path) {
 }
 
 engine_plan engine_plan::from_actions(size_t n_layers, const size_t* per_layer,
-                                      const Action* actions) {
+                                      const tensor_action* actions) {
   if (n_layers == 0 || !per_layer) throw error(status::invalid_argument, "a plan needs at least one layer");
   engine_plan p;
   size_t at = 0;
   for (size_t i = 0; i < n_layers; ++i) {
     if (per_layer[i] > 0 && !actions) throw error(status::invalid_argument, "actions is NULL");
-    std::vector<Action> a;
+    std::vector<tensor_action> a;
     std::vector<std::string> names;
     for (size_t j = 0; j < per_layer[i]; ++j, ++at) {
       const int v = static_cast<int>(actions[at]);

@@ -1,7 +1,7 @@
 // engine_plan.h: what the engine needs of a stash.plan/1 plan: one action per saved tensor,
 // addressed by (layer, index), flattened for O(1) lookup on the hot path.
 //
-// A plan reaches the engine three ways: from a planner::Plan in memory, from a plan.json
+// A plan reaches the engine three ways: from a planner::step_plan in memory, from a plan.json
 // file (read by the planner's profile-free reader, Note [One plan reader] in
 // planner/plan.h: the engine needs only the actions and names, and the validation against
 // the profile is `stash check`'s job), or built through the API from an array of actions.
@@ -15,20 +15,20 @@
 
 namespace stash::engine {
 
-using planner::Action;
+using planner::tensor_action;
 
 class engine_plan {
  public:
   engine_plan() = default;
   // From the planner's model.
-  static engine_plan from_plan(const planner::Plan& plan);
+  static engine_plan from_plan(const planner::step_plan& plan);
   // From a stash.plan/1 file; throws stash::error(bad_plan) with the reader's message
   // ("<path>: <json path>: <problem>").
   static engine_plan from_file(const std::string& path);
   // n_layers layers; layer i has per_layer[i] tensors; actions is the concatenation.
   // Throws stash::error(invalid_argument) for an empty plan.
   static engine_plan from_actions(size_t n_layers, const size_t* per_layer,
-                                  const Action* actions);
+                                  const tensor_action* actions);
 
   size_t layers() const noexcept { return offsets_.empty() ? 0 : offsets_.size() - 1; }
   size_t tensors(size_t layer) const noexcept { return offsets_[layer + 1] - offsets_[layer]; }
@@ -42,15 +42,15 @@ class engine_plan {
     return index < tensors(layer) ? i : npos;
   }
   size_t first(size_t layer) const noexcept { return offsets_[layer]; }
-  Action action(size_t flat) const noexcept { return actions_[flat]; }
+  tensor_action action(size_t flat) const noexcept { return actions_[flat]; }
   const std::string& name(size_t flat) const noexcept { return names_[flat]; }
   bool layer_offloads(size_t layer) const noexcept { return offloads_[layer] != 0; }
 
  private:
-  void add_layer(std::vector<Action> actions, std::vector<std::string> names);
+  void add_layer(std::vector<tensor_action> actions, std::vector<std::string> names);
 
   std::vector<size_t> offsets_{0};
-  std::vector<Action> actions_;
+  std::vector<tensor_action> actions_;
   std::vector<std::string> names_;
   std::vector<char> offloads_;
 };

@@ -6,7 +6,7 @@
 
 namespace stash::engine {
 
-using planner::SpanKind;
+using planner::span_kind;
 
 engine_trace::engine_trace(event_pool& events, cudaStream_t base_stream) : events_(events) {
   status s = events_.take(&base_);
@@ -114,12 +114,12 @@ namespace {
 std::string span_name(const timed_op& op, const engine_plan& plan) {
   const std::string l = std::to_string(op.layer);
   switch (op.kind) {
-    case SpanKind::forward: return "fwd L" + l;
-    case SpanKind::backward: return "bwd L" + l;
-    case SpanKind::wait: return std::string("wait ") + op.what + " L" + l;
-    case SpanKind::d2h:
-    case SpanKind::h2d: {
-      std::string n = std::string(op.kind == SpanKind::d2h ? "d2h L" : "h2d L") + l;
+    case span_kind::forward: return "fwd L" + l;
+    case span_kind::backward: return "bwd L" + l;
+    case span_kind::wait: return std::string("wait ") + op.what + " L" + l;
+    case span_kind::d2h:
+    case span_kind::h2d: {
+      std::string n = std::string(op.kind == span_kind::d2h ? "d2h L" : "h2d L") + l;
       if (op.flat < plan.total()) n += " " + plan.name(op.flat);
       return n;
     }
@@ -127,9 +127,9 @@ std::string span_name(const timed_op& op, const engine_plan& plan) {
   }
 }
 
-const char* track_of(SpanKind k) {
-  if (k == SpanKind::d2h) return planner::kD2HTrack;
-  if (k == SpanKind::h2d) return planner::kH2DTrack;
+const char* track_of(span_kind k) {
+  if (k == span_kind::d2h) return planner::kD2HTrack;
+  if (k == span_kind::h2d) return planner::kH2DTrack;
   return planner::kComputeTrack;
 }
 
@@ -152,8 +152,8 @@ void engine_trace::harvest(bool block, const engine_plan& plan) {
       ops_[keep++] = op;
       continue;
     }
-    if (op.end && done && t1 >= t0 && !(op.kind == SpanKind::wait && t1 == t0)) {
-      planner::Span sp;
+    if (op.end && done && t1 >= t0 && !(op.kind == span_kind::wait && t1 == t0)) {
+      planner::trace_span sp;
       sp.track = track_of(op.kind);
       sp.name = span_name(op, plan);
       sp.kind = op.kind;
@@ -163,7 +163,7 @@ void engine_trace::harvest(bool block, const engine_plan& plan) {
       if (op.flat < plan.total()) sp.tensor = plan.name(op.flat);
       sp.bytes = op.bytes;
       sp.extra["micro_batch"] = op.micro_batch;
-      const bool copy = op.kind == SpanKind::d2h || op.kind == SpanKind::h2d;
+      const bool copy = op.kind == span_kind::d2h || op.kind == span_kind::h2d;
       if (copy)
         writer_.add_counter(planner::kPinnedBytesCounter, t0,
                             static_cast<double>(op.pinned_bytes));

@@ -45,7 +45,7 @@
 namespace stash::engine {
 
 struct timed_op {
-  planner::SpanKind kind = planner::SpanKind::other;
+  planner::span_kind kind = planner::span_kind::other;
   const char* what = "";  // waits: "d2h" / "h2d" / "turn"
   std::int32_t layer = -1;
   std::uint32_t micro_batch = 0;
@@ -82,13 +82,13 @@ class engine_trace {
   void drop_mark(cudaEvent_t ev) noexcept { events_.give(ev); }
   // Turns completed ops into spans. block: wait for all of them first.
   void harvest(bool block, const engine_plan& plan);
-  const planner::TraceWriter& writer() const noexcept { return writer_; }
+  const planner::trace_writer& writer() const noexcept { return writer_; }
 
  private:
   event_pool& events_;
   cudaEvent_t base_ = nullptr;
   std::vector<timed_op> ops_;
-  planner::TraceWriter writer_{"stash engine"};
+  planner::trace_writer writer_{"stash engine"};
 };
 
 }  // namespace stash::engine

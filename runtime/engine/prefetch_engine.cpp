@@ -112,7 +112,8 @@ status prefetch_engine::set_plan(engine_plan plan) noexcept {
   return status::ok;
 }
 
-status prefetch_engine::action(std::uint32_t layer, std::uint32_t index, Action* out) noexcept {
+status prefetch_engine::action(std::uint32_t layer, std::uint32_t index,
+                               tensor_action* out) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!out) return fail(status::invalid_argument, "action: out is NULL");
   if (plan_.empty()) return fail(no_plan, "action: no plan loaded");
@@ -211,11 +212,11 @@ status prefetch_engine::offload(tensor_key k, void* device, std::size_t bytes,
   r->device = device;
   r->bytes = bytes;
   r->producer = producer;
-  const Action a = plan_.action(flat);
-  if (a != Action::offload) {  // keep / recompute: pass through
+  const tensor_action a = plan_.action(flat);
+  if (a != tensor_action::offload) {  // keep / recompute: pass through
     r->state = tensor_state::on_device;
     ++s->live;
-    ++(a == Action::keep ? stats_.keep_count : stats_.recompute_count);
+    ++(a == tensor_action::keep ? stats_.keep_count : stats_.recompute_count);
     return status::ok;
   }
   nvtx::range range(nvtx::kOffload, nvtx::payload(k.micro_batch, k.layer, k.index));
@@ -255,7 +256,7 @@ status prefetch_engine::offload(tensor_key k, void* device, std::size_t bytes,
   events_.give(std::exchange(produced, nullptr));  // the wait captured it
   if (trace_) {
     timed_op t;
-    t.kind = planner::SpanKind::d2h;
+    t.kind = planner::span_kind::d2h;
     t.layer = static_cast<std::int32_t>(k.layer);
     t.micro_batch = k.micro_batch;
     t.flat = flat;

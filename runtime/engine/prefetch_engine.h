@@ -118,7 +118,7 @@ struct engine_config {
 
 struct tensor_info {
   tensor_state state = tensor_state::absent;
-  Action action = Action::keep;
+  tensor_action action = tensor_action::keep;
   status error = status::ok;
   const char* message = "";  // valid until the tensor's slot is reused
   void* device = nullptr;    // where acquire would point (null while only on the host)
@@ -157,7 +157,7 @@ class prefetch_engine {
   // Replaces the plan. Fails (illegal_transition) while a micro-batch holds tensors.
   status set_plan(engine_plan plan) noexcept;
   const engine_plan& plan() const noexcept { return plan_; }
-  status action(std::uint32_t layer, std::uint32_t index, Action* out) noexcept;
+  status action(std::uint32_t layer, std::uint32_t index, tensor_action* out) noexcept;
 
   // Layer hooks, on the compute stream, in program order.
   status forward_begin(std::uint32_t mb, std::uint32_t layer) noexcept;
@@ -176,9 +176,9 @@ class prefetch_engine {
 
   // Waits for the engine's timed work, then returns the spans recorded so far (compute,
   // "stash d2h", "stash h2d", waits) in planner/trace.h's format. Throws stash::error.
-  planner::TraceWriter trace();
+  planner::trace_writer trace();
   void write_trace(const std::string& path);
-  planner::OverlapReport overlap();
+  planner::overlap_report overlap();
 
   cudaStream_t d2h_stream() const noexcept { return d2h_.get(); }
   cudaStream_t h2d_stream() const noexcept { return h2d_.get(); }

@@ -22,8 +22,8 @@ size_t link_buffer_bytes(size_t requested, size_t free_bytes) {
   return b < kMinLinkBytes ? 0 : b;
 }
 
-planner::LinkProfile link_bench_result::link() const {
-  planner::LinkProfile l;
+planner::link_profile link_bench_result::link() const {
+  planner::link_profile l;
   const double k = sharers;
   // Note [Per-rank link share]
   l.h2d_gbps = sharers > 1 ? shared_h2d.median_gbps / k : h2d.median_gbps;
@@ -272,7 +272,7 @@ std::string format_link_table(const link_bench_result& r) {
     s += row("pageable H2D", r.pageable_h2d);
     s += row("pageable D2H", r.pageable_d2h);
   }
-  const planner::LinkProfile l = r.link();
+  const planner::link_profile l = r.link();
   std::snprintf(buf, sizeof buf,
                 "\nper rank (%d rank%s sharing the link, Note [Per-rank link share]): h2d %.2f, "
                 "d2h %.2f, both %.2f GB/s\n",
@@ -282,7 +282,7 @@ std::string format_link_table(const link_bench_result& r) {
 }
 
 nlohmann::json link_bench_to_json(const link_bench_result& r) {
-  const planner::LinkProfile l = r.link();
+  const planner::link_profile l = r.link();
   nlohmann::json bench{{"device", r.device},
                        {"device_name", r.device_name},
                        {"numa_node", r.numa_node},

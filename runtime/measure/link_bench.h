@@ -74,7 +74,7 @@ struct link_bench_result {
   int local_ranks = 1;                                 // LOCAL_WORLD_SIZE
 
   // The profile's link section (per rank).
-  planner::LinkProfile link() const;
+  planner::link_profile link() const;
 };
 
 // Throws measure_error (CUDA failures, named by file:line, status::cuda_error) or

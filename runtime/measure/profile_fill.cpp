@@ -32,15 +32,15 @@ std::string list(const std::vector<int>& v) {
 
 }  // namespace
 
-json link_to_json(const planner::LinkProfile& l) {
+json link_to_json(const planner::link_profile& l) {
   return json{{"h2d_gbps", l.h2d_gbps},
               {"d2h_gbps", l.d2h_gbps},
               {"bidir_gbps", l.bidir_gbps},
               {"local_ranks", static_cast<std::uint64_t>(l.local_ranks)}};
 }
 
-filled_profile fill_profile(const measurement& m, const planner::Profile* skeleton,
-                            const std::optional<planner::LinkProfile>& link) {
+filled_profile fill_profile(const measurement& m, const planner::step_profile* skeleton,
+                            const std::optional<planner::link_profile>& link) {
   filled_profile out;
   for (const std::string& w : m.warnings) out.notes.push_back("warning: " + w);
   if (!skeleton) {
@@ -65,13 +65,13 @@ filled_profile fill_profile(const measurement& m, const planner::Profile* skelet
     return out;
   }
 
-  planner::Profile p = *skeleton;
-  p.source = planner::ProfileSource::measured;
+  planner::step_profile p = *skeleton;
+  p.source = planner::profile_source::measured;
   if (link) p.link = *link;
   std::vector<int> missing_fwd, missing_bwd, extra;
   int tensors_filled = 0, tensors_missing = 0;
   for (size_t i = 0; i < p.layers.size(); ++i) {
-    planner::LayerProfile& layer = p.layers[i];
+    planner::layer_profile& layer = p.layers[i];
     auto it = m.layers.find(static_cast<int>(i));
     if (it == m.layers.end() || it->second.fwd_ms.empty()) {
       missing_fwd.push_back(static_cast<int>(i));
@@ -83,7 +83,7 @@ filled_profile fill_profile(const measurement& m, const planner::Profile* skelet
     } else {
       layer.bwd_ms = median(it->second.bwd_ms);
     }
-    for (planner::TensorProfile& t : layer.tensors) {
+    for (planner::tensor_profile& t : layer.tensors) {
       auto tt = m.tensors.find({static_cast<int>(i), t.name});
       if (tt == m.tensors.end() || tt->second.empty()) {
         if (t.recomputable) ++tensors_missing;  // the others need no recompute_ms
@@ -133,14 +133,14 @@ filled_profile fill_profile(const measurement& m, const planner::Profile* skelet
   return out;
 }
 
-planner::LinkProfile load_link_section(const std::string& path) {
+planner::link_profile load_link_section(const std::string& path) {
   const json j = planner::read_json_file(path);
   if (!j.is_object() || !j.contains("link") || !j["link"].is_object()) {
     throw planner::input_error(path + ": link: missing required field (expected a profile or "
                                "the output of `stash bench link --json`)");
   }
   const json& l = j["link"];
-  planner::LinkProfile link;
+  planner::link_profile link;
   auto gbps = [&](const char* key) {
     if (!l.contains(key) || !l[key].is_number() || !(l[key].get<double>() > 0)) {
       throw planner::input_error(path + ": link." + key + ": expected a positive number (GB/s)");

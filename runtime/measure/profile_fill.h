@@ -38,13 +38,13 @@ struct filled_profile {
 };
 
 // Throws planner::input_error when the skeleton's filled result does not validate.
-filled_profile fill_profile(const measurement& m, const planner::Profile* skeleton,
-                            const std::optional<planner::LinkProfile>& link);
+filled_profile fill_profile(const measurement& m, const planner::step_profile* skeleton,
+                            const std::optional<planner::link_profile>& link);
 
 // The link section of a file: a profile's "link", or a `stash bench link --json` output
 // (which has one at its top level too). Throws planner::input_error naming the path.
-planner::LinkProfile load_link_section(const std::string& path);
+planner::link_profile load_link_section(const std::string& path);
 
-nlohmann::json link_to_json(const planner::LinkProfile& link);
+nlohmann::json link_to_json(const planner::link_profile& link);
 
 }  // namespace stash::measure

@@ -81,9 +81,9 @@ TEST(PlannerApi, SamePlanAsThePlannerAndTheCli) {
   const nlohmann::json got = nlohmann::json::parse(out.text);
   EXPECT_EQ(got.at("schema"), "stash.plan/1");
 
-  const pl::Profile p = pl::profile_from_json(nlohmann::json::parse(text));
+  const pl::step_profile p = pl::profile_from_json(nlohmann::json::parse(text));
   const std::uint64_t budget = pl::parse_budget("70%", p);
-  const pl::Plan want = pl::make_plan(p, budget);
+  const pl::step_plan want = pl::make_plan(p, budget);
   EXPECT_EQ(without_time(got), without_time(pl::plan_to_json(want)));
   EXPECT_EQ(r.budget_bytes, budget);
   EXPECT_EQ(r.keep_all_peak_bytes, want.keep_all.peak_bytes);
@@ -127,7 +127,7 @@ TEST(PlannerApi, EverySolverAndTheOptionsTheyTake) {
 
 TEST(PlannerApi, InfeasibleBudgetGivesTheSmallestFeasibleOne) {
   const std::string text = tiny_profile();
-  const pl::Profile p = pl::profile_from_json(nlohmann::json::parse(text));
+  const pl::step_profile p = pl::profile_from_json(nlohmann::json::parse(text));
   const std::uint64_t min = pl::min_feasible_budget(p);
   ASSERT_GT(min, p.fixed_bytes);
   for (const std::string& budget : {std::to_string(min - 1), std::to_string(p.fixed_bytes - 1)}) {

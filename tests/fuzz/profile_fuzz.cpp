@@ -1,6 +1,6 @@
 // profile_fuzz.cpp: libFuzzer target for the profile parser (planner/profile.cpp).
 //
-// Contract under test: any byte string either parses into a Profile or is rejected with
+// Contract under test: any byte string either parses into a step_profile or is rejected with
 // stash::planner::input_error. Any other exception, crash, sanitizer report or hang is a
 // bug. A parsed profile must survive a round trip through profile_to_json unchanged (same
 // digest), and the canonical evaluator must accept it with keep-all decisions.
@@ -30,15 +30,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return 0;
-  Profile p;
+  step_profile p;
   try {
     p = profile_from_json(j);
   } catch (const input_error&) {
     return 0;
   }
-  const Profile q = profile_from_json(profile_to_json(p));
+  const step_profile q = profile_from_json(profile_to_json(p));
   if (profile_sha256(p) != profile_sha256(q)) std::abort();
-  const Evaluation ev = evaluate(p, keep_all(p), UINT64_MAX);
+  const evaluation ev = evaluate(p, keep_all(p), UINT64_MAX);
   if (!ev.valid) {
     // Keep-all offloads nothing and breaks no rule: it is valid under an unlimited budget.
     std::abort();

@@ -15,7 +15,7 @@ namespace {
 
 using nlohmann::json;
 
-planner::Profile skeleton() {
+planner::step_profile skeleton() {
   const json j = json::parse(R"({
     "schema": "stash.profile/1", "source": "analytic",
     "device": {"name": "NVIDIA H200", "memory_bytes": 150323855360},
@@ -50,11 +50,11 @@ measurement sample_measurement() {
 }
 
 TEST(FillProfile, FillsTimesFromScopesAndMarksMeasured) {
-  const planner::Profile sk = skeleton();
+  const planner::step_profile sk = skeleton();
   const filled_profile f = fill_profile(sample_measurement(), &sk, std::nullopt);
   ASSERT_TRUE(f.plannable);
-  const planner::Profile p = planner::profile_from_json(f.json);
-  EXPECT_EQ(p.source, planner::ProfileSource::measured);
+  const planner::step_profile p = planner::profile_from_json(f.json);
+  EXPECT_EQ(p.source, planner::profile_source::measured);
   EXPECT_DOUBLE_EQ(p.layers[0].fwd_ms, 2.2);
   EXPECT_DOUBLE_EQ(p.layers[0].bwd_ms, 4.2);
   EXPECT_DOUBLE_EQ(p.layers[1].fwd_ms, 3.0);
@@ -78,7 +78,7 @@ TEST(FillProfile, FillsTimesFromScopesAndMarksMeasured) {
 
 // Everything the skeleton needs measured, nothing dropped: no notes, in the file too.
 TEST(FillProfile, ACompleteMeasurementHasNoNotes) {
-  const planner::Profile sk = skeleton();
+  const planner::step_profile sk = skeleton();
   measurement m = sample_measurement();
   m.tensors[{1, "attn_out"}] = {0.8};
   m.step_outside_ms = {0.1};
@@ -91,14 +91,14 @@ TEST(FillProfile, ACompleteMeasurementHasNoNotes) {
 }
 
 TEST(FillProfile, MergesAGivenLinkSection) {
-  const planner::Profile sk = skeleton();
-  planner::LinkProfile link;
+  const planner::step_profile sk = skeleton();
+  planner::link_profile link;
   link.h2d_gbps = 52.5;
   link.d2h_gbps = 51.0;
   link.bidir_gbps = 90.0;
   link.local_ranks = 4;
   const filled_profile f = fill_profile(sample_measurement(), &sk, link);
-  const planner::Profile p = planner::profile_from_json(f.json);
+  const planner::step_profile p = planner::profile_from_json(f.json);
   EXPECT_DOUBLE_EQ(p.link.h2d_gbps, 52.5);
   EXPECT_DOUBLE_EQ(p.link.d2h_gbps, 51.0);
   EXPECT_DOUBLE_EQ(p.link.bidir_gbps, 90.0);
@@ -106,7 +106,7 @@ TEST(FillProfile, MergesAGivenLinkSection) {
 }
 
 TEST(FillProfile, NamesLayersTheRunDidNotMeasure) {
-  const planner::Profile sk = skeleton();
+  const planner::step_profile sk = skeleton();
   measurement m;
   m.layers[0].fwd_ms = {1.0};
   m.layers[0].bwd_ms = {2.0};
@@ -161,11 +161,11 @@ TEST(Measurement, JsonRoundTripAndMerge) {
 
 // Note [Time outside the layers]: the step overhead is the median of the per-step samples.
 TEST(FillProfile, StepOverheadIsTheMedianOfTheStepSamples) {
-  const planner::Profile sk = skeleton();
+  const planner::step_profile sk = skeleton();
   measurement m = sample_measurement();
   m.step_outside_ms = {5.0, 0.3, 0.4, 0.35};  // a slow first step
   const filled_profile f = fill_profile(m, &sk, std::nullopt);
-  const planner::Profile p = planner::profile_from_json(f.json);
+  const planner::step_profile p = planner::profile_from_json(f.json);
   EXPECT_DOUBLE_EQ(p.step_overhead_ms, 0.375);
   EXPECT_DOUBLE_EQ(f.json["step_overhead_ms"].get<double>(), 0.375);
   EXPECT_EQ(f.json["measurement"]["steps"], 4);
@@ -175,7 +175,7 @@ TEST(FillProfile, StepOverheadIsTheMedianOfTheStepSamples) {
   const filled_profile bare = fill_profile(m, nullptr, std::nullopt);
   EXPECT_DOUBLE_EQ(bare.json["step_overhead_ms"].get<double>(), 0.375);
   // No step measured: the skeleton's value stays, and a note says so.
-  planner::Profile with = sk;
+  planner::step_profile with = sk;
   with.step_overhead_ms = 1.5;
   const filled_profile none = fill_profile(sample_measurement(), &with, std::nullopt);
   EXPECT_DOUBLE_EQ(planner::profile_from_json(none.json).step_overhead_ms, 1.5);
@@ -211,7 +211,7 @@ TEST(LinkSection, ReadsBenchOutputAndRejectsBadFiles) {
     std::ofstream(path) << R"({"link": {"h2d_gbps": 50, "d2h_gbps": 40, "bidir_gbps": 60,
                                         "local_ranks": 2}, "link_bench": {}})";
   }
-  const planner::LinkProfile l = load_link_section(path);
+  const planner::link_profile l = load_link_section(path);
   EXPECT_DOUBLE_EQ(l.h2d_gbps, 50);
   EXPECT_DOUBLE_EQ(l.d2h_gbps, 40);
   EXPECT_DOUBLE_EQ(l.bidir_gbps, 60);

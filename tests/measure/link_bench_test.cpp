@@ -84,7 +84,7 @@ TEST_F(LinkBench, MeasuresWhatTheDoubleIsConfiguredWith) {
   ASSERT_TRUE(r.pageable);
   EXPECT_NEAR(r.pageable_h2d.median_gbps, 25.0, kTol);
   EXPECT_NEAR(r.pageable_d2h.median_gbps, 20.0, kTol);
-  const planner::LinkProfile l = r.link();
+  const planner::link_profile l = r.link();
   EXPECT_EQ(l.local_ranks, 1);
   EXPECT_NEAR(l.h2d_gbps, 25.0, kTol);
   EXPECT_NEAR(l.d2h_gbps, 20.0, kTol);
@@ -112,7 +112,7 @@ TEST_F(LinkBench, PerRankShareWhenLocalRanksShareTheLink) {
   // k H2D chunks then k D2H chunks: the same shape as one copy per direction.
   const both_rates both = double_both(40.0, 32.0, 48.0);
   EXPECT_NEAR(r.shared_both.median_gbps, both.aggregate, kTol);
-  const planner::LinkProfile l = r.link();  // Note [Per-rank link share]
+  const planner::link_profile l = r.link();  // Note [Per-rank link share]
   EXPECT_NEAR(l.h2d_gbps, 10.0, kTol);
   EXPECT_NEAR(l.d2h_gbps, 8.0, kTol);
   EXPECT_NEAR(l.bidir_gbps, both.aggregate / 4, kTol);

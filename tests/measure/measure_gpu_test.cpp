@@ -122,10 +122,10 @@ TEST(StashProfile, InjectsIntoAnyProgramAndFillsTheSkeleton) {
   const int st = ::pclose(f);
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << output;
   std::printf("%s", output.c_str());
-  const planner::Profile p = planner::load_profile(out);
-  EXPECT_EQ(p.source, planner::ProfileSource::measured);
+  const planner::step_profile p = planner::load_profile(out);
+  EXPECT_EQ(p.source, planner::profile_source::measured);
   ASSERT_EQ(p.layers.size(), 2u);
-  for (const planner::LayerProfile& l : p.layers) {
+  for (const planner::layer_profile& l : p.layers) {
     EXPECT_GT(l.fwd_ms, 0.0) << l.name;
     EXPECT_GT(l.bwd_ms, l.fwd_ms) << l.name;  // three fills against two
     EXPECT_GT(l.tensors[0].recompute_ms, 0.0) << l.name;

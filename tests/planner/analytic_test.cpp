@@ -22,8 +22,8 @@ namespace {
 
 constexpr double MiB = 1048576;
 
-Profile model(const std::string& arch, const std::string& device, int batch, int seq) {
-  AnalyticOptions o;
+step_profile model(const std::string& arch, const std::string& device, int batch, int seq) {
+  analytic_options o;
   o.arch = arch;
   o.device = device;
   o.batch = batch;
@@ -31,25 +31,25 @@ Profile model(const std::string& arch, const std::string& device, int batch, int
   return analytic_profile(o);
 }
 
-const TensorProfile& tensor(const LayerProfile& l, const std::string& name) {
-  for (const TensorProfile& t : l.tensors)
+const tensor_profile& tensor(const layer_profile& l, const std::string& name) {
+  for (const tensor_profile& t : l.tensors)
     if (t.name == name) return t;
   throw std::runtime_error("no tensor " + name + " in " + l.name);
 }
 
 TEST(Analytic, EveryArchAndDeviceValidatesThroughTheSchema) {
-  for (const ArchSpec& a : analytic_archs())
-    for (const DeviceSpec& d : analytic_devices()) {
+  for (const arch_spec& a : analytic_archs())
+    for (const device_spec& d : analytic_devices()) {
       SCOPED_TRACE(a.key + " on " + d.key);
-      const Profile p = model(a.key, d.key, 2, 2048);
-      EXPECT_EQ(p.source, ProfileSource::analytic);
+      const step_profile p = model(a.key, d.key, 2, 2048);
+      EXPECT_EQ(p.source, profile_source::analytic);
       EXPECT_EQ(p.device_name, d.name);
       ASSERT_EQ(static_cast<int>(p.layers.size()), a.layers);
       // Both serializations parse back to the same profile.
-      const Profile q = profile_from_json(nlohmann::json::parse(profile_json_text(p)));
+      const step_profile q = profile_from_json(nlohmann::json::parse(profile_json_text(p)));
       EXPECT_EQ(profile_to_json(q), profile_to_json(p));
       EXPECT_EQ(profile_to_json(profile_from_json(profile_to_json(p))), profile_to_json(p));
-      for (const LayerProfile& l : p.layers) {
+      for (const layer_profile& l : p.layers) {
         ASSERT_FALSE(l.tensors.empty());
         // The layer input comes first and is where recompute starts.
         EXPECT_EQ(l.tensors[0].name, "input");
@@ -58,7 +58,7 @@ TEST(Analytic, EveryArchAndDeviceValidatesThroughTheSchema) {
         EXPECT_GT(l.bwd_ms, 1.5 * l.fwd_ms);
         EXPECT_LT(l.bwd_ms, 3.0 * l.fwd_ms);
         EXPECT_GT(l.bwd_temp_bytes, 0u);
-        for (const TensorProfile& t : l.tensors) {
+        for (const tensor_profile& t : l.tensors) {
           EXPECT_GT(t.bytes, 0u) << t.name;
           if (t.recomputable) {
             EXPECT_GT(t.recompute_ms, 0) << t.name;
@@ -75,9 +75,9 @@ TEST(Analytic, EveryArchAndDeviceValidatesThroughTheSchema) {
 
 // llama3-8b, batch 4 x 4096 tokens on an H200, checked against a hand computation.
 TEST(Analytic, Llama8bMatchesHandComputation) {
-  const Profile p = model("llama3-8b", "h200", 4, 4096);
+  const step_profile p = model("llama3-8b", "h200", 4, 4096);
   const double T = 4.0 * 4096, h = 4096, f = 14336, kvd = 1024;
-  const LayerProfile& l = p.layers[5];
+  const layer_profile& l = p.layers[5];
   EXPECT_EQ(l.signature, "llama_block");
   // Bytes, as autograd saves them in bf16.
   EXPECT_EQ(tensor(l, "input").bytes, static_cast<std::uint64_t>(T * h * 2));
@@ -97,34 +97,34 @@ TEST(Analytic, Llama8bMatchesHandComputation) {
   EXPECT_NEAR(tensor(l, "mlp.gate").recompute_ms, 2 * T * f * h / (989.4e12 * kGemmEfficiency) * 1e3,
               1e-5);
   // Fixed: 16 bytes per parameter sharded 4 ways (auto on a 140 GiB part) + the rest.
-  AnalyticOptions o{"llama3-8b", "h200", 4, 4096, 0};
+  analytic_options o{"llama3-8b", "h200", 4, 4096, 0};
   EXPECT_EQ(analytic_shard(o), 4);
   EXPECT_NEAR(trainable_params(find_arch("llama3-8b")) / 1e9, 8.03, 0.01);
   EXPECT_GT(p.fixed_bytes, 16 * 8.03e9 / 4);
   EXPECT_LT(p.fixed_bytes, 16 * 8.03e9 / 4 + 12e9);
   // The whole step is in the range such a job sees on an H200: 16k tokens in ~1-2 s.
   double step = 0;
-  for (const LayerProfile& x : p.layers) step += x.fwd_ms + x.bwd_ms;
+  for (const layer_profile& x : p.layers) step += x.fwd_ms + x.bwd_ms;
   EXPECT_GT(step, 800);
   EXPECT_LT(step, 2500);
 }
 
 TEST(Analytic, SeventyBIsShardedWiderAndCostsMorePerLayer) {
   EXPECT_NEAR(trainable_params(find_arch("llama3-70b")) / 1e9, 70.55, 0.05);
-  AnalyticOptions o{"llama3-70b", "h200", 1, 8192, 0};
+  analytic_options o{"llama3-70b", "h200", 1, 8192, 0};
   EXPECT_EQ(analytic_shard(o), 32);
   o.shard = 64;
-  const Profile wide = analytic_profile(o);
+  const step_profile wide = analytic_profile(o);
   o.shard = 0;
-  const Profile p = analytic_profile(o);
+  const step_profile p = analytic_profile(o);
   EXPECT_LT(wide.fixed_bytes, p.fixed_bytes);
-  const Profile small = model("llama3-8b", "h200", 1, 8192);
+  const step_profile small = model("llama3-8b", "h200", 1, 8192);
   EXPECT_GT(p.layers[0].fwd_ms, 3 * small.layers[0].fwd_ms);
   EXPECT_GT(p.layers[0].saved_bytes(), 1.5 * small.layers[0].saved_bytes());
 }
 
 TEST(Analytic, VisionModelHasTwoSignaturesWhereLlamaPutsThem) {
-  const Profile p = model("llama3.2-11b-vision", "h100", 2, 4096);
+  const step_profile p = model("llama3.2-11b-vision", "h100", 2, 4096);
   std::set<std::string> signatures;
   std::vector<std::size_t> cross;
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
@@ -133,7 +133,7 @@ TEST(Analytic, VisionModelHasTwoSignaturesWhereLlamaPutsThem) {
   }
   EXPECT_EQ(signatures, (std::set<std::string>{"llama_block", "cross_attn_block"}));
   EXPECT_EQ(cross, (std::vector<std::size_t>{3, 8, 13, 18, 23, 28, 33, 38}));
-  const LayerProfile &self = p.layers[2], &x = p.layers[3];
+  const layer_profile &self = p.layers[2], &x = p.layers[3];
   // Cross-attention k/v come from the 6404 vision tokens, not the 4096 text tokens.
   EXPECT_EQ(tensor(x, "attn.k").bytes, static_cast<std::uint64_t>(2.0 * 6404 * 1024 * 2));
   EXPECT_EQ(tensor(self, "attn.k").bytes, static_cast<std::uint64_t>(2.0 * 4096 * 1024 * 2));
@@ -142,8 +142,8 @@ TEST(Analytic, VisionModelHasTwoSignaturesWhereLlamaPutsThem) {
 }
 
 TEST(Analytic, DevicesCarryTheirLinksAndSpeeds) {
-  const Profile h100 = model("llama3-8b", "h100", 1, 4096);
-  const Profile gb200 = model("llama3-8b", "gb200", 1, 4096);
+  const step_profile h100 = model("llama3-8b", "h100", 1, 4096);
+  const step_profile gb200 = model("llama3-8b", "gb200", 1, 4096);
   EXPECT_DOUBLE_EQ(h100.link.h2d_gbps, 55);
   EXPECT_GE(gb200.link.h2d_gbps, 300);
   EXPECT_LE(gb200.link.h2d_gbps, 450);
@@ -177,18 +177,18 @@ TEST(Analytic, ShippedProfilesAreCurrent) {
     const std::string file = e->d_name;
     if (!std::regex_match(file, m, name)) continue;
     bool known = false;
-    for (const ArchSpec& a : analytic_archs()) known |= a.key == m[1].str();
+    for (const arch_spec& a : analytic_archs()) known |= a.key == m[1].str();
     if (!known) continue;  // a measured profile someone shipped beside ours
     SCOPED_TRACE(file);
     std::ifstream in(dir + "/" + file);
     std::stringstream text;
     text << in.rdbuf();
-    const Profile shipped = load_profile(dir + "/" + file);
-    const Profile fresh = model(m[1], m[2], std::stoi(m[3]), std::stoi(m[4]));
+    const step_profile shipped = load_profile(dir + "/" + file);
+    const step_profile fresh = model(m[1], m[2], std::stoi(m[3]), std::stoi(m[4]));
     EXPECT_EQ(text.str(), profile_json_text(fresh)) << "regenerate " << file;
     EXPECT_LT(text.str().size(), 256u * 1024);
     archs.insert(m[1]);
-    for (const LayerProfile& l : shipped.layers) signatures_seen.insert(l.signature);
+    for (const layer_profile& l : shipped.layers) signatures_seen.insert(l.signature);
   }
   closedir(d);
   EXPECT_TRUE(archs.count("llama3-8b") && archs.count("llama3-70b") &&
@@ -205,7 +205,7 @@ int run(const std::string& args) {
 TEST(ProfileModelCli, WritesALoadableProfileAndRejectsUnknownNames) {
   const std::string out = ::testing::TempDir() + "stash_profile_model_cli.json";
   ASSERT_EQ(run("profile-model --arch llama3-70b --device gb200 --batch 1 --seq 4096 -o " + out), 0);
-  const Profile p = load_profile(out);
+  const step_profile p = load_profile(out);
   EXPECT_EQ(p.layers.size(), 80u);
   EXPECT_EQ(p.device_name, "NVIDIA GB200");
   std::remove(out.c_str());

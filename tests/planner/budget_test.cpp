@@ -7,13 +7,13 @@
 using namespace stash::planner;
 
 TEST(ParseBudget, BytesAndUnitsPassThrough) {
-  const Profile p = stash::planner::testing::llama_like(4, 1);
+  const step_profile p = stash::planner::testing::llama_like(4, 1);
   EXPECT_EQ(parse_bytes("80GiB"), parse_budget("80GiB", p));
   EXPECT_EQ(123456u, parse_budget("123456", p));
 }
 
 TEST(ParseBudget, PercentIsShareOfKeepAllPeak) {
-  const Profile p = stash::planner::testing::llama_like(4, 1);
+  const step_profile p = stash::planner::testing::llama_like(4, 1);
   const std::uint64_t peak = evaluate(p, keep_all(p), UINT64_MAX).peak_bytes;
   EXPECT_EQ(peak, parse_budget("100%", p));
   EXPECT_EQ(static_cast<std::uint64_t>(static_cast<long double>(peak) * 0.7L),
@@ -23,7 +23,7 @@ TEST(ParseBudget, PercentIsShareOfKeepAllPeak) {
 }
 
 TEST(ParseBudget, BadPercentNamesTheText) {
-  const Profile p = stash::planner::testing::llama_like(2, 1);
+  const step_profile p = stash::planner::testing::llama_like(2, 1);
   for (const char* bad : {"%", "0%", "-5%", "abc%", "70x%", "2000%"}) {
     try {
       parse_budget(bad, p);

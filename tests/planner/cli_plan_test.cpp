@@ -55,7 +55,7 @@ class CliPlan : public ::testing::Test {
     return dir_ + name;
   }
   std::string dir_, profile_path_;
-  Profile profile_;
+  step_profile profile_;
   std::uint64_t min_ = 0, keep_ = 0;
 };
 
@@ -140,8 +140,8 @@ TEST_F(CliPlan, MalformedProfilesExitTwoNamingTheProblem) {
 
 TEST_F(CliPlan, CheckNamesTheViolatedConstraints) {
   // Keep-all under a budget that only the planner's plan fits.
-  Plan plan = make_plan(profile_, min_);
-  for (auto& l : plan.layers) std::fill(l.actions.begin(), l.actions.end(), Action::keep);
+  step_plan plan = make_plan(profile_, min_);
+  for (auto& l : plan.layers) std::fill(l.actions.begin(), l.actions.end(), tensor_action::keep);
   const std::string path = write("stash_cli_keepall.json", plan_to_json(plan).dump());
   run_result r = run_stash("check --profile " + profile_path_ + " --plan " + path);
   EXPECT_EQ(r.code, 1);
@@ -149,7 +149,7 @@ TEST_F(CliPlan, CheckNamesTheViolatedConstraints) {
   EXPECT_NE(r.err.find("violated: peak:backward[5]"), std::string::npos) << r.err;
 
   // A rule broken: the last layer offloads.
-  plan.layers.back().actions[0] = Action::offload;
+  plan.layers.back().actions[0] = tensor_action::offload;
   r = run_stash("check --profile " + profile_path_ + " --plan " +
             write("stash_cli_rule.json", plan_to_json(plan).dump()) + " --budget " +
             std::to_string(keep_ * 2));

@@ -11,8 +11,8 @@ namespace {
 
 constexpr std::uint64_t MiB = 1048576;
 
-TensorProfile tensor(const char* name, std::uint64_t bytes, double ms) {
-  TensorProfile t;
+tensor_profile tensor(const char* name, std::uint64_t bytes, double ms) {
+  tensor_profile t;
   t.name = name;
   t.bytes = bytes;
   t.recompute_ms = ms;
@@ -21,15 +21,15 @@ TensorProfile tensor(const char* name, std::uint64_t bytes, double ms) {
 
 // Three layers of two tensors (a: 4 MiB, 0.5 ms; b: 2 MiB, 0.25 ms); D2H 1 GB/s = 1e6 B/ms,
 // H2D 2 GB/s = 2e6 B/ms; fixed 100 MiB.
-Profile three_layers() {
-  Profile p;
+step_profile three_layers() {
+  step_profile p;
   p.link = {2.0, 1.0, 3.0, 1};
   p.pinnable_bytes = 1ull << 40;
   p.fixed_bytes = 100 * MiB;
   const double fwd[] = {1, 2, 1}, bwd[] = {2, 3, 1};
   const std::uint64_t temp[] = {10 * MiB, 0, 5 * MiB};
   for (int i = 0; i < 3; ++i) {
-    LayerProfile l;
+    layer_profile l;
     l.name = "l" + std::to_string(i);
     l.signature = "s";
     l.fwd_ms = fwd[i];
@@ -41,18 +41,19 @@ Profile three_layers() {
   return p;
 }
 
-const Action K = Action::keep, R = Action::recompute, O = Action::offload;
+const tensor_action K = tensor_action::keep, R = tensor_action::recompute,
+                    O = tensor_action::offload;
 
-bool has(const Evaluation& e, const std::string& v) {
+bool has(const evaluation& e, const std::string& v) {
   return std::find(e.violations.begin(), e.violations.end(), v) != e.violations.end();
 }
 
 }  // namespace
 
 TEST(Evaluate, HandComputedMixedPlan) {
-  const Profile p = three_layers();
-  const Decisions d = {{O, R}, {K, R}, {K, K}};
-  const Evaluation e = evaluate(p, d, 116 * MiB);
+  const step_profile p = three_layers();
+  const decision_table d = {{O, R}, {K, R}, {K, K}};
+  const evaluation e = evaluate(p, d, 116 * MiB);
   // compute 1+2+2+3+1+1 = 10; R = 0.25 + 0.25; layer 0 offloads 4 MiB = 4194304 B:
   // D2H 4.194304 ms against fwd_1 = 2 -> 2.194304 exposed; H2D 2.097152 ms < bwd_1 = 3.
   EXPECT_DOUBLE_EQ(e.compute_ms, 10.0);
@@ -68,10 +69,10 @@ TEST(Evaluate, HandComputedMixedPlan) {
   EXPECT_TRUE(e.valid);
   EXPECT_TRUE(e.violations.empty());
 
-  const Evaluation tight = evaluate(p, d, 115 * MiB);
+  const evaluation tight = evaluate(p, d, 115 * MiB);
   EXPECT_FALSE(tight.valid);
   EXPECT_EQ(tight.violations, std::vector<std::string>{"peak:backward[0]"});
-  const Evaluation tighter = evaluate(p, d, 110 * MiB - 1);
+  const evaluation tighter = evaluate(p, d, 110 * MiB - 1);
   EXPECT_TRUE(has(tighter, "peak:forward[1]"));
   EXPECT_TRUE(has(tighter, "peak:forward[2]"));
   EXPECT_TRUE(has(tighter, "peak:backward[2]"));
@@ -79,12 +80,12 @@ TEST(Evaluate, HandComputedMixedPlan) {
 }
 
 TEST(Evaluate, OffloadExposedOnBothDirections) {
-  Profile p = three_layers();
+  step_profile p = three_layers();
   p.link.h2d_gbps = 1.0;
   p.layers[1].bwd_ms = 1.0;
   // Layers 0 and 1 offload a and b (6 MiB = 6291456 B): D2H 6.291456 ms, H2D 6.291456 ms.
-  const Decisions d = {{O, O}, {O, O}, {K, K}};
-  const Evaluation e = evaluate(p, d, 1ull << 40);
+  const decision_table d = {{O, O}, {O, O}, {K, K}};
+  const evaluation e = evaluate(p, d, 1ull << 40);
   // layer 0 faces fwd_1 = 2, bwd_1 = 1; layer 1 faces fwd_2 = 1, bwd_2 = 1.
   const double c = 6.291456;
   EXPECT_NEAR(e.exposed_copy_ms, (c - 2) + (c - 1) + (c - 1) + (c - 1), 1e-12);
@@ -96,13 +97,13 @@ TEST(Evaluate, OffloadExposedOnBothDirections) {
 
 // Note [Step overhead]: a constant added to the step time, nothing else.
 TEST(Evaluate, StepOverheadAddsToTheStepOnly) {
-  Profile p = three_layers();
-  const Decisions d = {{O, R}, {K, R}, {K, K}};
-  const Evaluation without = evaluate(p, d, 116 * MiB);
+  step_profile p = three_layers();
+  const decision_table d = {{O, R}, {K, R}, {K, K}};
+  const evaluation without = evaluate(p, d, 116 * MiB);
   EXPECT_EQ(without.layer_ms, without.step_ms);
   EXPECT_EQ(without.step_overhead_ms, 0.0);
   p.step_overhead_ms = 0.75;
-  const Evaluation with = evaluate(p, d, 116 * MiB);
+  const evaluation with = evaluate(p, d, 116 * MiB);
   EXPECT_EQ(with.layer_ms, without.step_ms);  // bit for bit: what the solvers compare
   EXPECT_EQ(with.step_overhead_ms, 0.75);
   EXPECT_NEAR(with.step_ms, 12.694304 + 0.75, 1e-12);
@@ -114,33 +115,33 @@ TEST(Evaluate, StepOverheadAddsToTheStepOnly) {
 }
 
 TEST(Evaluate, KeepAllAndRecomputeAllBaselines) {
-  const Profile p = three_layers();
-  const Evaluation ka = evaluate(p, keep_all(p), 1ull << 40);
+  const step_profile p = three_layers();
+  const evaluation ka = evaluate(p, keep_all(p), 1ull << 40);
   EXPECT_DOUBLE_EQ(ka.step_ms, 10.0);
   // backward_2 = 100 + 12 + 6 + 5 = 123 MiB.
   EXPECT_EQ(ka.peak_bytes, 123 * MiB);
   EXPECT_EQ(ka.peak_at, "backward[2]");
-  const Evaluation ra = evaluate(p, recompute_all(p), 1ull << 40);
+  const evaluation ra = evaluate(p, recompute_all(p), 1ull << 40);
   EXPECT_DOUBLE_EQ(ra.step_ms, 10.0 + 3 * 0.75);
   EXPECT_EQ(ra.peak_bytes, 116 * MiB);  // backward_0 = 100 + 6 + 10
   // must_keep and non-recomputable tensors stay kept under recompute-all.
-  Profile q = p;
+  step_profile q = p;
   q.layers[1].tensors[0].must_keep = true;
   q.layers[2].tensors[1].recomputable = false;
-  const Decisions d = recompute_all(q);
+  const decision_table d = recompute_all(q);
   EXPECT_EQ(d[1][0], K);
   EXPECT_EQ(d[2][1], K);
   EXPECT_EQ(d[0][0], R);
 }
 
 TEST(Evaluate, RulesAreNamed) {
-  Profile p = three_layers();
+  step_profile p = three_layers();
   p.layers[0].tensors[0].must_keep = true;
   p.layers[0].tensors[1].offloadable = false;
   p.layers[1].tensors[0].recomputable = false;
   p.layers[1].tensors[1].bytes = MiB - 1;  // under the 1 MiB floor
-  const Decisions d = {{R, O}, {R, O}, {O, K}};
-  const Evaluation e = evaluate(p, d, 1ull << 40);
+  const decision_table d = {{R, O}, {R, O}, {O, K}};
+  const evaluation e = evaluate(p, d, 1ull << 40);
   EXPECT_FALSE(e.valid);
   EXPECT_TRUE(has(e, "rule:layers[0].tensors[0]:must_keep"));
   EXPECT_TRUE(has(e, "rule:layers[0].tensors[1]:not_offloadable"));
@@ -148,35 +149,35 @@ TEST(Evaluate, RulesAreNamed) {
   EXPECT_TRUE(has(e, "rule:layers[1].tensors[1]:min_offload_bytes"));
   EXPECT_TRUE(has(e, "rule:layers[2].tensors[0]:last_layer"));
   EXPECT_EQ(e.violations.size(), 5u);
-  EXPECT_TRUE(allowed(p, 1, 1, Action::recompute));
-  EXPECT_FALSE(allowed(p, 1, 1, Action::offload));
+  EXPECT_TRUE(allowed(p, 1, 1, tensor_action::recompute));
+  EXPECT_FALSE(allowed(p, 1, 1, tensor_action::offload));
   // Exactly 1 MiB may offload.
   p.layers[1].tensors[1].bytes = MiB;
-  EXPECT_TRUE(allowed(p, 1, 1, Action::offload));
+  EXPECT_TRUE(allowed(p, 1, 1, tensor_action::offload));
 }
 
 TEST(Evaluate, HostCap) {
-  Profile p = three_layers();
+  step_profile p = three_layers();
   p.pinnable_bytes = 6 * MiB;
-  const Decisions fits = {{O, O}, {K, K}, {K, K}};
+  const decision_table fits = {{O, O}, {K, K}, {K, K}};
   EXPECT_TRUE(evaluate(p, fits, 1ull << 40).valid);
-  const Decisions over = {{O, O}, {O, K}, {K, K}};
-  const Evaluation e = evaluate(p, over, 1ull << 40);
+  const decision_table over = {{O, O}, {O, K}, {K, K}};
+  const evaluation e = evaluate(p, over, 1ull << 40);
   EXPECT_FALSE(e.valid);
   EXPECT_EQ(e.violations, std::vector<std::string>{"host"});
 }
 
 TEST(Evaluate, ShapeMismatchIsAnInputError) {
-  const Profile p = three_layers();
+  const step_profile p = three_layers();
   EXPECT_THROW(evaluate(p, {{K, K}, {K, K}}, 0), input_error);
   EXPECT_THROW(evaluate(p, {{K, K}, {K}, {K, K}}, 0), input_error);
 }
 
 TEST(Evaluate, SingleLayerNeverOffloads) {
-  Profile p = three_layers();
+  step_profile p = three_layers();
   p.layers.resize(1);
-  EXPECT_FALSE(allowed(p, 0, 0, Action::offload));
-  const Evaluation e = evaluate(p, {{K, R}}, 1ull << 40);
+  EXPECT_FALSE(allowed(p, 0, 0, tensor_action::offload));
+  const evaluation e = evaluate(p, {{K, R}}, 1ull << 40);
   EXPECT_DOUBLE_EQ(e.step_ms, 3.25);
   EXPECT_EQ(e.peak_bytes, 116 * MiB);  // A_0 counts whole: recompute happens in backward
   EXPECT_EQ(e.exposed_copy_ms, 0.0);

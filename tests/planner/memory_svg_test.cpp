@@ -13,8 +13,8 @@ namespace {
 
 using V = std::vector<std::pair<double, double>>;
 
-TraceWriter counters(const V& device) {
-  TraceWriter t("unit test");
+trace_writer counters(const V& device) {
+  trace_writer t("unit test");
   for (const auto& [ms, v] : device) t.add_counter(kDeviceBytesCounter, ms, v);
   t.add_counter(kPinnedBytesCounter, 12, 999);  // another counter: ignored
   return t;
@@ -23,7 +23,7 @@ TraceWriter counters(const V& device) {
 // The window opens with the value in effect at its start, keeps the samples inside it in
 // time order (added out of order here), shifted to start at 0, and holds the last to its end.
 TEST(MemorySvg, CounterWindowOpensWithTheLevelInEffectAndHoldsTheLast) {
-  const TraceWriter t = counters({{5, 100}, {30, 400}, {10, 200}, {25, 300}, {50, 500}});
+  const trace_writer t = counters({{5, 100}, {30, 400}, {10, 200}, {25, 300}, {50, 500}});
   EXPECT_EQ(counter_window(t, kDeviceBytesCounter, 12, 40),
             (V{{0, 200}, {13, 300}, {18, 400}, {28, 400}}));
   // A sample exactly at the start needs no opening value; nothing inside: the level held.
@@ -35,7 +35,7 @@ TEST(MemorySvg, CounterWindowOpensWithTheLevelInEffectAndHoldsTheLast) {
 
 TEST(MemorySvg, PlotsEachSeriesAndTheBudget) {
   const double MiB = 1048576;
-  std::vector<MemorySeries> s = {
+  std::vector<memory_series> s = {
       {"predicted (stash simulate)", "#1f5fbf", {{0, 10 * MiB}, {2, 30 * MiB}, {4, 12 * MiB}}},
       {"measured <engine> & pool", "#e07000", {{0, 11 * MiB}, {2.5, 29 * MiB}, {4, 12 * MiB}}},
       {"empty", "#000000", {}}};

@@ -24,25 +24,25 @@ using test::well_formed_xml;
 
 constexpr std::uint64_t MiB = 1048576;
 
-Profile small_llama() {
-  AnalyticOptions o;
+step_profile small_llama() {
+  analytic_options o;
   o.arch = "llama3-8b";
   o.device = "h100";
   o.batch = 1;
   o.seq = 4096;
-  Profile p = analytic_profile(o);
+  step_profile p = analytic_profile(o);
   p.layers.resize(12);  // keep the sweep quick; the shape of the curve is the same
   return p;
 }
 
-void expect_curve_invariants(const Profile& p, const ParetoCurve& c, int max_points) {
+void expect_curve_invariants(const step_profile& p, const pareto_curve& c, int max_points) {
   ASSERT_GE(c.points.size(), c.from_bytes < c.to_bytes ? 2u : 1u);
   EXPECT_LE(c.solver_calls, max_points);
   EXPECT_EQ(c.points.front().budget_bytes, c.from_bytes);
   EXPECT_EQ(c.points.back().budget_bytes, c.to_bytes);
   double best = c.points.front().solved_step_ms;
   for (std::size_t i = 0; i < c.points.size(); ++i) {
-    const ParetoPoint& pt = c.points[i];
+    const pareto_point& pt = c.points[i];
     if (i > 0) {
       EXPECT_GT(pt.budget_bytes, c.points[i - 1].budget_bytes);
       EXPECT_LE(pt.step_ms, c.points[i - 1].step_ms) << "step time rose at point " << i;
@@ -58,8 +58,8 @@ void expect_curve_invariants(const Profile& p, const ParetoCurve& c, int max_poi
 }
 
 TEST(Pareto, SweepIsMonotoneValidAndSpansTheDefaults) {
-  const Profile p = small_llama();
-  ParetoOptions opt;
+  const step_profile p = small_llama();
+  pareto_options opt;
   opt.max_points = 40;
   int progress_calls = 0;
   opt.progress = [&](int done, int max, std::uint64_t, double step_ms, double) {
@@ -67,7 +67,7 @@ TEST(Pareto, SweepIsMonotoneValidAndSpansTheDefaults) {
     EXPECT_LE(done, max);
     EXPECT_GT(step_ms, 0);
   };
-  const ParetoCurve c = pareto_sweep(p, opt);
+  const pareto_curve c = pareto_sweep(p, opt);
   EXPECT_EQ(c.from_bytes, min_feasible_budget(p));
   EXPECT_EQ(c.to_bytes, evaluate(p, keep_all(p), ~0ull).peak_bytes);
   EXPECT_EQ(progress_calls, static_cast<int>(c.points.size()));
@@ -76,7 +76,7 @@ TEST(Pareto, SweepIsMonotoneValidAndSpansTheDefaults) {
   EXPECT_NEAR(c.points.back().step_ms, c.keep_all.step_ms, 1e-6 * c.keep_all.step_ms);
   // Memory is not free here: the smallest budget costs step time.
   EXPECT_GT(c.points.front().step_ms, c.keep_all.step_ms * 1.001);
-  ASSERT_NE(c.knee, ParetoCurve::npos) << "a recompute/offload curve has an elbow";
+  ASSERT_NE(c.knee, pareto_curve::npos) << "a recompute/offload curve has an elbow";
   EXPECT_GT(c.knee, 0u);
   EXPECT_LT(c.knee, c.points.size() - 1);
 }
@@ -84,12 +84,12 @@ TEST(Pareto, SweepIsMonotoneValidAndSpansTheDefaults) {
 // Note [Step overhead]: the same budgets are solved and the same plans land on the curve;
 // every step time moves by the overhead, and the knee stays where it was.
 TEST(Pareto, StepOverheadShiftsTheCurveAndSamplesTheSameBudgets) {
-  const Profile p = small_llama();
-  Profile q = p;
+  const step_profile p = small_llama();
+  step_profile q = p;
   q.step_overhead_ms = 7.5;
-  ParetoOptions opt;
+  pareto_options opt;
   opt.max_points = 24;
-  const ParetoCurve a = pareto_sweep(p, opt), b = pareto_sweep(q, opt);
+  const pareto_curve a = pareto_sweep(p, opt), b = pareto_sweep(q, opt);
   expect_curve_invariants(q, b, 24);
   ASSERT_EQ(a.points.size(), b.points.size());
   EXPECT_EQ(a.solver_calls, b.solver_calls);
@@ -107,19 +107,19 @@ TEST(Pareto, StepOverheadShiftsTheCurveAndSamplesTheSameBudgets) {
 }
 
 TEST(Pareto, BisectsEveryChangeDownToTheResolution) {
-  const Profile p = testing::llama_like(6, 3);
-  ParetoOptions opt;
+  const step_profile p = testing::llama_like(6, 3);
+  pareto_options opt;
   opt.max_points = 1000;
   opt.initial_points = 3;
   const std::uint64_t from = min_feasible_budget(p);
   const std::uint64_t to = evaluate(p, keep_all(p), ~0ull).peak_bytes;
   opt.resolution_bytes = (to - from) / 40;
-  const ParetoCurve c = pareto_sweep(p, opt);
+  const pareto_curve c = pareto_sweep(p, opt);
   EXPECT_LT(c.solver_calls, 1000);  // it stopped because it was done, not out of calls
   expect_curve_invariants(p, c, 1000);
   int changes = 0;
   for (std::size_t i = 1; i < c.points.size(); ++i) {
-    const ParetoPoint &a = c.points[i - 1], &b = c.points[i];
+    const pareto_point &a = c.points[i - 1], &b = c.points[i];
     if (std::abs(a.solved_step_ms - b.solved_step_ms) <= 1e-6 * a.solved_step_ms) continue;
     ++changes;
     EXPECT_LE(b.budget_bytes - a.budget_bytes, opt.resolution_bytes) << "unrefined change at " << i;
@@ -130,29 +130,29 @@ TEST(Pareto, BisectsEveryChangeDownToTheResolution) {
 TEST(Pareto, MonotoneOnRandomProfilesAndRejectsBadRanges) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 6; ++trial) {
-    const Profile p = testing::random_profile(rng, 5, 6);
-    ParetoOptions opt;
+    const step_profile p = testing::random_profile(rng, 5, 6);
+    pareto_options opt;
     opt.max_points = 20;
-    const ParetoCurve c = pareto_sweep(p, opt);
+    const pareto_curve c = pareto_sweep(p, opt);
     expect_curve_invariants(p, c, 20);
   }
-  const Profile p = testing::llama_like(4, 1);
-  ParetoOptions bad;
+  const step_profile p = testing::llama_like(4, 1);
+  pareto_options bad;
   bad.from_bytes = p.fixed_bytes + 100 * MiB;
   bad.to_bytes = p.fixed_bytes + 10 * MiB;
   EXPECT_THROW(pareto_sweep(p, bad), input_error);
   bad.from_bytes = p.fixed_bytes / 2;
   bad.to_bytes = 0;
   EXPECT_THROW(pareto_sweep(p, bad), input_error);
-  ParetoOptions infeasible;  // an explicit --from below the smallest feasible budget
+  pareto_options infeasible;  // an explicit --from below the smallest feasible budget
   infeasible.from_bytes = p.fixed_bytes + 1;
   EXPECT_THROW(pareto_sweep(p, infeasible), infeasible_budget);
 }
 
-std::vector<ParetoPoint> points(const std::vector<std::pair<double, double>>& xy) {
-  std::vector<ParetoPoint> v;
+std::vector<pareto_point> points(const std::vector<std::pair<double, double>>& xy) {
+  std::vector<pareto_point> v;
   for (const auto& [gib, ms] : xy) {
-    ParetoPoint p;
+    pareto_point p;
     p.budget_bytes = static_cast<std::uint64_t>(gib * 1073741824.0);
     p.step_ms = ms;
     v.push_back(p);
@@ -163,14 +163,14 @@ std::vector<ParetoPoint> points(const std::vector<std::pair<double, double>>& xy
 TEST(Pareto, KneeIsTheElbowAndAbsentOnFlatOrStraightCurves) {
   // Steep fall to 20 GiB, then nearly flat: the elbow is at 20.
   EXPECT_EQ(find_knee(points({{10, 200}, {15, 140}, {20, 104}, {30, 102}, {40, 101}, {50, 100}})), 2u);
-  EXPECT_EQ(find_knee(points({{10, 200}, {20, 150}, {30, 100}})), ParetoCurve::npos);  // straight
-  EXPECT_EQ(find_knee(points({{10, 100}, {20, 100}, {30, 100}})), ParetoCurve::npos);  // flat
-  EXPECT_EQ(find_knee(points({{10, 200}, {20, 199}, {30, 100}})), ParetoCurve::npos);  // concave
-  EXPECT_EQ(find_knee(points({{10, 200}, {30, 100}})), ParetoCurve::npos);
+  EXPECT_EQ(find_knee(points({{10, 200}, {20, 150}, {30, 100}})), pareto_curve::npos);  // straight
+  EXPECT_EQ(find_knee(points({{10, 100}, {20, 100}, {30, 100}})), pareto_curve::npos);  // flat
+  EXPECT_EQ(find_knee(points({{10, 200}, {20, 199}, {30, 100}})), pareto_curve::npos);  // concave
+  EXPECT_EQ(find_knee(points({{10, 200}, {30, 100}})), pareto_curve::npos);
 }
 
-ParetoCurve hand_curve() {
-  ParetoCurve c;
+pareto_curve hand_curve() {
+  pareto_curve c;
   c.points = points({{10, 200}, {15, 140}, {20, 104}, {30, 102}, {50, 100}});
   for (auto& p : c.points) p.solver = "greedy", p.peak_bytes = p.budget_bytes, p.plan_budget_bytes = p.budget_bytes;
   c.knee = find_knee(c.points);
@@ -229,8 +229,8 @@ TEST(Pareto, SvgIsAWellFormedPlotWithAxesCurveKneeAndReferences) {
   const auto y_axis = svg.substr(svg.find("id=\"y-axis\""));
   EXPECT_GE(count(y_axis.substr(0, y_axis.find("</g>")), "<text"), 4);
   // No knee, no marker.
-  ParetoCurve flat = hand_curve();
-  flat.knee = ParetoCurve::npos;
+  pareto_curve flat = hand_curve();
+  flat.knee = pareto_curve::npos;
   EXPECT_EQ(pareto_svg(flat, "t").find("id=\"knee\""), std::string::npos);
 }
 

@@ -15,7 +15,7 @@ inline constexpr std::uint64_t kMiB = 1048576;
 // A llama3-8b-like block (bf16, seq 2048, `batch` sequences per micro-batch) with about
 // 20 saved tensors whose sizes and recompute times are jittered by the seed. Layer 0's
 // input is the embedding output; every layer's input is listed as not recomputable.
-inline Profile llama_like(std::size_t layers, std::uint32_t seed, int batch = 2) {
+inline step_profile llama_like(std::size_t layers, std::uint32_t seed, int batch = 2) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> jitter(0.85, 1.15);
   struct proto {
@@ -37,22 +37,22 @@ inline Profile llama_like(std::size_t layers, std::uint32_t seed, int batch = 2)
       {"silu", 56, 0.010, true, true, false},       {"silu_mul", 56, 0.010, true, true, false},
       {"down_proj", 16, 0.170, true, true, false},  {"rng_state", 0.001, 0.0, false, false, true},
   };
-  Profile p;
-  p.source = ProfileSource::analytic;
+  step_profile p;
+  p.source = profile_source::analytic;
   p.device_name = "synthetic H100";
   p.device_memory_bytes = 80ull << 30;
   p.link = {55.0, 55.0, 100.0, 1};
   p.pinnable_bytes = 512ull << 30;
   p.fixed_bytes = 20ull << 30;
   for (std::size_t i = 0; i < layers; ++i) {
-    LayerProfile l;
+    layer_profile l;
     l.name = "layers." + std::to_string(i);
     l.signature = "llama_block";
     l.fwd_ms = 0.95 * batch;
     l.bwd_ms = 1.95 * batch;
     l.bwd_temp_bytes = static_cast<std::uint64_t>(128 * kMiB * batch);
     for (const proto& t : kTensors) {
-      TensorProfile tp;
+      tensor_profile tp;
       tp.name = t.name;
       tp.bytes = static_cast<std::uint64_t>(t.mib * kMiB * batch);
       tp.recompute_ms = t.ms * batch;
@@ -77,11 +77,11 @@ inline Profile llama_like(std::size_t layers, std::uint32_t seed, int batch = 2)
 
 // A small random profile: 1..max_layers layers of 1..max_tensors tensors with random
 // flags, sizes around the 1 MiB floor and up, random link and a sometimes-binding host cap.
-inline Profile random_profile(std::mt19937& rng, int max_layers, int max_tensors) {
+inline step_profile random_profile(std::mt19937& rng, int max_layers, int max_tensors) {
   std::uniform_int_distribution<int> nl(1, max_layers), nt(1, max_tensors);
   std::uniform_real_distribution<double> u(0, 1);
-  Profile p;
-  p.source = ProfileSource::measured;
+  step_profile p;
+  p.source = profile_source::measured;
   p.device_name = "random";
   p.link.d2h_gbps = 5 + 50 * u(rng);
   p.link.h2d_gbps = 5 + 50 * u(rng);
@@ -90,7 +90,7 @@ inline Profile random_profile(std::mt19937& rng, int max_layers, int max_tensors
   const int L = nl(rng);
   std::uint64_t total = 0;
   for (int i = 0; i < L; ++i) {
-    LayerProfile l;
+    layer_profile l;
     l.name = "l" + std::to_string(i);
     l.signature = u(rng) < 0.5 ? "a" : "b";
     l.fwd_ms = 0.05 + u(rng);
@@ -98,7 +98,7 @@ inline Profile random_profile(std::mt19937& rng, int max_layers, int max_tensors
     l.bwd_temp_bytes = u(rng) < 0.5 ? 0 : static_cast<std::uint64_t>(u(rng) * 32 * kMiB);
     const int T = nt(rng);
     for (int j = 0; j < T; ++j) {
-      TensorProfile t;
+      tensor_profile t;
       t.name = "t" + std::to_string(j);
       const double r = u(rng);
       t.bytes = r < 0.15 ? static_cast<std::uint64_t>(u(rng) * kMiB)  // below the floor
@@ -124,16 +124,17 @@ struct brute_force_result {
   std::uint64_t min_peak = 0;  // least peak among decisions that respect the host cap
 };
 
-inline brute_force_result brute_force(const Profile& p, std::uint64_t budget) {
+inline brute_force_result brute_force(const step_profile& p, std::uint64_t budget) {
   std::vector<std::pair<std::size_t, std::size_t>> slots;
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
     for (std::size_t j = 0; j < p.layers[i].tensors.size(); ++j) slots.push_back({i, j});
   }
-  Decisions d = keep_all(p);
+  decision_table d = keep_all(p);
   brute_force_result out;
   bool any_host = false;
   std::vector<int> digit(slots.size(), 0);
-  static const Action kActs[] = {Action::keep, Action::recompute, Action::offload};
+  static const tensor_action kActs[] = {tensor_action::keep, tensor_action::recompute,
+                                        tensor_action::offload};
   while (true) {
     bool ok = true;
     for (std::size_t k = 0; k < slots.size() && ok; ++k) {
@@ -141,7 +142,7 @@ inline brute_force_result brute_force(const Profile& p, std::uint64_t budget) {
       ok = allowed(p, slots[k].first, slots[k].second, kActs[digit[k]]);
     }
     if (ok) {
-      const Evaluation ev = evaluate(p, d, budget);
+      const evaluation ev = evaluate(p, d, budget);
       if (ev.offloaded_bytes <= p.pinnable_bytes) {
         if (!any_host || ev.peak_bytes < out.min_peak) out.min_peak = ev.peak_bytes;
         any_host = true;

@@ -40,8 +40,8 @@ std::string error_of(const json& j) {
 }  // namespace
 
 TEST(Profile, ParsesTheIssueExample) {
-  const Profile p = profile_from_json(example());
-  EXPECT_EQ(p.source, ProfileSource::analytic);
+  const step_profile p = profile_from_json(example());
+  EXPECT_EQ(p.source, profile_source::analytic);
   EXPECT_EQ(p.device_name, "NVIDIA H200");
   EXPECT_EQ(p.device_memory_bytes, 150323855360ull);
   EXPECT_DOUBLE_EQ(p.link.h2d_gbps, 55.0);
@@ -57,8 +57,8 @@ TEST(Profile, ParsesTheIssueExample) {
 }
 
 TEST(Profile, RoundTripsAndDigestIsStable) {
-  const Profile p = profile_from_json(example());
-  const Profile q = profile_from_json(profile_to_json(p));
+  const step_profile p = profile_from_json(example());
+  const step_profile q = profile_from_json(profile_to_json(p));
   EXPECT_EQ(profile_to_json(p), profile_to_json(q));
   const std::string d = profile_sha256(p);
   EXPECT_EQ(d.size(), 64u);
@@ -71,7 +71,7 @@ TEST(Profile, RoundTripsAndDigestIsStable) {
 
 TEST(Profile, DigestIsSha256OfTheCanonicalText) {
   // Cross-checked against coreutils' sha256sum, an implementation independent of libcrypto.
-  const Profile p = profile_from_json(example());
+  const step_profile p = profile_from_json(example());
   const std::string path = ::testing::TempDir() + "stash_profile_digest.json";
   {
     std::ofstream f(path, std::ios::binary);
@@ -162,7 +162,7 @@ TEST(Profile, StepOverheadIsOptionalValidatedAndRoundTripped) {
   EXPECT_EQ(profile_from_json(example()).step_overhead_ms, 0.0);
   json j = example();
   j["step_overhead_ms"] = 0.25;
-  const Profile p = profile_from_json(j);
+  const step_profile p = profile_from_json(j);
   EXPECT_EQ(p.step_overhead_ms, 0.25);
   EXPECT_EQ(profile_to_json(p).at("step_overhead_ms"), 0.25);
   EXPECT_EQ(profile_from_json(profile_to_json(p)).step_overhead_ms, 0.25);

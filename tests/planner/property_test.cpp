@@ -19,7 +19,7 @@ TEST(Property, ValidPlansAboveTheBoundOnRandomProfiles) {
   double worst[2] = {1, 1}, sum[2] = {0, 0};
   int within[2] = {0, 0};
   for (int k = 0; k < 1000; ++k) {
-    const Profile p = random_profile(rng, 5, 5);
+    const step_profile p = random_profile(rng, 5, 5);
     const std::uint64_t hi = evaluate(p, keep_all(p), UINT64_MAX).peak_bytes;
     bool min_proved = true;
     const std::uint64_t lo = min_feasible_budget(p, &min_proved);
@@ -33,10 +33,10 @@ TEST(Property, ValidPlansAboveTheBoundOnRandomProfiles) {
     double exact_step = 0;
     bool exact_proved = false;
     for (solver_kind s : {solver_kind::exact, solver_kind::greedy, solver_kind::ilp}) {
-      PlanOptions opt;
+      plan_options opt;
       opt.solver = s;
       opt.time_limit_s = 10;
-      Plan plan;
+      step_plan plan;
       try {
         plan = make_plan(p, budget, opt);
       } catch (const infeasible_budget& e) {
@@ -47,7 +47,7 @@ TEST(Property, ValidPlansAboveTheBoundOnRandomProfiles) {
       }
       ++plans;
       EXPECT_FALSE(below && min_proved) << "case " << k << ": planned under the least peak";
-      const Evaluation ev = evaluate(p, plan.decisions(), budget);
+      const evaluation ev = evaluate(p, plan.decisions(), budget);
       ASSERT_TRUE(ev.valid) << "case " << k << " " << to_string(s) << ": "
                             << ev.violations.front();
       EXPECT_NEAR(ev.step_ms, plan.predicted.step_ms, 1e-12);

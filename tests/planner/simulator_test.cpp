@@ -22,15 +22,15 @@ constexpr std::uint64_t MiB = 1048576;
 // 1 MiB per ms, so copy times in these hand cases are MiB counts.
 constexpr double kMiBPerMsGbps = MiB / 1e6;
 
-Profile hand_profile(std::vector<double> fwd, std::vector<double> bwd) {
-  Profile p;
+step_profile hand_profile(std::vector<double> fwd, std::vector<double> bwd) {
+  step_profile p;
   p.device_name = "test";
   p.device_memory_bytes = 1ull << 40;
   p.link = {kMiBPerMsGbps, kMiBPerMsGbps, 2 * kMiBPerMsGbps, 1};
   p.pinnable_bytes = 1ull << 40;
   p.fixed_bytes = 0;
   for (std::size_t i = 0; i < fwd.size(); ++i) {
-    LayerProfile l;
+    layer_profile l;
     l.name = "layers." + std::to_string(i);
     l.signature = "block";
     l.fwd_ms = fwd[i];
@@ -40,31 +40,31 @@ Profile hand_profile(std::vector<double> fwd, std::vector<double> bwd) {
   return p;
 }
 
-void add_tensor(Profile& p, std::size_t layer, const std::string& name, std::uint64_t bytes,
+void add_tensor(step_profile& p, std::size_t layer, const std::string& name, std::uint64_t bytes,
                 double recompute_ms = 0.1) {
-  TensorProfile t;
+  tensor_profile t;
   t.name = name;
   t.bytes = bytes;
   t.recompute_ms = recompute_ms;
   p.layers[layer].tensors.push_back(t);
 }
 
-double waits(const SimResult& r, const std::string& name) {
+double waits(const sim_result& r, const std::string& name) {
   double sum = 0;
-  for (const Span& s : r.trace.spans())
-    if (s.kind == SpanKind::wait && s.name == name) sum += s.dur_ms;
+  for (const trace_span& s : r.trace.spans())
+    if (s.kind == span_kind::wait && s.name == name) sum += s.dur_ms;
   return sum;
 }
 
 // Layer 0 offloads 3 MiB (3 ms of D2H) under a 1 ms fwd_1: forward of layer 2 waits 2 ms
 // for it (the i+2 rule), and its 3 ms prefetch under a 2 ms bwd_1 exposes 1 ms more.
 TEST(Simulator, OverrunCostsTimeUnderTheIPlus2Rule) {
-  Profile p = hand_profile({1, 1, 1}, {2, 2, 2});
+  step_profile p = hand_profile({1, 1, 1}, {2, 2, 2});
   for (int i = 0; i < 3; ++i) add_tensor(p, i, "x", 2 * MiB);
   add_tensor(p, 0, "big", 3 * MiB);
-  Decisions d = keep_all(p);
-  d[0][1] = Action::offload;
-  const SimResult r = simulate(p, d);
+  decision_table d = keep_all(p);
+  d[0][1] = tensor_action::offload;
+  const sim_result r = simulate(p, d);
   EXPECT_NEAR(r.step_ms, 3 + 6 + 2 + 1, 1e-12);
   EXPECT_NEAR(waits(r, "wait d2h L0"), 2, 1e-12);
   EXPECT_NEAR(waits(r, "wait h2d L0"), 1, 1e-12);
@@ -74,11 +74,11 @@ TEST(Simulator, OverrunCostsTimeUnderTheIPlus2Rule) {
   // backward[1] = x0 + x1 + big (prefetch) = 7 MiB.
   EXPECT_EQ(r.peak_bytes, 7 * MiB);
   EXPECT_EQ(r.peak_at, "forward[1]");
-  const Evaluation ev = evaluate(p, d, 1ull << 40);
+  const evaluation ev = evaluate(p, d, 1ull << 40);
   EXPECT_NEAR(r.step_ms, ev.step_ms, 1e-12);
   EXPECT_EQ(r.peak_bytes, ev.peak_bytes);
   // fwd L2 begins after the wait, at 1 + 1 + 2 = 4 ms.
-  for (const Span& s : r.trace.spans())
+  for (const trace_span& s : r.trace.spans())
     if (s.name == "fwd L2") {
       EXPECT_NEAR(s.start_ms, 4, 1e-12);
     }
@@ -89,15 +89,15 @@ TEST(Simulator, OverrunCostsTimeUnderTheIPlus2Rule) {
 // overhead runs 5..5.5, bwd 2 5.5..7.5 issues the 3 ms prefetch (to 8.5), bwd 1 8.5..10.5,
 // bwd 0 10.5..12.5: the canonical 9 + (3 - 1) + (3 - 2) + 0.5.
 TEST(Simulator, StepOverheadIsOneComputeSpanAtTheTurn) {
-  Profile p = hand_profile({1, 1, 1}, {2, 2, 2});
+  step_profile p = hand_profile({1, 1, 1}, {2, 2, 2});
   for (int i = 0; i < 3; ++i) add_tensor(p, i, "x", 2 * MiB);
   add_tensor(p, 1, "big", 3 * MiB);
-  Decisions d = keep_all(p);
-  d[1][1] = Action::offload;
-  const SimResult none = simulate(p, d);
-  for (const Span& s : none.trace.spans()) EXPECT_NE(s.kind, SpanKind::step_overhead);
+  decision_table d = keep_all(p);
+  d[1][1] = tensor_action::offload;
+  const sim_result none = simulate(p, d);
+  for (const trace_span& s : none.trace.spans()) EXPECT_NE(s.kind, span_kind::step_overhead);
   p.step_overhead_ms = 0.5;
-  const SimResult r = simulate(p, d);
+  const sim_result r = simulate(p, d);
   EXPECT_NEAR(r.step_ms, 12.5, 1e-12);
   EXPECT_NEAR(r.step_ms, none.step_ms + 0.5, 1e-12);
   EXPECT_NEAR(r.step_overhead_ms, 0.5, 1e-12);
@@ -107,8 +107,8 @@ TEST(Simulator, StepOverheadIsOneComputeSpanAtTheTurn) {
   EXPECT_EQ(r.peak_bytes, none.peak_bytes);
   EXPECT_EQ(r.peak_at, none.peak_at);
   int spans = 0;
-  for (const Span& s : r.trace.spans()) {
-    if (s.kind != SpanKind::step_overhead) continue;
+  for (const trace_span& s : r.trace.spans()) {
+    if (s.kind != span_kind::step_overhead) continue;
     ++spans;
     EXPECT_EQ(s.name, "step overhead (loss, optimizer)");
     EXPECT_EQ(s.track, kComputeTrack);
@@ -117,22 +117,22 @@ TEST(Simulator, StepOverheadIsOneComputeSpanAtTheTurn) {
     EXPECT_NEAR(s.dur_ms, 0.5, 1e-12);
   }
   EXPECT_EQ(spans, 1);
-  const Evaluation ev = evaluate(p, d, 1ull << 40);
+  const evaluation ev = evaluate(p, d, 1ull << 40);
   EXPECT_NEAR(r.step_ms, ev.step_ms, 1e-12);
   EXPECT_NEAR(r.exposed_copy_ms, ev.exposed_copy_ms, 1e-12);
   // The trace reads back with its category.
-  const TraceWriter back = trace_from_json(r.trace.to_json());
+  const trace_writer back = trace_from_json(r.trace.to_json());
   bool found = false;
-  for (const Span& s : back.spans()) found |= s.kind == SpanKind::step_overhead;
+  for (const trace_span& s : back.spans()) found |= s.kind == span_kind::step_overhead;
   EXPECT_TRUE(found);
   // Without the barrier the overhead runs 3..3.5 under the D2H (2..5), which the overlap
   // report counts as hidden; backward 2 follows at once and the prefetch runs 5..8.
-  SimOptions free_turn;
+  sim_options free_turn;
   free_turn.turn_barrier = false;
-  const SimResult f = simulate(p, d, free_turn);
+  const sim_result f = simulate(p, d, free_turn);
   EXPECT_NEAR(f.step_ms, 12, 1e-12);
   // Hidden: all 3 ms of D2H (under fwd 2, the overhead and bwd 2) and 0.5 ms of H2D.
-  EXPECT_NEAR(overlap_report(f.trace.spans()).total.hidden_ms, 3 + 0.5, 1e-12);
+  EXPECT_NEAR(compute_overlap(f.trace.spans()).total.hidden_ms, 3 + 0.5, 1e-12);
 }
 
 // Layer 1 (= L-2) offloads a and b (2 MiB each, 2 ms alone). Without the turn barrier the
@@ -140,20 +140,20 @@ TEST(Simulator, StepOverheadIsOneComputeSpanAtTheTurn) {
 // 1 MiB/ms bidir link halves both: b and a end at 8, b's prefetch runs alone 8..10, so
 // backward of layer 1 starts at 10 (step 12 ms). Without sharing: 4..6, 6..8, step 10 ms.
 TEST(Simulator, BidirSharingSlowsOverlappedCopies) {
-  Profile p = hand_profile({1, 1, 1}, {1, 1, 1});
+  step_profile p = hand_profile({1, 1, 1}, {1, 1, 1});
   p.link.bidir_gbps = kMiBPerMsGbps;
   for (int i = 0; i < 3; ++i) add_tensor(p, i, "x", 2 * MiB);
   add_tensor(p, 1, "a", 2 * MiB);
   add_tensor(p, 1, "b", 2 * MiB);
-  Decisions d = keep_all(p);
-  d[1][1] = d[1][2] = Action::offload;
-  SimOptions opt;
+  decision_table d = keep_all(p);
+  d[1][1] = d[1][2] = tensor_action::offload;
+  sim_options opt;
   opt.turn_barrier = false;
-  const SimResult shared = simulate(p, d, opt);
+  const sim_result shared = simulate(p, d, opt);
   EXPECT_NEAR(shared.step_ms, 12, 1e-9);
   EXPECT_NEAR(shared.link_shared_ms, 4, 1e-9);
   opt.share_link = false;
-  const SimResult independent = simulate(p, d, opt);
+  const sim_result independent = simulate(p, d, opt);
   EXPECT_NEAR(independent.step_ms, 10, 1e-9);
   EXPECT_NEAR(independent.link_shared_ms, 2, 1e-9);
   // A link whose bidir covers both directions does not bind.
@@ -162,7 +162,7 @@ TEST(Simulator, BidirSharingSlowsOverlappedCopies) {
   EXPECT_NEAR(simulate(p, d, opt).step_ms, 10, 1e-9);
   // With the turn barrier (the default) backward starts once b is out (6 ms); the copies
   // never overlap, and the result is the canonical one: 3 + 3 + 3 + 3 (exposed).
-  const SimResult barrier = simulate(p, d);
+  const sim_result barrier = simulate(p, d);
   EXPECT_NEAR(barrier.step_ms, 12, 1e-9);
   EXPECT_EQ(barrier.link_shared_ms, 0);
   EXPECT_NEAR(barrier.step_ms, evaluate(p, d, 1ull << 40).step_ms, 1e-9);
@@ -172,24 +172,24 @@ TEST(Simulator, BidirSharingSlowsOverlappedCopies) {
 // issued after that recompute (the canonical window is bwd_1 = 2 ms: 2 ms exposed, step
 // 30 + 6 + 2 + 2 = 40 ms); issued when the recompute starts, it hides under R_1 + bwd_1.
 TEST(Simulator, PrefetchIsIssuedAfterTheRecomputeOfTheLayerAbove) {
-  Profile p = hand_profile({10, 10, 10}, {2, 2, 2});
+  step_profile p = hand_profile({10, 10, 10}, {2, 2, 2});
   add_tensor(p, 0, "x", 4 * MiB);
   add_tensor(p, 1, "input", MiB);
   add_tensor(p, 1, "h", 2 * MiB, 2.0);
   add_tensor(p, 2, "x", MiB);
-  Decisions d = keep_all(p);
-  d[0][0] = Action::offload;
-  d[1][1] = Action::recompute;
-  const SimResult after = simulate(p, d);
+  decision_table d = keep_all(p);
+  d[0][0] = tensor_action::offload;
+  d[1][1] = tensor_action::recompute;
+  const sim_result after = simulate(p, d);
   EXPECT_NEAR(after.step_ms, 40, 1e-12);
   EXPECT_NEAR(after.h2d_wait_ms, 2, 1e-12);
   EXPECT_NEAR(after.recompute_ms, 2, 1e-12);
   EXPECT_NEAR(after.step_ms, evaluate(p, d, ~0ull).step_ms, 1e-12);
-  for (const Span& s : after.trace.spans())
-    if (s.kind == SpanKind::h2d) {
+  for (const trace_span& s : after.trace.spans())
+    if (s.kind == span_kind::h2d) {
       EXPECT_NEAR(s.start_ms, 34, 1e-12);  // bwd L2 [30, 32], recompute L1 [32, 34]
     }
-  SimOptions opt;
+  sim_options opt;
   opt.prefetch_after_recompute = false;
   EXPECT_NEAR(simulate(p, d, opt).step_ms, 38, 1e-12);
 }
@@ -198,19 +198,19 @@ TEST(Simulator, PrefetchIsIssuedAfterTheRecomputeOfTheLayerAbove) {
 // prefetch starts with bwd 1 and exposes 2 ms; at depth 2 it starts with bwd 2 and hides,
 // at the cost of holding it during backward of layer 2 (whose temporaries are 8 MiB).
 TEST(Simulator, LookaheadDepthTwoHidesMoreAndHoldsMore) {
-  Profile p = hand_profile({5, 5, 5, 5}, {2, 2, 2, 2});
+  step_profile p = hand_profile({5, 5, 5, 5}, {2, 2, 2, 2});
   for (int i = 0; i < 4; ++i) add_tensor(p, i, "x", 4 * MiB);
   p.layers[2].bwd_temp_bytes = 8 * MiB;
-  Decisions d = keep_all(p);
-  d[0][0] = Action::offload;
-  SimOptions opt;
-  const SimResult one = simulate(p, d, opt);
+  decision_table d = keep_all(p);
+  d[0][0] = tensor_action::offload;
+  sim_options opt;
+  const sim_result one = simulate(p, d, opt);
   EXPECT_NEAR(one.step_ms, 30, 1e-12);
   EXPECT_NEAR(one.h2d_wait_ms, 2, 1e-12);
   EXPECT_EQ(one.peak_bytes, 16 * MiB);  // backward[2]: x1 + x2 + temp
   EXPECT_EQ(one.peak_at, "backward[2]");
   opt.lookahead = 2;
-  const SimResult two = simulate(p, d, opt);
+  const sim_result two = simulate(p, d, opt);
   EXPECT_NEAR(two.step_ms, 28, 1e-12);
   EXPECT_EQ(two.exposed_copy_ms, 0);
   EXPECT_EQ(two.peak_bytes, 20 * MiB);  // plus layer 0's prefetched 4 MiB
@@ -221,17 +221,17 @@ TEST(Simulator, LookaheadDepthTwoHidesMoreAndHoldsMore) {
 // A pinned pool of 6 MiB holds one of layer 0's two 4 MiB offloads; the other stays on the
 // device as if kept (Note [Pinned capacity]): time is unchanged, the peak rises by 4 MiB.
 TEST(Simulator, PinnedCapacityKeepsTheOverflowOnDevice) {
-  Profile p = hand_profile({10, 10, 10}, {20, 20, 20});
+  step_profile p = hand_profile({10, 10, 10}, {20, 20, 20});
   add_tensor(p, 0, "a", 4 * MiB);
   add_tensor(p, 0, "b", 4 * MiB);
   add_tensor(p, 1, "x", 4 * MiB);
   add_tensor(p, 2, "x", 8 * MiB);
-  Decisions d = keep_all(p);
-  d[0][0] = d[0][1] = Action::offload;
-  SimOptions opt;
-  const SimResult free_pool = simulate(p, d, opt);
+  decision_table d = keep_all(p);
+  d[0][0] = d[0][1] = tensor_action::offload;
+  sim_options opt;
+  const sim_result free_pool = simulate(p, d, opt);
   opt.pinned_bytes = 6 * MiB;
-  const SimResult capped = simulate(p, d, opt);
+  const sim_result capped = simulate(p, d, opt);
   EXPECT_EQ(free_pool.pinned_fallback_tensors, 0u);
   EXPECT_EQ(capped.pinned_fallback_tensors, 1u);
   EXPECT_EQ(capped.pinned_fallback_bytes, 4 * MiB);
@@ -249,11 +249,11 @@ TEST(Simulator, PinnedCapacityKeepsTheOverflowOnDevice) {
 }
 
 TEST(Simulator, RejectsMismatchedDecisions) {
-  Profile p = hand_profile({1, 1}, {1, 1});
+  step_profile p = hand_profile({1, 1}, {1, 1});
   add_tensor(p, 0, "x", MiB);
   add_tensor(p, 1, "x", MiB);
-  Decisions d = keep_all(p);
-  d[1].push_back(Action::keep);
+  decision_table d = keep_all(p);
+  d[1].push_back(tensor_action::keep);
   EXPECT_THROW(simulate(p, d), input_error);
   d.pop_back();
   EXPECT_THROW(simulate(p, d), input_error);
@@ -261,11 +261,11 @@ TEST(Simulator, RejectsMismatchedDecisions) {
 
 // ---- property: the replay computes the canonical model ----------------------------------
 
-Profile random_profile(std::mt19937_64& rng) {
+step_profile random_profile(std::mt19937_64& rng) {
   std::uniform_int_distribution<int> layers(1, 12), tensors(1, 8), coin(0, 3);
   std::uniform_real_distribution<double> ms(0.05, 5.0), gbps(2.0, 60.0), share(0.3, 1.2);
   std::uniform_int_distribution<std::uint64_t> bytes(MiB / 4, 48 * MiB);
-  Profile p;
+  step_profile p;
   p.device_name = "random";
   p.device_memory_bytes = 1ull << 40;
   p.link.d2h_gbps = gbps(rng);
@@ -276,7 +276,7 @@ Profile random_profile(std::mt19937_64& rng) {
   p.fixed_bytes = bytes(rng) * 16;
   const int L = layers(rng);
   for (int i = 0; i < L; ++i) {
-    LayerProfile l;
+    layer_profile l;
     l.name = "layers." + std::to_string(i);
     l.signature = "s" + std::to_string(coin(rng));
     l.fwd_ms = ms(rng);
@@ -284,7 +284,7 @@ Profile random_profile(std::mt19937_64& rng) {
     l.bwd_temp_bytes = coin(rng) ? bytes(rng) : 0;
     const int T = tensors(rng);
     for (int j = 0; j < T; ++j) {
-      TensorProfile t;
+      tensor_profile t;
       t.name = "t" + std::to_string(j);
       t.bytes = bytes(rng);
       t.recompute_ms = ms(rng) / 4;
@@ -298,12 +298,12 @@ Profile random_profile(std::mt19937_64& rng) {
   return p;
 }
 
-Decisions random_decisions(const Profile& p, std::mt19937_64& rng) {
-  Decisions d = keep_all(p);
+decision_table random_decisions(const step_profile& p, std::mt19937_64& rng) {
+  decision_table d = keep_all(p);
   std::uniform_int_distribution<int> pick(0, 2);
   for (std::size_t i = 0; i < p.layers.size(); ++i)
     for (std::size_t j = 0; j < p.layers[i].tensors.size(); ++j) {
-      const Action a = static_cast<Action>(pick(rng));
+      const tensor_action a = static_cast<tensor_action>(pick(rng));
       if (allowed(p, i, j, a)) d[i][j] = a;
     }
   return d;
@@ -314,16 +314,16 @@ TEST(SimulatorProperty, AgreesWithCanonicalModelAtDepthOne) {
   std::uniform_real_distribution<double> overhead(0.01, 20.0);
   int with_exposed = 0, with_recompute = 0;
   for (int trial = 0; trial < 600; ++trial) {
-    Profile p = random_profile(rng);
-    const Decisions d = random_decisions(p, rng);
+    step_profile p = random_profile(rng);
+    const decision_table d = random_decisions(p, rng);
     // Two trials in three carry a step overhead, drawn from a generator of its own so the
     // profiles and decisions are the ones this test has always used.
     if (trial % 3 != 0) p.step_overhead_ms = overhead(overhead_rng);
-    const Evaluation ev = evaluate(p, d, ~0ull);
+    const evaluation ev = evaluate(p, d, ~0ull);
     ASSERT_TRUE(ev.valid) << "trial " << trial << ": generator produced a rule break";
-    SimOptions opt;
+    sim_options opt;
     opt.record_trace = trial % 2 == 0;  // both paths of the replay
-    const SimResult r = simulate(p, d, opt);
+    const sim_result r = simulate(p, d, opt);
     const double tol = 1e-9 * ev.step_ms;
     ASSERT_NEAR(r.step_ms, ev.step_ms, tol) << "trial " << trial;
     ASSERT_NEAR(r.exposed_copy_ms, ev.exposed_copy_ms, tol) << "trial " << trial;
@@ -347,23 +347,23 @@ TEST(SimulatorProperty, RelaxationsNeverSlowAndDepthTradesMemoryForTime) {
   std::mt19937_64 rng(7), overhead_rng(11);
   std::uniform_real_distribution<double> overhead(0.01, 20.0);
   for (int trial = 0; trial < 300; ++trial) {
-    Profile p = random_profile(rng);
-    const Decisions d = random_decisions(p, rng);
+    step_profile p = random_profile(rng);
+    const decision_table d = random_decisions(p, rng);
     if (trial % 2) p.step_overhead_ms = overhead(overhead_rng);
-    SimOptions opt;
+    sim_options opt;
     opt.record_trace = false;
-    const SimResult base = simulate(p, d, opt);
+    const sim_result base = simulate(p, d, opt);
     const double tol = 1e-9 * base.step_ms;
-    SimOptions early = opt;  // prefetch at the recompute, not after it
+    sim_options early = opt;  // prefetch at the recompute, not after it
     early.prefetch_after_recompute = false;
     EXPECT_LE(simulate(p, d, early).step_ms, base.step_ms + tol) << trial;
-    SimOptions no_barrier = opt;  // with independent directions, dropping the barrier helps
+    sim_options no_barrier = opt;  // with independent directions, dropping the barrier helps
     no_barrier.turn_barrier = false;
     no_barrier.share_link = false;
     EXPECT_LE(simulate(p, d, no_barrier).step_ms, base.step_ms + tol) << trial;
-    SimOptions deep = opt;
+    sim_options deep = opt;
     deep.lookahead = 2;
-    const SimResult two = simulate(p, d, deep);
+    const sim_result two = simulate(p, d, deep);
     EXPECT_LE(two.step_ms, base.step_ms + tol) << trial;
     EXPECT_GE(two.peak_bytes, base.peak_bytes) << trial;
   }
@@ -377,7 +377,7 @@ TEST(SimulateCli, PrintsFiguresAndWritesTheTrace) {
   const std::string dir = ::testing::TempDir();
   const std::string profile = dir + "stash_sim_cli_profile.json", plan = dir + "stash_sim_cli_plan.json",
                     trace = dir + "stash_sim_cli_trace.json", out = dir + "stash_sim_cli.out";
-  Profile p = hand_profile({2, 2, 2, 2}, {4, 4, 4, 4});
+  step_profile p = hand_profile({2, 2, 2, 2}, {4, 4, 4, 4});
   for (int i = 0; i < 4; ++i) {
     add_tensor(p, i, "input", 64 * MiB, 0);
     p.layers[i].tensors[0].recomputable = false;
@@ -404,7 +404,7 @@ TEST(SimulateCli, PrintsFiguresAndWritesTheTrace) {
   EXPECT_GT(sim_ms, 24);  // at least the compute
   EXPECT_NEAR(sim_ms, canonical_ms, 1e-3);
   std::ifstream t(trace);
-  const TraceWriter tw = trace_from_json(nlohmann::json::parse(t));
+  const trace_writer tw = trace_from_json(nlohmann::json::parse(t));
   EXPECT_FALSE(tw.spans().empty());
   EXPECT_EQ(text.str().find("step overhead"), std::string::npos) << "no overhead, no mention";
   // With a step overhead: the same plan, both figures up by it, and the compute line says so.

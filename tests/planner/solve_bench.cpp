@@ -40,7 +40,7 @@ double now_ms() {
       .count();
 }
 
-std::uint64_t budget_for(const Profile& p, double f) {
+std::uint64_t budget_for(const step_profile& p, double f) {
   const std::uint64_t lo = min_feasible_budget(p);
   const std::uint64_t hi = evaluate(p, keep_all(p), UINT64_MAX).peak_bytes;
   return lo + static_cast<std::uint64_t>(static_cast<double>(hi - lo) * f);
@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   std::printf("%-7s %-7s %10s %10s %12s %12s %9s  %s\n", "layers", "solver", "wall_ms",
               "cpu_ms", "step_ms", "bound_ms", "gap", "note");
   for (std::size_t L : {32, 80, 126}) {
-    const Profile p = llama_like(L, 1234 + static_cast<std::uint32_t>(L));
+    const step_profile p = llama_like(L, 1234 + static_cast<std::uint32_t>(L));
     const std::uint64_t budget = budget_for(p, fraction);
     std::vector<double> lb_ms, lb_cpu;
     double lb = 0;
@@ -75,11 +75,11 @@ int main(int argc, char** argv) {
     std::printf("%-7zu %-7s %10.2f %10.2f %12s %12.4f %9s  LP relaxation alone\n", L, "bound",
                 median(lb_ms), median(lb_cpu), "-", lb, "-");
     for (solver_kind s : {solver_kind::greedy, solver_kind::ilp, solver_kind::exact}) {
-      PlanOptions opt;
+      plan_options opt;
       opt.solver = s;
       opt.time_limit_s = exact_limit;
       std::vector<double> ms, cpu;
-      Plan plan;
+      step_plan plan;
       const int n = s == solver_kind::exact ? 1 : reps;
       for (int r = 0; r < n; ++r) {
         const double c0 = cpu_ms();
@@ -107,13 +107,13 @@ int main(int argc, char** argv) {
   const auto run_small = [&](const char* label, auto make) {
     ratios r;
     for (int k = 0; k < small; ++k) {
-      Profile p;
+      step_profile p;
       std::uint64_t budget;
       if (!make(k, p, budget)) continue;
-      PlanOptions eo;
+      plan_options eo;
       eo.solver = solver_kind::exact;
       eo.time_limit_s = exact_limit;
-      Plan ex;
+      step_plan ex;
       try {
         ex = make_plan(p, budget, eo);
       } catch (const infeasible_budget&) {
@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
       ++r.total;
       if (!ex.proved_optimal) continue;
       ++r.proved;
-      PlanOptions go, io;
+      plan_options go, io;
       io.solver = solver_kind::ilp;
       r.g.push_back(make_plan(p, budget, go).predicted.step_ms / ex.predicted.step_ms);
       r.i.push_back(make_plan(p, budget, io).predicted.step_ms / ex.predicted.step_ms);
@@ -134,13 +134,13 @@ int main(int argc, char** argv) {
                 "max %.5f\n",
                 label, r.proved, r.total, median(r.g), mx(r.g), median(r.i), mx(r.i));
   };
-  run_small("llama-like, 2..4 layers", [&](int k, Profile& p, std::uint64_t& b) {
+  run_small("llama-like, 2..4 layers", [&](int k, step_profile& p, std::uint64_t& b) {
     p = llama_like(2 + k % 3, 77 + k);
     b = budget_for(p, 0.1 + 0.8 * ((k * 37) % 100) / 100.0);
     return true;
   });
   std::mt19937 rng(4242);
-  run_small("random, <=4x5 tensors", [&](int, Profile& p, std::uint64_t& b) {
+  run_small("random, <=4x5 tensors", [&](int, step_profile& p, std::uint64_t& b) {
     p = random_profile(rng, 4, 5);
     const std::uint64_t lo = min_feasible_budget(p);
     const std::uint64_t hi = evaluate(p, keep_all(p), UINT64_MAX).peak_bytes;

@@ -16,12 +16,12 @@ using namespace stash::planner::testing;
 
 namespace {
 
-std::uint64_t keep_all_peak(const Profile& p) {
+std::uint64_t keep_all_peak(const step_profile& p) {
   return evaluate(p, keep_all(p), UINT64_MAX).peak_bytes;
 }
 
-PlanOptions with(solver_kind s) {
-  PlanOptions o;
+plan_options with(solver_kind s) {
+  plan_options o;
   o.solver = s;
   o.time_limit_s = 20;
   return o;
@@ -35,7 +35,7 @@ TEST(Exact, EqualsBruteForceOptimum) {
   std::mt19937 rng(20260601);
   int feasible = 0, infeasible = 0;
   for (int k = 0; k < 120; ++k) {
-    const Profile p = random_profile(rng, 3, 3);
+    const step_profile p = random_profile(rng, 3, 3);
     const std::uint64_t hi = keep_all_peak(p);
     const std::uint64_t lo = brute_force(p, UINT64_MAX).min_peak;
     // Mostly budgets between the least and the keep-all peak; some just below the least.
@@ -57,7 +57,7 @@ TEST(Exact, EqualsBruteForceOptimum) {
       continue;
     }
     ++feasible;
-    const Plan plan = make_plan(p, budget, with(solver_kind::exact));
+    const step_plan plan = make_plan(p, budget, with(solver_kind::exact));
     EXPECT_TRUE(plan.proved_optimal) << "case " << k;
     EXPECT_NEAR(plan.predicted.step_ms, bf.best_step, 1e-9 * bf.best_step) << "case " << k;
     EXPECT_TRUE(evaluate(p, plan.decisions(), budget).valid);
@@ -73,7 +73,7 @@ TEST(Exact, EqualsBruteForceOptimum) {
 TEST(LowerBound, OuterLpEqualsExactRelaxation) {
   std::mt19937 rng(7);
   for (int k = 0; k < 80; ++k) {
-    const Profile p = random_profile(rng, 6, 6);
+    const step_profile p = random_profile(rng, 6, 6);
     const std::uint64_t lo = min_feasible_budget(p);
     const std::uint64_t budget =
         lo + static_cast<std::uint64_t>((keep_all_peak(p) - lo) *
@@ -88,7 +88,7 @@ TEST(LowerBound, OuterLpEqualsExactRelaxation) {
 }
 
 TEST(LowerBound, PhaseOneFindsTheRelaxationsSmallestBudget) {
-  const Profile p = llama_like(6, 3);
+  const step_profile p = llama_like(6, 3);
   const std::uint64_t min = min_feasible_budget(p);
   const outer_lp_result below = solve_outer_lp(p, min - (64 << 20));
   EXPECT_FALSE(below.feasible);
@@ -98,13 +98,13 @@ TEST(LowerBound, PhaseOneFindsTheRelaxationsSmallestBudget) {
 }
 
 TEST(Planner, LlamaLikeAtScaleIsValidAndNearTheBound) {
-  const Profile p = llama_like(32, 11);
+  const step_profile p = llama_like(32, 11);
   const std::uint64_t lo = min_feasible_budget(p), hi = keep_all_peak(p);
   for (double f : {0.05, 0.3, 0.6, 0.95}) {
     const std::uint64_t budget = lo + static_cast<std::uint64_t>((hi - lo) * f);
     for (solver_kind s : {solver_kind::greedy, solver_kind::ilp}) {
-      const Plan plan = make_plan(p, budget, with(s));
-      const Evaluation ev = evaluate(p, plan.decisions(), budget);
+      const step_plan plan = make_plan(p, budget, with(s));
+      const evaluation ev = evaluate(p, plan.decisions(), budget);
       ASSERT_TRUE(ev.valid) << to_string(s) << " f=" << f;
       EXPECT_DOUBLE_EQ(ev.step_ms, plan.predicted.step_ms);
       EXPECT_GE(plan.predicted.gap, -1e-9);
@@ -125,18 +125,18 @@ TEST(Planner, StepOverheadShiftsTimesAndChangesNoDecision) {
   std::mt19937 rng(31);
   int cases = 0;
   for (int k = 0; k < 40; ++k) {
-    Profile p = k < 4 ? llama_like(6 + k, 13 + k) : random_profile(rng, 5, 5);
+    step_profile p = k < 4 ? llama_like(6 + k, 13 + k) : random_profile(rng, 5, 5);
     const std::uint64_t lo = min_feasible_budget(p), hi = keep_all_peak(p);
     const std::uint64_t budget = lo + (hi - lo) / 3;
-    Profile q = p;
+    step_profile q = p;
     q.step_overhead_ms = 0.5 + k * 3.25;
     const double c = q.step_overhead_ms;
     for (solver_kind s : {solver_kind::greedy, solver_kind::ilp, solver_kind::exact}) {
       if (s == solver_kind::exact && (k < 4 || k >= 20)) continue;  // small cases only
-      PlanOptions o = with(s);
+      plan_options o = with(s);
       o.time_limit_s = 5;
-      const Plan a = make_plan(p, budget, o);
-      const Plan b = make_plan(q, budget, o);
+      const step_plan a = make_plan(p, budget, o);
+      const step_plan b = make_plan(q, budget, o);
       ASSERT_EQ(a.decisions(), b.decisions()) << "case " << k << " " << to_string(s);
       EXPECT_NEAR(b.predicted.step_ms, a.predicted.step_ms + c, 1e-9 * b.predicted.step_ms);
       EXPECT_NEAR(b.keep_all.step_ms, a.keep_all.step_ms + c, 1e-9 * b.keep_all.step_ms);
@@ -155,15 +155,15 @@ TEST(Planner, StepOverheadShiftsTimesAndChangesNoDecision) {
 }
 
 TEST(Planner, GenerousBudgetKeepsEverything) {
-  const Profile p = llama_like(8, 5);
-  const Plan plan = make_plan(p, keep_all_peak(p), with(solver_kind::greedy));
+  const step_profile p = llama_like(8, 5);
+  const step_plan plan = make_plan(p, keep_all_peak(p), with(solver_kind::greedy));
   EXPECT_DOUBLE_EQ(plan.predicted.step_ms, plan.keep_all.step_ms);
   EXPECT_NEAR(plan.predicted.gap, 0.0, 1e-9);
   EXPECT_TRUE(plan.binding_constraints.empty());
 }
 
 TEST(Planner, BudgetBelowFixedIsAnInputError) {
-  const Profile p = llama_like(4, 1);
+  const step_profile p = llama_like(4, 1);
   try {
     make_plan(p, p.fixed_bytes - 1);
     FAIL();
@@ -173,7 +173,7 @@ TEST(Planner, BudgetBelowFixedIsAnInputError) {
 }
 
 TEST(Planner, InfeasibleBudgetStatesTheSmallestInBytesAndGiB) {
-  const Profile p = llama_like(16, 2);
+  const step_profile p = llama_like(16, 2);
   const std::uint64_t min = min_feasible_budget(p);
   try {
     make_plan(p, min - 1);
@@ -188,14 +188,14 @@ TEST(Planner, InfeasibleBudgetStatesTheSmallestInBytesAndGiB) {
 }
 
 TEST(Planner, HostCapBindsAndIsRespected) {
-  Profile p = llama_like(5, 9);
+  step_profile p = llama_like(5, 9);
   p.pinnable_bytes = 256ull << 20;
   const std::uint64_t lo = min_feasible_budget(p);
   const std::uint64_t budget = lo + (keep_all_peak(p) - lo) / 3;
   for (solver_kind s : {solver_kind::greedy, solver_kind::ilp, solver_kind::exact}) {
-    PlanOptions o = with(s);
+    plan_options o = with(s);
     o.time_limit_s = 3;
-    const Plan plan = make_plan(p, budget, o);
+    const step_plan plan = make_plan(p, budget, o);
     EXPECT_LE(plan.predicted.offloaded_bytes, p.pinnable_bytes);
     EXPECT_GT(plan.predicted.offloaded_bytes, p.pinnable_bytes / 2);  // the cap is used
     EXPECT_TRUE(evaluate(p, plan.decisions(), budget).valid) << to_string(s);
@@ -203,9 +203,9 @@ TEST(Planner, HostCapBindsAndIsRespected) {
 }
 
 TEST(PlanJson, RoundTripsAndValidates) {
-  const Profile p = llama_like(3, 4);
+  const step_profile p = llama_like(3, 4);
   const std::uint64_t lo = min_feasible_budget(p);
-  const Plan plan = make_plan(p, lo + (keep_all_peak(p) - lo) / 2, with(solver_kind::exact));
+  const step_plan plan = make_plan(p, lo + (keep_all_peak(p) - lo) / 2, with(solver_kind::exact));
   const nlohmann::json j = plan_to_json(plan);
   EXPECT_EQ(j["schema"], "stash.plan/1");
   EXPECT_EQ(j["profile_sha256"], profile_sha256(p));
@@ -214,7 +214,7 @@ TEST(PlanJson, RoundTripsAndValidates) {
     EXPECT_TRUE(j["predicted"].contains(key)) << key;
   }
   EXPECT_TRUE(j["baselines"]["recompute_all"].contains("step_ms"));
-  const Plan back = plan_from_json(j, p);
+  const step_plan back = plan_from_json(j, p);
   EXPECT_EQ(back.decisions(), plan.decisions());
   EXPECT_EQ(back.budget_bytes, plan.budget_bytes);
   EXPECT_DOUBLE_EQ(back.predicted.step_ms, plan.predicted.step_ms);
@@ -241,11 +241,11 @@ TEST(PlanJson, RoundTripsAndValidates) {
 
 // Note [One plan reader]: the profile-free reader the engine and the C API use.
 TEST(PlanJson, ReadsWithoutAProfile) {
-  const Profile p = llama_like(3, 4);
+  const step_profile p = llama_like(3, 4);
   const std::uint64_t lo = min_feasible_budget(p);
-  const Plan plan = make_plan(p, lo + (keep_all_peak(p) - lo) / 2, with(solver_kind::exact));
+  const step_plan plan = make_plan(p, lo + (keep_all_peak(p) - lo) / 2, with(solver_kind::exact));
   const nlohmann::json j = plan_to_json(plan);
-  const Plan back = read_plan(j);
+  const step_plan back = read_plan(j);
   EXPECT_EQ(back.decisions(), plan.decisions());
   EXPECT_EQ(back.budget_bytes, plan.budget_bytes);
   EXPECT_EQ(back.layers[1].tensor_names, plan.layers[1].tensor_names);

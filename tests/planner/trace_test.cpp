@@ -20,13 +20,13 @@ namespace {
 
 using nlohmann::json;
 
-TraceWriter sample_trace() {
-  TraceWriter w("unit test");
+trace_writer sample_trace() {
+  trace_writer w("unit test");
   // A copy span first: the compute track must still get tid 1.
-  Span copy;
+  trace_span copy;
   copy.track = kD2HTrack;
   copy.name = "d2h L0 x";
-  copy.kind = SpanKind::d2h;
+  copy.kind = span_kind::d2h;
   copy.start_ms = 5;
   copy.dur_ms = 8;
   copy.layer = 0;
@@ -34,10 +34,10 @@ TraceWriter sample_trace() {
   copy.bytes = 4096;
   copy.extra["gbps"] = 12.5;
   w.add_span(copy);
-  w.add_span(kComputeTrack, "fwd L0", SpanKind::forward, 0, 10, 0);
-  w.add_span(kComputeTrack, "wait d2h L0", SpanKind::wait, 10, 2, 0);
-  w.add_span(kComputeTrack, "bwd L0", SpanKind::backward, 12, 8, 0);
-  w.add_span(kH2DTrack, "h2d L1 y", SpanKind::h2d, 20, 5, 1);
+  w.add_span(kComputeTrack, "fwd L0", span_kind::forward, 0, 10, 0);
+  w.add_span(kComputeTrack, "wait d2h L0", span_kind::wait, 10, 2, 0);
+  w.add_span(kComputeTrack, "bwd L0", span_kind::backward, 12, 8, 0);
+  w.add_span(kH2DTrack, "h2d L1 y", span_kind::h2d, 20, 5, 1);
   w.add_counter(kDeviceBytesCounter, 0, 100);
   w.add_counter(kDeviceBytesCounter, 10, 250);
   w.add_counter(kPinnedBytesCounter, 10, 4096);
@@ -48,7 +48,7 @@ TraceWriter sample_trace() {
 // A writer may add samples out of time order (the engine harvests its ops per stream); the
 // JSON lists them in time order, samples of one instant in the order they were added.
 TEST(Trace, CountersAreWrittenInTimeOrder) {
-  TraceWriter w("unit test");
+  trace_writer w("unit test");
   w.add_counter(kDeviceBytesCounter, 30, 3);
   w.add_counter(kDeviceBytesCounter, 10, 1);
   w.add_counter(kDeviceBytesCounter, 20, 2);
@@ -111,16 +111,16 @@ TEST(Trace, JsonHasMetadataTracksSpansAndCounters) {
 }
 
 TEST(Trace, ReadsBackWhatItWrites) {
-  const TraceWriter w = sample_trace();
+  const trace_writer w = sample_trace();
   const std::string path = ::testing::TempDir() + "stash_trace_test.json";
   w.write(path);
   std::ifstream in(path);
-  const TraceWriter r = trace_from_json(json::parse(in));
+  const trace_writer r = trace_from_json(json::parse(in));
   std::remove(path.c_str());
   EXPECT_EQ(r.process_name(), "unit test");
   ASSERT_EQ(r.spans().size(), w.spans().size());
   for (std::size_t i = 0; i < w.spans().size(); ++i) {
-    const Span &a = w.spans()[i], &b = r.spans()[i];
+    const trace_span &a = w.spans()[i], &b = r.spans()[i];
     EXPECT_EQ(a.track, b.track);
     EXPECT_EQ(a.name, b.name);
     EXPECT_EQ(a.kind, b.kind);
@@ -143,9 +143,9 @@ TEST(Trace, ReadsBackWhatItWrites) {
 // The d2h copy [5, 13] lies under fwd [0, 10] for 5 ms and under bwd [12, 20] for 1 ms;
 // the wait [10, 12] is layer 0's exposed time. The h2d copy [20, 25] is under nothing.
 TEST(OverlapReport, HandComputed) {
-  TraceWriter w = sample_trace();
-  w.add_span(kD2HTrack, "wait on the copy stream", SpanKind::wait, 0, 100, 0);  // not compute
-  const OverlapReport r = overlap_report(w.spans());
+  trace_writer w = sample_trace();
+  w.add_span(kD2HTrack, "wait on the copy stream", span_kind::wait, 0, 100, 0);  // not compute
+  const overlap_report r = compute_overlap(w.spans());
   ASSERT_EQ(r.layers.size(), 2u);
   EXPECT_EQ(r.layers[0].layer, 0);
   EXPECT_DOUBLE_EQ(r.layers[0].d2h_ms, 8);
@@ -166,12 +166,12 @@ TEST(OverlapReport, HandComputed) {
 
 // Overlapping compute spans (an engine may emit nested ranges) are counted once.
 TEST(OverlapReport, CoverageCountsOverlappingComputeOnce) {
-  TraceWriter w;
-  w.add_span(kComputeTrack, "fwd L0", SpanKind::forward, 0, 10, 0);
-  w.add_span(kComputeTrack, "recompute L0", SpanKind::recompute, 4, 4, 0);
-  w.add_span(kComputeTrack, "bwd L0", SpanKind::backward, 15, 5, 0);
-  w.add_span(kH2DTrack, "h2d L0", SpanKind::h2d, 2, 16, 0);  // [2, 18]: 8 + 3 under compute
-  const OverlapReport r = overlap_report(w.spans());
+  trace_writer w;
+  w.add_span(kComputeTrack, "fwd L0", span_kind::forward, 0, 10, 0);
+  w.add_span(kComputeTrack, "recompute L0", span_kind::recompute, 4, 4, 0);
+  w.add_span(kComputeTrack, "bwd L0", span_kind::backward, 15, 5, 0);
+  w.add_span(kH2DTrack, "h2d L0", span_kind::h2d, 2, 16, 0);  // [2, 18]: 8 + 3 under compute
+  const overlap_report r = compute_overlap(w.spans());
   EXPECT_DOUBLE_EQ(r.total.hidden_ms, 11);
 }
 
@@ -179,19 +179,19 @@ TEST(OverlapReport, CoverageCountsOverlappingComputeOnce) {
 // counter peaks at the reported peak, and the report's exposed time is the canonical one.
 TEST(Trace, SimulatorTimelineIsConsistent) {
   constexpr std::uint64_t MiB = 1048576;
-  Profile p;
+  step_profile p;
   p.link = {8, 6, 10, 1};
   p.pinnable_bytes = 1ull << 40;
   p.fixed_bytes = 64 * MiB;
   for (int i = 0; i < 6; ++i) {
-    LayerProfile l;
+    layer_profile l;
     l.name = "layers." + std::to_string(i);
     l.signature = "b";
     l.fwd_ms = 1 + 0.25 * i;
     l.bwd_ms = 2 + 0.5 * (i % 3);
     l.bwd_temp_bytes = 8 * MiB;
     for (int j = 0; j < 4; ++j) {
-      TensorProfile t;
+      tensor_profile t;
       t.name = "t" + std::to_string(j);
       t.bytes = (4 + 3 * j) * MiB;
       t.recompute_ms = 0.2;
@@ -200,14 +200,14 @@ TEST(Trace, SimulatorTimelineIsConsistent) {
     }
     p.layers.push_back(l);
   }
-  Decisions d = keep_all(p);
-  for (int i = 0; i < 5; ++i) d[i][3] = Action::offload, d[i][1] = Action::recompute;
-  d[2][0] = Action::offload;
-  const SimResult r = simulate(p, d);
-  const Evaluation ev = evaluate(p, d, ~0ull);
+  decision_table d = keep_all(p);
+  for (int i = 0; i < 5; ++i) d[i][3] = tensor_action::offload, d[i][1] = tensor_action::recompute;
+  d[2][0] = tensor_action::offload;
+  const sim_result r = simulate(p, d);
+  const evaluation ev = evaluate(p, d, ~0ull);
   ASSERT_GT(ev.exposed_copy_ms, 0);  // the case must overrun to test the waits
   std::map<std::string, std::vector<std::pair<double, double>>> by_track;
-  for (const Span& s : r.trace.spans()) by_track[s.track].push_back({s.start_ms, s.end_ms()});
+  for (const trace_span& s : r.trace.spans()) by_track[s.track].push_back({s.start_ms, s.end_ms()});
   EXPECT_EQ(by_track.size(), 3u);
   for (auto& [track, iv] : by_track) {
     std::sort(iv.begin(), iv.end());
@@ -215,19 +215,19 @@ TEST(Trace, SimulatorTimelineIsConsistent) {
       EXPECT_LE(iv[k - 1].second, iv[k].first + 1e-12) << track;
   }
   double device_max = 0, pinned_last = -1;
-  for (const CounterSample& c : r.trace.counters()) {
+  for (const counter_sample& c : r.trace.counters()) {
     if (c.name == kDeviceBytesCounter) device_max = std::max(device_max, c.value);
     if (c.name == kPinnedBytesCounter) pinned_last = c.value;
   }
   EXPECT_EQ(static_cast<std::uint64_t>(device_max), r.peak_bytes);
   EXPECT_EQ(pinned_last, 0);  // every pinned block is returned by the end of backward
-  const OverlapReport rep = overlap_report(r.trace.spans());
+  const overlap_report rep = compute_overlap(r.trace.spans());
   EXPECT_NEAR(rep.total.exposed_ms, ev.exposed_copy_ms, 1e-9);
   EXPECT_NEAR(rep.total.d2h_ms, ev.offloaded_bytes / p.d2h_bytes_per_ms(), 1e-9);
   EXPECT_NEAR(rep.total.h2d_ms, ev.offloaded_bytes / p.h2d_bytes_per_ms(), 1e-9);
   EXPECT_LE(rep.total.hidden_ms, rep.total.copy_ms);
   // Round trip through JSON keeps the report.
-  const OverlapReport again = overlap_report(trace_from_json(r.trace.to_json()).spans());
+  const overlap_report again = compute_overlap(trace_from_json(r.trace.to_json()).spans());
   EXPECT_NEAR(again.total.exposed_ms, rep.total.exposed_ms, 1e-9);
   EXPECT_NEAR(again.total.hidden_ms, rep.total.hidden_ms, 1e-9);
 }

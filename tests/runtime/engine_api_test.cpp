@@ -175,12 +175,12 @@ TEST_F(EngineApi, TraceAndOverlapReport) {
   ASSERT_EQ(stash_engine_write_trace(engine_, path.c_str()), STASH_OK) << stash_last_error();
   nlohmann::json j;
   std::ifstream(path) >> j;
-  const stash::planner::TraceWriter t = stash::planner::trace_from_json(j);
+  const stash::planner::trace_writer t = stash::planner::trace_from_json(j);
   bool d2h = false, h2d = false, fwd = false;
   for (const auto& s : t.spans()) {
-    d2h |= s.track == "stash d2h" && s.kind == stash::planner::SpanKind::d2h;
-    h2d |= s.track == "stash h2d" && s.kind == stash::planner::SpanKind::h2d;
-    fwd |= s.track == "compute" && s.kind == stash::planner::SpanKind::forward;
+    d2h |= s.track == "stash d2h" && s.kind == stash::planner::span_kind::d2h;
+    h2d |= s.track == "stash h2d" && s.kind == stash::planner::span_kind::h2d;
+    fwd |= s.track == "compute" && s.kind == stash::planner::span_kind::forward;
   }
   EXPECT_TRUE(d2h && h2d && fwd) << j.dump().substr(0, 400);
   EXPECT_EQ(stash_engine_write_trace(engine_, "/nonexistent/dir/trace.json"),

@@ -45,7 +45,7 @@ void BM_offload_submit(benchmark::State& state) {
   c.pinned.numa_placement = false;
   prefetch_engine e(c);
   std::vector<size_t> per = {kBatch, 0};
-  std::vector<Action> actions(kBatch, Action::offload);
+  std::vector<tensor_action> actions(kBatch, tensor_action::offload);
   if (e.set_plan(engine_plan::from_actions(2, per.data(), actions.data())) != status::ok) {
     state.SkipWithError(last_error());
     return;

@@ -18,21 +18,23 @@
 
 namespace stash::test {
 
-using engine::Action;
 using engine::engine_config;
 using engine::engine_plan;
 using engine::prefetch_engine;
+using engine::tensor_action;
 using engine::tensor_key;
 using engine::tensor_state;
 
 // "oo k" style plans: one string per layer, one letter per tensor (o/k/r).
 inline engine_plan plan_of(const std::vector<std::string>& layers) {
   std::vector<size_t> per;
-  std::vector<Action> actions;
+  std::vector<tensor_action> actions;
   for (const std::string& l : layers) {
     per.push_back(l.size());
     for (char c : l)
-      actions.push_back(c == 'o' ? Action::offload : c == 'r' ? Action::recompute : Action::keep);
+      actions.push_back(c == 'o'   ? tensor_action::offload
+                        : c == 'r' ? tensor_action::recompute
+                                   : tensor_action::keep);
   }
   return engine_plan::from_actions(per.size(), per.data(), actions.data());
 }

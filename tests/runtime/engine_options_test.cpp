@@ -34,9 +34,9 @@ TEST_F(EngineOptions, IllegalTransitionsAreClearErrors) {
   EXPECT_EQ(engine_->acquire({0, 5, 0}, compute_, &out), engine::unknown_tensor);
   EXPECT_NE(std::string(last_error()).find("unknown"), std::string::npos) << last_error();
   EXPECT_EQ(engine_->release({0, 1, 3}), engine::unknown_tensor);
-  engine::Action a;
+  engine::tensor_action a;
   EXPECT_EQ(engine_->action(0, 1, &a), status::ok);
-  EXPECT_EQ(a, Action::keep);
+  EXPECT_EQ(a, tensor_action::keep);
 
   void* p = produce(8192, 1);
   void* k = produce(4096, 2);
@@ -48,7 +48,7 @@ TEST_F(EngineOptions, IllegalTransitionsAreClearErrors) {
   engine::tensor_info info;
   ASSERT_EQ(engine_->info({0, 0, 1}, &info), status::ok);
   EXPECT_EQ(info.state, tensor_state::on_device);
-  EXPECT_EQ(info.action, Action::keep);
+  EXPECT_EQ(info.action, tensor_action::keep);
   EXPECT_EQ(info.device, k);
 
   EXPECT_TRUE(intact({0, 0, 0}, 8192, 1));  // acquire issues the prefetch on demand

@@ -22,21 +22,21 @@ struct scenario {
   int lookahead = 1;
 };
 
-planner::Profile profile_of(const scenario& s) {
-  planner::Profile p;
+planner::step_profile profile_of(const scenario& s) {
+  planner::step_profile p;
   p.device_name = "double";
   p.device_memory_bytes = uint64_t{80} << 30;
   p.link.d2h_gbps = p.link.h2d_gbps = s.gbps;
   p.link.bidir_gbps = 2 * s.gbps;
   p.pinnable_bytes = uint64_t{1} << 40;
   for (size_t i = 0; i < s.fwd.size(); ++i) {
-    planner::LayerProfile l;
+    planner::layer_profile l;
     l.name = "layers." + std::to_string(i);
     l.signature = "block";
     l.fwd_ms = s.fwd[i];
     l.bwd_ms = s.bwd[i];
     for (size_t j = 0; j < s.actions[i].size(); ++j) {
-      planner::TensorProfile t;
+      planner::tensor_profile t;
       t.name = "t" + std::to_string(j);
       t.bytes = s.bytes[i][j];
       t.recompute_ms = s.actions[i][j] == 'r' ? 2.5 : 0;
@@ -47,20 +47,22 @@ planner::Profile profile_of(const scenario& s) {
   return p;
 }
 
-planner::Decisions decisions_of(const scenario& s) {
-  planner::Decisions d;
+planner::decision_table decisions_of(const scenario& s) {
+  planner::decision_table d;
   for (const std::string& l : s.actions) {
     d.emplace_back();
     for (char c : l)
-      d.back().push_back(c == 'o' ? Action::offload : c == 'r' ? Action::recompute : Action::keep);
+      d.back().push_back(c == 'o'   ? tensor_action::offload
+                         : c == 'r' ? tensor_action::recompute
+                                    : tensor_action::keep);
   }
   return d;
 }
 
 struct measured {
   double step_ms = 0;
-  planner::OverlapReport report;
-  planner::TraceWriter trace;
+  planner::overlap_report report;
+  planner::trace_writer trace;
 };
 
 class Overlap : public EngineTest {
@@ -72,7 +74,7 @@ class Overlap : public EngineTest {
     EngineTest::SetUp();
     STASH_REQUIRE_DOUBLE();
   }
-  measured run(const scenario& s, const planner::Profile& p) {
+  measured run(const scenario& s, const planner::step_profile& p) {
     double_api().set_bandwidth(s.gbps, s.gbps, 2 * s.gbps);
     engine_config c = config();
     c.lookahead = s.lookahead;
@@ -127,26 +129,26 @@ class Overlap : public EngineTest {
     for (cudaStream_t st : streams) EXPECT_EQ(double_api().stream_resume(st), cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
     EXPECT_EQ(engine_->synchronize(), status::ok);
-    const planner::TraceWriter t = engine_->trace();
+    const planner::trace_writer t = engine_->trace();
     measured m;
     double lo = 1e300, hi = -1e300;
-    for (const planner::Span& sp : t.spans())
+    for (const planner::trace_span& sp : t.spans())
       if (sp.track == planner::kComputeTrack) lo = std::min(lo, sp.start_ms), hi = std::max(hi, sp.end_ms());
     m.step_ms = hi - lo;
-    m.report = planner::overlap_report(t.spans());
+    m.report = planner::compute_overlap(t.spans());
     m.trace = t;
     EXPECT_TRUE(violations().empty()) << violations().front();
     return m;
   }
 
   void compare(const scenario& s) {
-    const planner::Profile p = profile_of(s);
-    planner::SimOptions o;
+    const planner::step_profile p = profile_of(s);
+    planner::sim_options o;
     o.lookahead = s.lookahead;
     o.prefetch_after_recompute = false;  // the engine issues at backward_begin
-    const planner::SimResult sim = planner::simulate(p, decisions_of(s), o);
+    const planner::sim_result sim = planner::simulate(p, decisions_of(s), o);
     const measured m = run(s, p);
-    const planner::OverlapReport want = planner::overlap_report(sim.trace.spans());
+    const planner::overlap_report want = planner::compute_overlap(sim.trace.spans());
     const double tol_step = 0.01 * sim.step_ms;
     EXPECT_NEAR(m.step_ms, sim.step_ms, tol_step) << s.name;
     EXPECT_NEAR(m.report.total.exposed_ms, sim.exposed_copy_ms,
@@ -157,9 +159,9 @@ class Overlap : public EngineTest {
     EXPECT_NEAR(m.report.total.hidden_ms, want.total.hidden_ms,
                 std::max(1e-3, 0.01 * want.total.hidden_ms))
         << s.name;
-    for (const planner::LayerOverlap& w : want.layers) {
+    for (const planner::layer_overlap& w : want.layers) {
       double got = 0;
-      for (const planner::LayerOverlap& g : m.report.layers)
+      for (const planner::layer_overlap& g : m.report.layers)
         if (g.layer == w.layer) got = g.exposed_ms;
       EXPECT_NEAR(got, w.exposed_ms, std::max(1e-3, 0.01 * w.exposed_ms))
           << s.name << " layer " << w.layer;
@@ -246,14 +248,14 @@ TEST_F(Overlap, DeviceBytesCounterShowsTheLayersPeak) {
   const double level1 = static_cast<double>(pool_->held_bytes());
   ASSERT_EQ(engine_->forward_end(0, 0), status::ok) << last_error();
   ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
-  const planner::TraceWriter t = engine_->trace();
+  const planner::trace_writer t = engine_->trace();
   ASSERT_GT(top, level1);
   ASSERT_GT(level1, level0);
   std::vector<std::pair<double, double>> got;
-  for (const planner::CounterSample& c : t.counters())
+  for (const planner::counter_sample& c : t.counters())
     if (c.name == planner::kDeviceBytesCounter) got.emplace_back(c.t_ms, c.value);
   ASSERT_EQ(t.spans().size(), 1u);
-  const planner::Span& fwd = t.spans()[0];
+  const planner::trace_span& fwd = t.spans()[0];
   EXPECT_NEAR(fwd.dur_ms, 10, 1e-9);
   const std::vector<std::pair<double, double>> want = {{fwd.start_ms, top},
                                                        {fwd.end_ms(), level1}};
@@ -272,7 +274,7 @@ TEST_F(Overlap, DeviceBytesCounterFollowsThePool) {
   const double b = static_cast<double>(pool_->stats().peak_bytes) / 8;  // one rounded block
   ASSERT_GE(b, double(kHalfMB));
   double hi = 0, last_t = -1, last = -1;
-  for (const planner::CounterSample& c : m.trace.counters()) {
+  for (const planner::counter_sample& c : m.trace.counters()) {
     if (c.name != planner::kDeviceBytesCounter) continue;
     hi = std::max(hi, c.value);
     if (c.t_ms >= last_t) last_t = c.t_ms, last = c.value;
@@ -281,10 +283,10 @@ TEST_F(Overlap, DeviceBytesCounterFollowsThePool) {
   EXPECT_EQ(last, 2 * b);
   // Each forward span's end level: 8, 8, then 6 and 4 as layers 0 and 1 go back.
   const std::vector<double> want = {8, 8, 6, 4};
-  for (const planner::Span& sp : m.trace.spans()) {
-    if (sp.kind != planner::SpanKind::forward) continue;
+  for (const planner::trace_span& sp : m.trace.spans()) {
+    if (sp.kind != planner::span_kind::forward) continue;
     bool seen = false;
-    for (const planner::CounterSample& c : m.trace.counters())
+    for (const planner::counter_sample& c : m.trace.counters())
       if (c.name == planner::kDeviceBytesCounter && c.t_ms == sp.end_ms() &&
           c.value == want[sp.layer] * b)
         seen = true;

@@ -61,14 +61,14 @@ std::vector<stash_action_t> plan_of(const std::vector<std::string>& layers) {
   return v;
 }
 
-planner::Decisions decisions_of(const std::vector<stash_action_t>& a, int layers) {
-  planner::Decisions d(layers);
+planner::decision_table decisions_of(const std::vector<stash_action_t>& a, int layers) {
+  planner::decision_table d(layers);
   for (int l = 0; l < layers; ++l)
     for (int j = 0; j < workload::kSavedPerBlock; ++j) {
       const stash_action_t x = a[std::size_t(l) * workload::kSavedPerBlock + j];
-      d[l].push_back(x == STASH_ACTION_OFFLOAD     ? planner::Action::offload
-                     : x == STASH_ACTION_RECOMPUTE ? planner::Action::recompute
-                                                   : planner::Action::keep);
+      d[l].push_back(x == STASH_ACTION_OFFLOAD     ? planner::tensor_action::offload
+                     : x == STASH_ACTION_RECOMPUTE ? planner::tensor_action::recompute
+                                                   : planner::tensor_action::keep);
     }
   return d;
 }
@@ -117,7 +117,7 @@ class WorkloadDriverTest : public ::testing::Test {
     return r;
   }
 
-  planner::Profile skeleton(const model_config& c) {
+  planner::step_profile skeleton(const model_config& c) {
     workload::skeleton_options o;
     o.device_name = "test";
     o.device_memory_bytes = std::uint64_t{80} << 30;
@@ -140,16 +140,16 @@ std::size_t count(const std::vector<stash_action_t>& p, stash_action_t a) {
 
 TEST_F(WorkloadDriverTest, SkeletonListsTheBlockAndValidates) {
   const model_config c = small_config();
-  const planner::Profile p = skeleton(c);
+  const planner::step_profile p = skeleton(c);
   // Re-read through the validator from its JSON form, as `stash plan` would.
-  const planner::Profile q =
+  const planner::step_profile q =
       planner::profile_from_json(workload::skeleton_json(p, c, kind_, /*link_measured=*/false));
   ASSERT_EQ(q.layers.size(), 3u);
   // T = 64, H = 64, F = 128, float32, blocks rounded to the pool's 512 B.
   const std::uint64_t X = 64 * 64 * 4, S = 512, Hh = 64 * 128 * 4;
   const char* names[] = {"input", "ln.stats", "ln.out", "fc1.out", "act.out"};
   const std::uint64_t bytes[] = {X, S, X, Hh, Hh};
-  for (const planner::LayerProfile& l : q.layers) {
+  for (const planner::layer_profile& l : q.layers) {
     EXPECT_EQ(l.signature, q.layers[0].signature);
     EXPECT_EQ(l.fwd_ms, 0.0);
     EXPECT_EQ(l.bwd_temp_bytes, X + 2 * Hh);  // dout + da + dh
@@ -209,7 +209,7 @@ TEST_F(WorkloadDriverTest, PlansGiveGradientsBitwiseEqualToKeepAll) {
 // the step]), and never above it.
 TEST_F(WorkloadDriverTest, PoolPeakIsTheCanonicalPeak) {
   const model_config c = small_config();
-  const planner::Profile prof = skeleton(c);
+  const planner::step_profile prof = skeleton(c);
   const std::vector<std::vector<stash_action_t>> plans = {
       workload::uniform_plan(c.layers, STASH_ACTION_KEEP),
       workload::uniform_plan(c.layers, STASH_ACTION_RECOMPUTE),
@@ -219,7 +219,7 @@ TEST_F(WorkloadDriverTest, PoolPeakIsTheCanonicalPeak) {
   std::uint64_t keep_all_measured = 0, keep_all_canonical = 0;
   for (std::size_t i = 0; i < plans.size(); ++i) {
     SCOPED_TRACE("plan " + std::to_string(i));
-    const planner::Evaluation ev =
+    const planner::evaluation ev =
         planner::evaluate(prof, decisions_of(plans[i], c.layers), std::uint64_t{1} << 50);
     const run_result r = run(c, plans[i], 1);
     EXPECT_LE(r.peaks.in_use_bytes, ev.peak_bytes);
@@ -244,17 +244,17 @@ TEST_F(WorkloadDriverTest, PoolPeakIsTheCanonicalPeak) {
 // under 1 MiB never offload.)
 TEST_F(WorkloadDriverTest, PlannerPlanRunsWithinItsBudget) {
   const model_config c = small_config();
-  const planner::Profile prof = skeleton(c);
+  const planner::step_profile prof = skeleton(c);
   const std::uint64_t keep_peak =
       planner::evaluate(prof, planner::keep_all(prof), ~0ull).peak_bytes;
   const std::uint64_t budget = prof.fixed_bytes + (keep_peak - prof.fixed_bytes) * 8 / 10;
-  const planner::Plan plan = planner::make_plan(prof, budget);
+  const planner::step_plan plan = planner::make_plan(prof, budget);
   std::vector<stash_action_t> actions;
-  for (const planner::LayerPlan& l : plan.layers)
-    for (planner::Action a : l.actions)
-      actions.push_back(a == planner::Action::offload     ? STASH_ACTION_OFFLOAD
-                        : a == planner::Action::recompute ? STASH_ACTION_RECOMPUTE
-                                                          : STASH_ACTION_KEEP);
+  for (const planner::layer_plan& l : plan.layers)
+    for (planner::tensor_action a : l.actions)
+      actions.push_back(a == planner::tensor_action::offload     ? STASH_ACTION_OFFLOAD
+                        : a == planner::tensor_action::recompute ? STASH_ACTION_RECOMPUTE
+                                                                 : STASH_ACTION_KEEP);
   const run_result ref = run(c, workload::uniform_plan(c.layers, STASH_ACTION_KEEP), 1);
   const run_result r = run(c, actions, 1);
   EXPECT_LE(r.peaks.in_use_bytes, budget);

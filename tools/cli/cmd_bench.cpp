@@ -110,7 +110,7 @@ void run_bench_copy(const bench_copy_args& a) {
   }
 }
 
-const CommandRegistrar reg(20, [](CLI::App& app) {
+const subcommand_registrar reg(20, [](CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Measure the machine");
   bench->require_subcommand(1);
   auto args = std::make_shared<bench_link_args>();

@@ -18,8 +18,8 @@ struct check_args {
 
 void run_check(const check_args& a) {
   using namespace stash::planner;
-  const Profile p = load_profile(a.profile);
-  const Plan plan = load_plan(a.plan, p);
+  const step_profile p = load_profile(a.profile);
+  const step_plan plan = load_plan(a.plan, p);
   const std::uint64_t budget = a.budget.empty() ? plan.budget_bytes : parse_bytes(a.budget);
   if (!plan.profile_sha256.empty() && plan.profile_sha256 != profile_sha256(p)) {
     std::fprintf(stderr,
@@ -27,7 +27,7 @@ void run_check(const check_args& a) {
                  "(sha256 %s); checking it against this one\n",
                  plan.profile_sha256.c_str());
   }
-  const Evaluation ev = evaluate(p, plan.decisions(), budget);
+  const evaluation ev = evaluate(p, plan.decisions(), budget);
   std::printf("check: %s\n", ev.valid ? "valid" : "INVALID");
   std::printf("  peak        %s of %s budget (%llu / %llu bytes) at %s\n",
               format_bytes(ev.peak_bytes).c_str(), format_bytes(budget).c_str(),
@@ -46,7 +46,7 @@ void run_check(const check_args& a) {
   throw exit_status{1};
 }
 
-const CommandRegistrar reg(50, [](CLI::App& app) {
+const subcommand_registrar reg(50, [](CLI::App& app) {
   auto args = std::make_shared<check_args>();
   CLI::App* cmd = app.add_subcommand("check", "Check a plan against the canonical cost model");
   cmd->add_option("--profile", args->profile, "profile.json")->required();

@@ -158,7 +158,7 @@ void run_demo(demo_args a) {
   if (rc != 0) throw exit_status{rc};
 }
 
-const CommandRegistrar reg(90, [](CLI::App& app) {
+const subcommand_registrar reg(90, [](CLI::App& app) {
   auto a = std::make_shared<demo_args>();
   CLI::App* cmd = app.add_subcommand(
       "demo",

@@ -24,8 +24,8 @@ struct pareto_args {
 
 void run_pareto(const pareto_args& a) {
   using namespace stash::planner;
-  const Profile p = load_profile(a.profile);
-  ParetoOptions opt;
+  const step_profile p = load_profile(a.profile);
+  pareto_options opt;
   if (!a.from.empty()) opt.from_bytes = parse_budget(a.from, p);
   if (!a.to.empty()) opt.to_bytes = parse_budget(a.to, p);
   opt.plan.solver = solver_from_string(a.solver);
@@ -38,7 +38,7 @@ void run_pareto(const pareto_args& a) {
       std::fprintf(stderr, "pareto: [%2d/%d] budget %s: step %.3f ms (solved in %.0f ms)\n", done,
                    max, format_bytes(budget).c_str(), step_ms, solve_ms);
     };
-  ParetoCurve c;
+  pareto_curve c;
   try {
     c = pareto_sweep(p, opt);
   } catch (const infeasible_budget& e) {
@@ -55,7 +55,7 @@ void run_pareto(const pareto_args& a) {
   std::printf("  %12s %12s %12s %12s %12s\n", "budget", "step ms", "peak", "offloaded",
               "recompute ms");
   for (std::size_t i = 0; i < c.points.size(); ++i) {
-    const ParetoPoint& pt = c.points[i];
+    const pareto_point& pt = c.points[i];
     std::printf("  %12s %12.3f %12s %12s %12.3f%s\n", format_bytes(pt.budget_bytes).c_str(),
                 pt.step_ms, format_bytes(pt.peak_bytes).c_str(),
                 format_bytes(pt.offloaded_bytes).c_str(), pt.recompute_ms,
@@ -79,7 +79,7 @@ void run_pareto(const pareto_args& a) {
   }
 }
 
-const CommandRegistrar reg(70, [](CLI::App& app) {
+const subcommand_registrar reg(70, [](CLI::App& app) {
   auto args = std::make_shared<pareto_args>();
   CLI::App* cmd = app.add_subcommand(
       "pareto", "Sweep budgets: predicted step time against memory budget, with the knee");

@@ -28,27 +28,28 @@ std::string pct(double x) {
 
 void run_plan(const plan_args& a) {
   using namespace stash::planner;
-  const Profile p = load_profile(a.profile);
+  const step_profile p = load_profile(a.profile);
   const std::uint64_t budget = parse_budget(a.budget, p);
-  PlanOptions opt;
+  plan_options opt;
   opt.solver = solver_from_string(a.solver);
   if (!(a.time_limit_s > 0)) throw input_error("--time-limit must be positive");
   if (!(a.mip_gap >= 0)) throw input_error("--mip-gap must be non-negative");
   opt.time_limit_s = a.time_limit_s;
   opt.mip_gap = a.mip_gap;
   opt.polish = !a.no_polish;
-  Plan plan;
+  step_plan plan;
   try {
     plan = make_plan(p, budget, opt);
   } catch (const infeasible_budget& e) {
     std::fprintf(stderr, "stash plan: %s\n", e.what());
     throw exit_status{1};
   }
-  const Predicted& pr = plan.predicted;
+  const prediction& pr = plan.predicted;
   std::uint64_t recomputed = 0;
   for (std::size_t i = 0; i < plan.layers.size(); ++i) {
     for (std::size_t j = 0; j < plan.layers[i].actions.size(); ++j) {
-      if (plan.layers[i].actions[j] == Action::recompute) recomputed += p.layers[i].tensors[j].bytes;
+      if (plan.layers[i].actions[j] == tensor_action::recompute)
+        recomputed += p.layers[i].tensors[j].bytes;
     }
   }
   std::printf("plan: %zu layers, solver %s, solved in %.1f ms\n", plan.layers.size(),
@@ -83,7 +84,7 @@ void run_plan(const plan_args& a) {
   }
 }
 
-const CommandRegistrar reg(40, [](CLI::App& app) {
+const subcommand_registrar reg(40, [](CLI::App& app) {
   auto args = std::make_shared<plan_args>();
   CLI::App* cmd = app.add_subcommand("plan", "Plan keep/recompute/offload under a memory budget");
   cmd->add_option("--profile", args->profile, "profile.json (schema stash.profile/1)")->required();

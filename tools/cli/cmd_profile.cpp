@@ -155,9 +155,10 @@ void print_summary(const measure::measurement& m) {
 
 int run_profile(const profile_args& a) {
   // Inputs first: a bad skeleton should fail before a long run, not after it.
-  std::unique_ptr<planner::Profile> skeleton;
-  if (!a.skeleton.empty()) skeleton = std::make_unique<planner::Profile>(planner::load_profile(a.skeleton));
-  std::optional<planner::LinkProfile> link;
+  std::unique_ptr<planner::step_profile> skeleton;
+  if (!a.skeleton.empty())
+    skeleton = std::make_unique<planner::step_profile>(planner::load_profile(a.skeleton));
+  std::optional<planner::link_profile> link;
   if (!a.link.empty()) link = measure::load_link_section(a.link);
 
   std::string unavailable;
@@ -230,7 +231,7 @@ int run_profile(const profile_args& a) {
   return status;
 }
 
-const CommandRegistrar reg(10, [](CLI::App& app) {
+const subcommand_registrar reg(10, [](CLI::App& app) {
   auto args = std::make_shared<profile_args>();
   CLI::App* cmd = app.add_subcommand(
       "profile", "Profile a CUDA program's layer scopes with CUPTI into profile.json");

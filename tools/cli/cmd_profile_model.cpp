@@ -21,12 +21,12 @@ struct profile_model_args {
 void list_models() {
   using namespace stash::planner;
   std::printf("architectures:\n");
-  for (const ArchSpec& a : analytic_archs())
+  for (const arch_spec& a : analytic_archs())
     std::printf("  %-20s %d layers, hidden %d, ffn %d, %.2fB trainable parameters: %s\n",
                 a.key.c_str(), a.layers, a.hidden, a.ffn, trainable_params(a) / 1e9,
                 a.note.c_str());
   std::printf("devices:\n");
-  for (const DeviceSpec& d : analytic_devices())
+  for (const device_spec& d : analytic_devices())
     std::printf("  %-6s %s: %.0f TFLOP/s bf16, %.0f GB/s HBM, %s, link %.0f/%.0f GB/s "
                 "(both %.0f; %s)\n",
                 d.key.c_str(), d.name.c_str(), d.bf16_tflops, d.hbm_gbps,
@@ -42,17 +42,18 @@ void run_profile_model(const profile_model_args& a) {
   }
   if (a.arch.empty() || a.device.empty() || a.batch == 0 || a.seq == 0)
     throw input_error("profile-model needs --arch, --device, --batch and --seq (--list shows the names)");
-  AnalyticOptions o;
+  analytic_options o;
   o.arch = a.arch;
   o.device = a.device;
   o.batch = a.batch;
   o.seq = a.seq;
   o.shard = a.shard;
-  const Profile p = analytic_profile(o);
+  const step_profile p = analytic_profile(o);
   const std::string text = profile_json_text(p);
   std::uint64_t saved = 0;
   double fwd = 0, bwd = 0;
-  for (const LayerProfile& l : p.layers) saved += l.saved_bytes(), fwd += l.fwd_ms, bwd += l.bwd_ms;
+  for (const layer_profile& l : p.layers)
+    saved += l.saved_bytes(), fwd += l.fwd_ms, bwd += l.bwd_ms;
   std::fprintf(stderr,
                "profile-model: %s on %s, batch %d, seq %d, FSDP shard %d: %zu layers, "
                "fwd %.1f ms, bwd %.1f ms, saved activations %s, fixed %s\n",
@@ -70,7 +71,7 @@ void run_profile_model(const profile_model_args& a) {
   std::fprintf(stderr, "wrote %s\n", a.out.c_str());
 }
 
-const CommandRegistrar reg(30, [](CLI::App& app) {
+const subcommand_registrar reg(30, [](CLI::App& app) {
   auto args = std::make_shared<profile_model_args>();
   CLI::App* cmd = app.add_subcommand(
       "profile-model", "Write an analytic profile from a FLOP/byte model of an architecture");

@@ -27,10 +27,10 @@ void run_simulate(const simulate_args& a) {
   using namespace stash::planner;
   if (!a.measured.empty() && a.memory_svg.empty())
     throw input_error("--measured is plotted with --memory-svg PATH; give both");
-  const Profile p = load_profile(a.profile);
-  const Plan plan = load_plan(a.plan, p);
+  const step_profile p = load_profile(a.profile);
+  const step_plan plan = load_plan(a.plan, p);
   // Read before anything is printed, so that a bad trace fails the command cleanly.
-  std::optional<TraceWriter> measured;
+  std::optional<trace_writer> measured;
   if (!a.measured.empty()) {
     const nlohmann::json j = read_json_file(a.measured);  // its errors name the file
     try {
@@ -39,7 +39,7 @@ void run_simulate(const simulate_args& a) {
       throw input_error(a.measured + ": " + e.what());
     }
   }
-  SimOptions opt;
+  sim_options opt;
   opt.lookahead = a.lookahead;
   // The runtime's pinned pool is capped at the profile's pinnable bytes unless told.
   opt.pinned_bytes = a.pinned.empty() ? p.pinnable_bytes : parse_bytes(a.pinned);
@@ -47,9 +47,9 @@ void run_simulate(const simulate_args& a) {
   opt.turn_barrier = !a.no_turn_barrier;
   opt.prefetch_after_recompute = !a.prefetch_at_recompute;
   opt.record_trace = true;
-  const Decisions d = plan.decisions();
-  const SimResult r = simulate(p, d, opt);
-  const Evaluation ev = evaluate(p, d, plan.budget_bytes);
+  const decision_table d = plan.decisions();
+  const sim_result r = simulate(p, d, opt);
+  const evaluation ev = evaluate(p, d, plan.budget_bytes);
 
   std::printf("simulate: %zu layers, lookahead %d, pinned cap %s, link %.1f/%.1f GB/s "
               "(both %.1f%s)\n",
@@ -79,15 +79,14 @@ void run_simulate(const simulate_args& a) {
                 r.pinned_fallback_tensors, format_bytes(r.pinned_fallback_bytes).c_str());
   if (r.peak_bytes > plan.budget_bytes)
     std::printf("  warning     the replay's peak exceeds the plan's budget\n");
-  std::printf("overlap report:\n%s", format_overlap_report(overlap_report(r.trace.spans())).c_str());
+  std::printf("overlap report:\n%s",
+              format_overlap_report(compute_overlap(r.trace.spans())).c_str());
   if (!a.trace.empty()) {
     r.trace.write(a.trace);
     std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", a.trace.c_str());
   }
   if (!a.memory_svg.empty()) {
-    std::vector<MemorySeries> series = {
-        {"predicted (stash simulate)", "#1f5fbf",
-         step_memory(r)}};
+    std::vector<memory_series> series = {{"predicted (stash simulate)", "#1f5fbf", step_memory(r)}};
     if (measured) {
       series.push_back({"measured (" + a.measured + ", last pass)", "#e07000",
                         last_pass(*measured, kDeviceBytesCounter)});
@@ -102,7 +101,7 @@ void run_simulate(const simulate_args& a) {
   }
 }
 
-const CommandRegistrar reg(60, [](CLI::App& app) {
+const subcommand_registrar reg(60, [](CLI::App& app) {
   auto args = std::make_shared<simulate_args>();
   CLI::App* cmd = app.add_subcommand(
       "simulate", "Replay a plan on compute/D2H/H2D streams; print the timeline's figures");

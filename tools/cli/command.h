@@ -21,15 +21,15 @@ struct exit_status {
   int code;
 };
 
-struct Command {
+struct subcommand {
   int order;  // position in --help
   std::function<void(CLI::App& app)> add;  // adds the subcommand and its callback
 };
 
-std::vector<Command>& command_registry();
+std::vector<subcommand>& command_registry();
 
-struct CommandRegistrar {
-  CommandRegistrar(int order, std::function<void(CLI::App&)> add) {
+struct subcommand_registrar {
+  subcommand_registrar(int order, std::function<void(CLI::App&)> add) {
     command_registry().push_back({order, std::move(add)});
   }
 };

@@ -50,7 +50,7 @@ struct row {
   std::uint64_t budget = 0;
   bool feasible = false;
   std::string note;
-  planner::Plan plan;
+  planner::step_plan plan;
   double pred_step_ms = 0;
   std::uint64_t pred_peak = 0;
   double pred_exposed_ms = 0;  // per step: compute-stream waits for copies (simulator)
@@ -67,15 +67,15 @@ struct baselines {
   std::uint64_t keep_peak = 0, recompute_peak = 0;
 };
 
-std::vector<row> plan_budgets(const planner::Profile& p, const std::string& solver,
+std::vector<row> plan_budgets(const planner::step_profile& p, const std::string& solver,
                               baselines* base, int passes = 1);
 // The simulator's options for the demo's plans (the pinned pool capped at the profile's).
-planner::SimOptions sim_options(const planner::Profile& p);
+planner::sim_options demo_sim_options(const planner::step_profile& p);
 std::string fmt(const char* f, double v);
 void print_table(const std::vector<row>& rows, const baselines& b, const std::string& solver,
                  bool measured, double keep_meas_ms, double rec_meas_ms);
-void write_plans_and_pareto(const planner::Profile& p, std::vector<row>& rows, const demo_args& a,
-                            const std::string& title);
+void write_plans_and_pareto(const planner::step_profile& p, std::vector<row>& rows,
+                            const demo_args& a, const std::string& title);
 
 // ---- the two paths ------------------------------------------------------------------------
 

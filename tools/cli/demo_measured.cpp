@@ -31,13 +31,13 @@
 namespace stash::cli::demo {
 namespace {
 
-std::vector<stash_action_t> actions_of(const planner::Decisions& d) {
+std::vector<stash_action_t> actions_of(const planner::decision_table& d) {
   std::vector<stash_action_t> v;
   for (const auto& layer : d)
-    for (planner::Action x : layer)
-      v.push_back(x == planner::Action::offload     ? STASH_ACTION_OFFLOAD
-                  : x == planner::Action::recompute ? STASH_ACTION_RECOMPUTE
-                                                    : STASH_ACTION_KEEP);
+    for (planner::tensor_action x : layer)
+      v.push_back(x == planner::tensor_action::offload     ? STASH_ACTION_OFFLOAD
+                  : x == planner::tensor_action::recompute ? STASH_ACTION_RECOMPUTE
+                                                           : STASH_ACTION_KEEP);
   return v;
 }
 
@@ -111,8 +111,8 @@ run_outcome run_plan(const workload::model_config& c, workload::backend_kind kin
 // profile's measurement.notes, profile_fill.h), CUDA events around the same scopes
 // (scope_timer.h). The plans are only as good as the profile, so an incomplete one is not
 // planned on.
-planner::Profile profile_workload(const workload::model_config& c, workload::backend_kind kind,
-                                  const planner::Profile& skeleton, const demo_args& a) {
+planner::step_profile profile_workload(const workload::model_config& c, workload::backend_kind kind,
+                                       const planner::step_profile& skeleton, const demo_args& a) {
   const std::string skel_path = a.out + "/skeleton.json", prof_path = a.out + "/profile.json";
   workload::session s = make_session(c, kind);
   s.set_plan(workload::uniform_plan(c.layers, STASH_ACTION_KEEP));
@@ -147,9 +147,9 @@ planner::Profile profile_workload(const workload::model_config& c, workload::bac
     timer.harvest();
   }
   s.workload().set_scope_timer(nullptr);
-  planner::Profile p = skeleton;
+  planner::step_profile p = skeleton;
   for (int l = 0; l < c.layers; ++l) {
-    planner::LayerProfile& lp = p.layers[l];
+    planner::layer_profile& lp = p.layers[l];
     lp.fwd_ms = std::max(0.0, timer.median_ms(STASH_SCOPE_FORWARD, l, -1));
     lp.bwd_ms = std::max(0.0, timer.median_ms(STASH_SCOPE_BACKWARD, l, -1));
     for (int j = 1; j < workload::kSavedPerBlock; ++j)
@@ -172,12 +172,12 @@ planner::Profile profile_workload(const workload::model_config& c, workload::bac
 // memory-<file>.svg: the device memory of the run's last pass (from the start of its last
 // forward of layer 0), the engine trace's measured "device bytes" beside the simulator's
 // predicted one for the same plan, with the budget (Note [Measured device bytes]).
-void write_memory_plot(const planner::Profile& p, const row& r, const std::string& trace_path,
+void write_memory_plot(const planner::step_profile& p, const row& r, const std::string& trace_path,
                        const std::string& svg_path, const std::string& device) {
-  const planner::TraceWriter measured =
+  const planner::trace_writer measured =
       planner::trace_from_json(planner::read_json_file(trace_path));
-  const planner::SimResult sim = planner::simulate(p, r.plan.decisions(), sim_options(p));
-  const std::vector<planner::MemorySeries> series = {
+  const planner::sim_result sim = planner::simulate(p, r.plan.decisions(), demo_sim_options(p));
+  const std::vector<planner::memory_series> series = {
       {"predicted (stash simulate)", "#1f5fbf", planner::step_memory(sim)},
       {"measured (engine trace, last pass)", "#e07000",
        planner::last_pass(measured, planner::kDeviceBytesCounter)}};
@@ -283,12 +283,12 @@ int run_measured(const demo_args& a, workload::backend_kind kind, bool on_double
                  "link (55/55/100 GB/s)\n",
                  e.what());
   }
-  const planner::Profile skeleton = workload::make_skeleton(c, kind, so);
+  const planner::step_profile skeleton = workload::make_skeleton(c, kind, so);
   planner::write_json_file(a.out + "/skeleton.json",
                            workload::skeleton_json(skeleton, c, kind, link_measured));
 
   // 2. Profile, 3. plan.
-  const planner::Profile p = profile_workload(c, kind, skeleton, a);
+  const planner::step_profile p = profile_workload(c, kind, skeleton, a);
   baselines b;
   std::vector<row> rows = plan_budgets(p, a.solver, &b, c.micro_batches);
 

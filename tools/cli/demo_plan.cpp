@@ -20,8 +20,8 @@ namespace stash::cli::demo {
 
 // ---- plans at the demo's budgets ------------------------------------------------------
 
-planner::SimOptions sim_options(const planner::Profile& p) {
-  planner::SimOptions o;
+planner::sim_options demo_sim_options(const planner::step_profile& p) {
+  planner::sim_options o;
   o.pinned_bytes = p.pinnable_bytes;  // the runtime's pinned pool is capped there
   return o;
 }
@@ -29,10 +29,11 @@ planner::SimOptions sim_options(const planner::Profile& p) {
 // `passes`: forward/backward passes per step (micro-batches). The profile and the simulator
 // describe one pass (its layers, and the step overhead measured per pass); passes run one
 // after another, so a step's predicted time is passes x the pass's, and its peak the pass's.
-std::vector<row> plan_budgets(const planner::Profile& p, const std::string& solver,
+std::vector<row> plan_budgets(const planner::step_profile& p, const std::string& solver,
                               baselines* base, int passes) {
-  const planner::SimResult keep = planner::simulate(p, planner::keep_all(p), sim_options(p));
-  const planner::SimResult rec = planner::simulate(p, planner::recompute_all(p), sim_options(p));
+  const planner::sim_result keep = planner::simulate(p, planner::keep_all(p), demo_sim_options(p));
+  const planner::sim_result rec =
+      planner::simulate(p, planner::recompute_all(p), demo_sim_options(p));
   *base = {passes * keep.step_ms, passes * rec.step_ms, keep.peak_bytes, rec.peak_bytes};
   std::vector<row> rows;
   for (int pct : {100, 85, 70, 55}) {
@@ -47,14 +48,14 @@ std::vector<row> plan_budgets(const planner::Profile& p, const std::string& solv
   m.file = "min";
   m.budget = planner::min_feasible_budget(p);
   rows.push_back(m);
-  planner::PlanOptions opt;
+  planner::plan_options opt;
   opt.solver = planner::solver_from_string(solver);
   for (row& r : rows) {
     progress("planning at %s (%s)", r.label, format_bytes(r.budget));
     try {
       r.plan = planner::make_plan(p, r.budget, opt);
       r.feasible = true;
-      const planner::SimResult s = planner::simulate(p, r.plan.decisions(), sim_options(p));
+      const planner::sim_result s = planner::simulate(p, r.plan.decisions(), demo_sim_options(p));
       r.pred_step_ms = passes * s.step_ms;
       r.pred_peak = s.peak_bytes;
       r.pred_exposed_ms = passes * s.exposed_copy_ms;
@@ -108,13 +109,13 @@ void print_table(const std::vector<row>& rows, const baselines& b, const std::st
   }
 }
 
-void write_plans_and_pareto(const planner::Profile& p, std::vector<row>& rows, const demo_args& a,
-                            const std::string& title) {
+void write_plans_and_pareto(const planner::step_profile& p, std::vector<row>& rows,
+                            const demo_args& a, const std::string& title) {
   for (const row& r : rows) {
     if (!r.feasible) continue;
     planner::write_json_file(a.out + "/plan-" + r.file + ".json", planner::plan_to_json(r.plan));
   }
-  planner::ParetoOptions po;
+  planner::pareto_options po;
   po.plan.solver = planner::solver_from_string(a.solver);
   po.max_points = a.pareto_points;
   po.initial_points = std::min(9, a.pareto_points);
@@ -122,7 +123,7 @@ void write_plans_and_pareto(const planner::Profile& p, std::vector<row>& rows, c
     std::fprintf(stderr, "demo: pareto [%2d/%d] %s: %.3f ms\n", done, max,
                  format_bytes(budget).c_str(), step_ms);
   };
-  const planner::ParetoCurve c = planner::pareto_sweep(p, po);
+  const planner::pareto_curve c = planner::pareto_sweep(p, po);
   planner::write_text_file(a.out + "/pareto.csv", planner::pareto_csv(c));
   planner::write_text_file(a.out + "/pareto.svg", planner::pareto_svg(c, title));
 }
@@ -131,7 +132,7 @@ void write_plans_and_pareto(const planner::Profile& p, std::vector<row>& rows, c
 
 void run_predicted(const demo_args& a, const std::string& why) {
   const std::string path = a.profile.empty() ? find_shipped_profile(kDefaultProfile) : a.profile;
-  const planner::Profile p = planner::load_profile(path);
+  const planner::step_profile p = planner::load_profile(path);
   const std::string label = "predicted (" + why + ")";
   progress("%s: planning and simulating %s; nothing runs on a GPU", label, path);
   make_dir(a.out);
@@ -139,10 +140,10 @@ void run_predicted(const demo_args& a, const std::string& why) {
   std::vector<row> rows = plan_budgets(p, a.solver, &b);
   for (const row& r : rows) {
     if (!r.feasible) continue;
-    planner::SimResult s = planner::simulate(p, r.plan.decisions(), sim_options(p));
+    planner::sim_result s = planner::simulate(p, r.plan.decisions(), demo_sim_options(p));
     s.trace.set_metadata("label", label);
     s.trace.write(a.out + "/trace-" + r.file + ".json");
-    const std::vector<planner::MemorySeries> series = {
+    const std::vector<planner::memory_series> series = {
         {"predicted (stash simulate; no GPU found)", "#1f5fbf", planner::step_memory(s)}};
     const std::string title =
         "stash demo: device memory at " + r.label + " of the keep-all peak (predicted)";

@@ -8,8 +8,8 @@
 #include "planner/profile.h"
 
 namespace stash::cli {
-std::vector<Command>& command_registry() {
-  static std::vector<Command> r;
+std::vector<subcommand>& command_registry() {
+  static std::vector<subcommand> r;
   return r;
 }
 }  // namespace stash::cli
@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("stash ") + STASH_VERSION_STRING);
   auto& reg = cli::command_registry();
   std::sort(reg.begin(), reg.end(),
-            [](const cli::Command& a, const cli::Command& b) { return a.order < b.order; });
+            [](const cli::subcommand& a, const cli::subcommand& b) { return a.order < b.order; });
   for (auto& c : reg) c.add(app);
   try {
     app.parse(argc, argv);

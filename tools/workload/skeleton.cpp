@@ -11,8 +11,8 @@
 
 namespace stash::workload {
 
-planner::LinkProfile assumed_link() {
-  planner::LinkProfile l;
+planner::link_profile assumed_link() {
+  planner::link_profile l;
   l.h2d_gbps = 55.0;
   l.d2h_gbps = 55.0;
   l.bidir_gbps = 100.0;
@@ -31,13 +31,13 @@ void device_facts(std::string* name, std::uint64_t* memory_bytes) {
   *memory_bytes = prop.totalGlobalMem;
 }
 
-planner::Profile make_skeleton(const model_config& c, backend_kind kind, const skeleton_options& o,
-                               std::size_t pool_alignment) {
+planner::step_profile make_skeleton(const model_config& c, backend_kind kind,
+                                    const skeleton_options& o, std::size_t pool_alignment) {
   if (const std::string p = c.problem(); !p.empty())
     throw std::invalid_argument("stash workload: " + p);
   const memory_layout m = layout_of(c, kind, pool_alignment);
-  planner::Profile p;
-  p.source = planner::ProfileSource::measured;
+  planner::step_profile p;
+  p.source = planner::profile_source::measured;
   p.device_name = o.device_name;
   p.device_memory_bytes = o.device_memory_bytes;
   p.link = o.link ? *o.link : assumed_link();
@@ -47,12 +47,12 @@ planner::Profile make_skeleton(const model_config& c, backend_kind kind, const s
   const std::string signature = "mlp_block:" + std::to_string(c.hidden) + ":" +
                                 std::to_string(c.ffn()) + ":" + std::to_string(c.tokens());
   for (int l = 0; l < c.layers; ++l) {
-    planner::LayerProfile lp;
+    planner::layer_profile lp;
     lp.name = "blocks." + std::to_string(l);
     lp.signature = signature;
     lp.bwd_temp_bytes = m.bwd_temp_bytes();
     for (int j = 0; j < kSavedPerBlock; ++j) {
-      planner::TensorProfile t;
+      planner::tensor_profile t;
       t.name = saved_name(j);
       t.bytes = m.saved_bytes[j];
       t.recomputable = j != kInput;
@@ -64,8 +64,8 @@ planner::Profile make_skeleton(const model_config& c, backend_kind kind, const s
   return planner::profile_from_json(planner::profile_to_json(p));
 }
 
-nlohmann::json skeleton_json(const planner::Profile& p, const model_config& c, backend_kind kind,
-                             bool link_measured) {
+nlohmann::json skeleton_json(const planner::step_profile& p, const model_config& c,
+                             backend_kind kind, bool link_measured) {
   nlohmann::json j = planner::profile_to_json(p);
   j["workload"] = {{"kind", "stash built-in MLP block (kernels/workload/backend.h)"},
                    {"backend", to_string(kind)},

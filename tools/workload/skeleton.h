@@ -32,7 +32,7 @@ struct skeleton_options {
   std::uint64_t device_memory_bytes = 0;
   // The link section: a measurement (stash bench link, measure::run_link_bench) when one
   // was made; otherwise a stated assumption (kAssumedLink) that the output names.
-  std::optional<planner::LinkProfile> link;
+  std::optional<planner::link_profile> link;
   // 0: the pinned pool's default cap, 0.8 x min(MemAvailable, cgroup headroom) /
   // LOCAL_WORLD_SIZE (allocator/host_memory.h), so the planner never counts on more pinned
   // memory than the engine's pool gives.
@@ -41,18 +41,18 @@ struct skeleton_options {
 
 // PCIe Gen5 x16 as measured by nvbandwidth on H100/H200 (planner/analytic.h uses the same):
 // 55 GB/s per direction, 100 GB/s both ways.
-planner::LinkProfile assumed_link();
+planner::link_profile assumed_link();
 
 // The device's name and memory from the CUDA runtime (device 0 or the current one);
 // stash::error naming the CUDA error when there is none.
 void device_facts(std::string* name, std::uint64_t* memory_bytes);
 
 // The skeleton as a validated profile (source "measured": its times are to be measured).
-planner::Profile make_skeleton(const model_config& c, backend_kind kind, const skeleton_options& o,
-                               std::size_t pool_alignment = 512);
+planner::step_profile make_skeleton(const model_config& c, backend_kind kind,
+                                    const skeleton_options& o, std::size_t pool_alignment = 512);
 // profile_to_json plus a "workload" object recording the configuration and where the link
 // figures came from (ignored by the planner, kept for people).
-nlohmann::json skeleton_json(const planner::Profile& p, const model_config& c, backend_kind kind,
-                             bool link_measured);
+nlohmann::json skeleton_json(const planner::step_profile& p, const model_config& c,
+                             backend_kind kind, bool link_measured);
 
 }  // namespace stash::workload
