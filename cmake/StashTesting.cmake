@@ -14,6 +14,89 @@
 set(STASH_DOUBLE_DIR ${CMAKE_BINARY_DIR}/cudart_double)
 set(STASH_SKIP_REGEX "\\[ STASH NO DEVICE \\]")
 
+# Note [The installed test set]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# `cmake --install <build> --prefix <P> --component tests` (never part of a plain install)
+# puts every suite registered below, both variants, and the gpu-labelled Python tests under
+# <P>/libexec/stash/tests, with the test double and a CTestTestfile.cmake of their own:
+#   ctest --test-dir <P>/libexec/stash/tests -L gpu
+# runs on a machine that has the prefix (runtime component, the same install) and nothing
+# else, no build tree and no sources; tools/gpu-carry.sh carries a build to a GPU machine
+# that way, as rmm carries its installed gtests. Nothing in that CTestTestfile.cmake names
+# the build machine: ctest reads it in its own folder, where `file(REAL_PATH .)` is that
+# folder, and every program, library and file is found from there. The programs' RUNPATH
+# is $ORIGIN/<tests to lib>; the files a test runs or reads are named by environment
+# variables (Note [Test programs' paths] in tests/common/test_paths.h). A sanitizer build
+# installs no tests: its programs need the sanitizer runtime of the build machine.
+include(GNUInstallDirs)
+set(STASH_TESTS_INSTALL_DIR ${CMAKE_INSTALL_LIBEXECDIR}/stash/tests)
+file(RELATIVE_PATH STASH_TESTS_TO_LIB "/${STASH_TESTS_INSTALL_DIR}" "/${CMAKE_INSTALL_LIBDIR}")
+set_property(GLOBAL PROPERTY STASH_INSTALLED_TESTS "")
+
+# stash_install_test_program(<target>): a program of the installed test set.
+function(stash_install_test_program target)
+  if(STASH_SANITIZE)
+    return()
+  endif()
+  set_target_properties(${target} PROPERTIES INSTALL_RPATH "$ORIGIN/${STASH_TESTS_TO_LIB}")
+  install(TARGETS ${target} DESTINATION ${STASH_TESTS_INSTALL_DIR} COMPONENT tests
+          EXCLUDE_FROM_ALL)
+endfunction()
+
+# A value as CMake quotes its own in a CTestTestfile.cmake: backslashes and quotes escaped,
+# a list as "a;b"; then @TESTS@, @PREFIX@ and @PYTHON@ become the variables its header
+# sets (tests/CMakeLists.txt).
+function(_stash_quote var value)
+  string(REPLACE "\\" "\\\\" q "${value}")
+  string(REPLACE "\"" "\\\"" q "${q}")
+  string(REPLACE "@TESTS@" "\${_tests}" q "${q}")
+  string(REPLACE "@PREFIX@" "\${_prefix}" q "${q}")
+  string(REPLACE "@PYTHON@" "\${_python}" q "${q}")
+  set(${var} "\"${q}\"" PARENT_SCOPE)
+endfunction()
+
+# stash_installed_test(<name> COMMAND <program> [args...] [LABELS ...] [TIMEOUT s]
+#                      [ENVIRONMENT VAR=value...] [SKIP_RETURN_CODE n] [SKIP_REGEX]):
+# a test of the installed CTestTestfile.cmake. In the command and the environment,
+# @TESTS@ is the installed test folder and @PREFIX@ the prefix, both absolute when ctest
+# runs, and @PYTHON@ the GPU Python tests' interpreter ($STASH_GPU_PYTHON, else python3);
+# SKIP_REGEX skips on STASH_SKIP_REGEX, as the .gpu variants do.
+function(stash_installed_test name)
+  cmake_parse_arguments(ARG "SKIP_REGEX" "TIMEOUT;SKIP_RETURN_CODE" "COMMAND;LABELS;ENVIRONMENT"
+                        ${ARGN})
+  if(STASH_SANITIZE)
+    return()
+  endif()
+  set(words "")
+  foreach(w IN LISTS ARG_COMMAND)
+    _stash_quote(q "${w}")
+    string(APPEND words " ${q}")
+  endforeach()
+  _stash_quote(labels "${ARG_LABELS}")
+  set(props "LABELS ${labels} TIMEOUT \"${ARG_TIMEOUT}\"")
+  if(ARG_ENVIRONMENT)
+    _stash_quote(env "${ARG_ENVIRONMENT}")
+    string(APPEND props " ENVIRONMENT ${env}")
+  endif()
+  if(DEFINED ARG_SKIP_RETURN_CODE)
+    string(APPEND props " SKIP_RETURN_CODE \"${ARG_SKIP_RETURN_CODE}\"")
+  endif()
+  if(ARG_SKIP_REGEX)
+    _stash_quote(re "${STASH_SKIP_REGEX}")
+    string(APPEND props " SKIP_REGULAR_EXPRESSION ${re}")
+  endif()
+  set(text "add_test([=[${name}]=]${words})\nset_tests_properties([=[${name}]=] PROPERTIES ${props})\n")
+  set_property(GLOBAL APPEND_STRING PROPERTY STASH_INSTALLED_TESTS "${text}")
+endfunction()
+
+# The installed test environment of one suite: the files Note [Test programs' paths] names.
+set(STASH_INSTALLED_TEST_ENV
+  "STASH_CLI=@PREFIX@/${CMAKE_INSTALL_BINDIR}/stash"
+  "STASH_HEADER=@PREFIX@/${CMAKE_INSTALL_INCLUDEDIR}/stash.h"
+  "STASH_PROFILES_DIR=@PREFIX@/${CMAKE_INSTALL_DATADIR}/stash/profiles"
+  "STASH_INJECT_PROBE=@TESTS@/measure_inject_probe"
+  "STASH_WORKLOAD=@TESTS@/measure_workload")
+
 # stash_add_cpu_test(<target> [LABELS extra...] [TIMEOUT s])
 function(stash_add_cpu_test target)
   cmake_parse_arguments(ARG "" "TIMEOUT" "LABELS" ${ARGN})
@@ -26,15 +109,23 @@ endfunction()
 
 # stash_add_runtime_test(<target> [LABELS extra...] [TIMEOUT s])
 function(stash_add_runtime_test target)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT;SKIP_RETURN_CODE" "LABELS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
+  set(skip "")
+  if(DEFINED ARG_SKIP_RETURN_CODE)
+    set(skip SKIP_RETURN_CODE ${ARG_SKIP_RETURN_CODE})
+  endif()
   add_test(NAME ${target}.cpu COMMAND ${target})
   set_tests_properties(${target}.cpu PROPERTIES
-    LABELS "cpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    LABELS "cpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} ${skip}
     ENVIRONMENT "LD_LIBRARY_PATH=${STASH_DOUBLE_DIR};STASH_TEST_RUNTIME=double")
-  stash_add_gpu_test(${target} LABELS ${ARG_LABELS} TIMEOUT ${ARG_TIMEOUT})
+  stash_installed_test(${target}.cpu COMMAND @TESTS@/${target} LABELS cpu ${ARG_LABELS}
+    TIMEOUT ${ARG_TIMEOUT} ${skip}
+    ENVIRONMENT LD_LIBRARY_PATH=@TESTS@/double STASH_TEST_RUNTIME=double
+                ${STASH_INSTALLED_TEST_ENV})
+  stash_add_gpu_test(${target} LABELS ${ARG_LABELS} TIMEOUT ${ARG_TIMEOUT} ${skip})
   if(TARGET cudart_double)
     add_dependencies(${target} cudart_double)
   endif()
@@ -44,13 +135,21 @@ endfunction()
 # which no CPU test double can run; registered under label gpu only, skipping cleanly
 # without a device.
 function(stash_add_gpu_test target)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT;SKIP_RETURN_CODE" "LABELS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
+  set(skip "")
+  if(DEFINED ARG_SKIP_RETURN_CODE)
+    set(skip SKIP_RETURN_CODE ${ARG_SKIP_RETURN_CODE})
+  endif()
   add_test(NAME ${target}.gpu COMMAND ${target})
   set_tests_properties(${target}.gpu PROPERTIES
-    LABELS "gpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    LABELS "gpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} ${skip}
     ENVIRONMENT "STASH_TEST_RUNTIME=real"
     SKIP_REGULAR_EXPRESSION "${STASH_SKIP_REGEX}")
+  stash_installed_test(${target}.gpu COMMAND @TESTS@/${target} LABELS gpu ${ARG_LABELS}
+    TIMEOUT ${ARG_TIMEOUT} ${skip} SKIP_REGEX
+    ENVIRONMENT STASH_TEST_RUNTIME=real ${STASH_INSTALLED_TEST_ENV})
+  stash_install_test_program(${target})
 endfunction()

@@ -14,6 +14,7 @@
 #include "planner/planner.h"
 #include "planner/profile.h"
 #include "stash.h"
+#include "test_paths.h"
 
 namespace {
 
@@ -28,7 +29,7 @@ std::string read_text(const std::string& path) {
 
 const std::string& llama_profile() {
   static const std::string text =
-      read_text(std::string(STASH_SOURCE_DIR) + "/tools/profiles/llama3-8b_h200_b4_s4096.json");
+      read_text(STASH_TEST_PATH(STASH_PROFILES_DIR) + "/llama3-8b_h200_b4_s4096.json");
   return text;
 }
 

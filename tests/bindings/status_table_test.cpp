@@ -12,11 +12,12 @@
 
 #include "planner/error.h"
 #include "stash.h"
+#include "test_paths.h"
 
 namespace {
 
 std::map<std::string, int> header_enum() {
-  std::ifstream in(STASH_SOURCE_DIR "/bindings/include/stash.h");
+  std::ifstream in(STASH_TEST_PATH(STASH_HEADER));
   std::stringstream all;
   all << in.rdbuf();
   const std::string text = all.str();

@@ -14,6 +14,7 @@
 #include "runtime/measure/attribution.h"
 #include "runtime/measure/cupti_profiler.h"
 #include "stash.h"
+#include "test_paths.h"
 
 namespace stash::measure {
 namespace {
@@ -112,8 +113,8 @@ TEST(StashProfile, InjectsIntoAnyProgramAndFillsTheSkeleton) {
                                           {"must_keep", false}}}}});
   }
   std::ofstream(skeleton) << sk.dump();
-  const std::string cmd = std::string(STASH_CLI) + " profile -o " + out + " --skeleton " +
-                          skeleton + " -- " + STASH_WORKLOAD + " 2>&1";
+  const std::string cmd = STASH_TEST_PATH(STASH_CLI) + " profile -o " + out + " --skeleton " +
+                          skeleton + " -- " + STASH_TEST_PATH(STASH_WORKLOAD) + " 2>&1";
   FILE* f = ::popen(cmd.c_str(), "r");
   ASSERT_NE(f, nullptr);
   std::string output;

@@ -15,6 +15,7 @@
 #include "runtime/measure/cupti_profiler.h"
 #include "cuda_prim.h"
 #include "stash.h"
+#include "test_paths.h"
 
 namespace stash::measure {
 namespace {
@@ -101,7 +102,8 @@ TEST(StashProfile, RunsTheCommandAndExitsWithItsStatusWhenNothingCanBeProfiled) 
   const std::string out = ::testing::TempDir() + "/stash_profile_out.json";
   std::remove(out.c_str());
   const run_result r =
-      run(std::string(STASH_CLI) + " profile -o " + out + " -- sh -c 'echo ran-the-command; exit 3'");
+      run(STASH_TEST_PATH(STASH_CLI) + " profile -o " + out +
+          " -- sh -c 'echo ran-the-command; exit 3'");
   EXPECT_EQ(r.status, 3) << r.output;
   EXPECT_NE(r.output.find("ran-the-command"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("profiling unavailable: "), std::string::npos) << r.output;
@@ -111,10 +113,11 @@ TEST(StashProfile, RunsTheCommandAndExitsWithItsStatusWhenNothingCanBeProfiled) 
   }
   EXPECT_FALSE(std::ifstream(out).good()) << "no profile is written when nothing was measured";
 
-  EXPECT_EQ(run(std::string(STASH_CLI) + " profile -o " + out + " -- true").status, 0);
-  EXPECT_EQ(run(std::string(STASH_CLI) + " profile -o " + out + " -- /nonexistent/cmd").status, 127);
+  EXPECT_EQ(run(STASH_TEST_PATH(STASH_CLI) + " profile -o " + out + " -- true").status, 0);
+  EXPECT_EQ(run(STASH_TEST_PATH(STASH_CLI) + " profile -o " + out + " -- /nonexistent/cmd").status,
+            127);
   // Bad inputs fail before the command runs.
-  const run_result bad = run(std::string(STASH_CLI) + " profile -o " + out +
+  const run_result bad = run(STASH_TEST_PATH(STASH_CLI) + " profile -o " + out +
                              " --skeleton /nonexistent.json -- sh -c 'echo should-not-run'");
   EXPECT_EQ(bad.status, 2) << bad.output;
   EXPECT_EQ(bad.output.find("should-not-run"), std::string::npos) << bad.output;
@@ -126,7 +129,8 @@ TEST(StashProfile, RunsTheCommandAndExitsWithItsStatusWhenNothingCanBeProfiled) 
 TEST(StashProfile, ReadsWhatTheInjectionLibraryReports) {
   const std::string out = ::testing::TempDir() + "/stash_profile_probe.json";
   std::remove(out.c_str());
-  const run_result r = run(std::string(STASH_CLI) + " profile -o " + out + " -- " + STASH_INJECT_PROBE);
+  const run_result r = run(STASH_TEST_PATH(STASH_CLI) + " profile -o " + out + " -- " +
+                           STASH_TEST_PATH(STASH_INJECT_PROBE));
   EXPECT_EQ(r.status, 5) << r.output;
   if (r.output.find("profiling unavailable: ") != std::string::npos) {
     // No driver behind CUPTI: the library said so, and so did stash profile.
