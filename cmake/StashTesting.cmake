@@ -20,9 +20,10 @@ set(STASH_SKIP_REGEX "\\[ STASH NO DEVICE \\]")
 # puts every suite registered below, both variants, and the gpu-labelled Python tests under
 # <P>/libexec/stash/tests, with the test double and a CTestTestfile.cmake of their own:
 #   ctest --test-dir <P>/libexec/stash/tests -L gpu
-# runs on a machine that has the prefix (runtime component, the same install) and nothing
-# else, no build tree and no sources; tools/gpu-carry.sh carries a build to a GPU machine
-# that way, as rmm carries its installed gtests. Nothing in that CTestTestfile.cmake names
+# runs on a machine that has the prefix (with a plain install into it too: the tests use
+# its libraries, CLI, header and profiles) and nothing else, no build tree and no sources;
+# `-L cpu` runs the .cpu variants on the installed double. tools/gpu-carry.sh carries a
+# build to a GPU machine that way, as rmm carries its installed gtests. Nothing in that CTestTestfile.cmake names
 # the build machine: ctest reads it in its own folder, where `file(REAL_PATH .)` is that
 # folder, and every program, library and file is found from there. The programs' RUNPATH
 # is $ORIGIN/<tests to lib>; the files a test runs or reads are named by environment
@@ -107,49 +108,52 @@ function(stash_add_cpu_test target)
   set_tests_properties(${target} PROPERTIES LABELS "cpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
 endfunction()
 
-# stash_add_runtime_test(<target> [LABELS extra...] [TIMEOUT s])
-function(stash_add_runtime_test target)
+# _stash_add_variant(<target> <cpu|gpu> [LABELS extra...] [TIMEOUT s] [SKIP_RETURN_CODE n]):
+# <target>.cpu or <target>.gpu (Note [cpu and gpu variants of one test binary]), in the
+# build tree and in the installed test set.
+function(_stash_add_variant target variant)
   cmake_parse_arguments(ARG "" "TIMEOUT;SKIP_RETURN_CODE" "LABELS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
-  set(skip "")
-  if(DEFINED ARG_SKIP_RETURN_CODE)
-    set(skip SKIP_RETURN_CODE ${ARG_SKIP_RETURN_CODE})
+  set(name ${target}.${variant})
+  set(installed "")
+  if(variant STREQUAL "cpu")
+    set(env "LD_LIBRARY_PATH=${STASH_DOUBLE_DIR};STASH_TEST_RUNTIME=double")
+    set(installed_env LD_LIBRARY_PATH=@TESTS@/double STASH_TEST_RUNTIME=double)
+  else()
+    set(env "STASH_TEST_RUNTIME=real")
+    set(installed_env STASH_TEST_RUNTIME=real)
+    list(APPEND installed SKIP_REGEX)
   endif()
-  add_test(NAME ${target}.cpu COMMAND ${target})
-  set_tests_properties(${target}.cpu PROPERTIES
-    LABELS "cpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} ${skip}
-    ENVIRONMENT "LD_LIBRARY_PATH=${STASH_DOUBLE_DIR};STASH_TEST_RUNTIME=double")
-  stash_installed_test(${target}.cpu COMMAND @TESTS@/${target} LABELS cpu ${ARG_LABELS}
-    TIMEOUT ${ARG_TIMEOUT} ${skip}
-    ENVIRONMENT LD_LIBRARY_PATH=@TESTS@/double STASH_TEST_RUNTIME=double
-                ${STASH_INSTALLED_TEST_ENV})
-  stash_add_gpu_test(${target} LABELS ${ARG_LABELS} TIMEOUT ${ARG_TIMEOUT} ${skip})
+  add_test(NAME ${name} COMMAND ${target})
+  set_tests_properties(${name} PROPERTIES LABELS "${variant};${ARG_LABELS}"
+                       TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "${env}")
+  if(variant STREQUAL "gpu")
+    set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "${STASH_SKIP_REGEX}")
+  endif()
+  if(DEFINED ARG_SKIP_RETURN_CODE)
+    set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE ${ARG_SKIP_RETURN_CODE})
+    list(APPEND installed SKIP_RETURN_CODE ${ARG_SKIP_RETURN_CODE})
+  endif()
+  stash_installed_test(${name} COMMAND @TESTS@/${target} LABELS ${variant} ${ARG_LABELS}
+    TIMEOUT ${ARG_TIMEOUT} ${installed}
+    ENVIRONMENT ${installed_env} ${STASH_INSTALLED_TEST_ENV})
+endfunction()
+
+# stash_add_runtime_test(<target> [LABELS extra...] [TIMEOUT s] [SKIP_RETURN_CODE n])
+function(stash_add_runtime_test target)
+  _stash_add_variant(${target} cpu ${ARGN})
+  stash_add_gpu_test(${target} ${ARGN})
   if(TARGET cudart_double)
     add_dependencies(${target} cudart_double)
   endif()
 endfunction()
 
-# stash_add_gpu_test(<target> [LABELS extra...] [TIMEOUT s]): suites that launch kernels,
-# which no CPU test double can run; registered under label gpu only, skipping cleanly
-# without a device.
+# stash_add_gpu_test(<target> [LABELS extra...] [TIMEOUT s] [SKIP_RETURN_CODE n]): suites
+# that launch kernels, which no CPU test double can run; registered under label gpu only,
+# skipping cleanly without a device.
 function(stash_add_gpu_test target)
-  cmake_parse_arguments(ARG "" "TIMEOUT;SKIP_RETURN_CODE" "LABELS" ${ARGN})
-  if(NOT ARG_TIMEOUT)
-    set(ARG_TIMEOUT 300)
-  endif()
-  set(skip "")
-  if(DEFINED ARG_SKIP_RETURN_CODE)
-    set(skip SKIP_RETURN_CODE ${ARG_SKIP_RETURN_CODE})
-  endif()
-  add_test(NAME ${target}.gpu COMMAND ${target})
-  set_tests_properties(${target}.gpu PROPERTIES
-    LABELS "gpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} ${skip}
-    ENVIRONMENT "STASH_TEST_RUNTIME=real"
-    SKIP_REGULAR_EXPRESSION "${STASH_SKIP_REGEX}")
-  stash_installed_test(${target}.gpu COMMAND @TESTS@/${target} LABELS gpu ${ARG_LABELS}
-    TIMEOUT ${ARG_TIMEOUT} ${skip} SKIP_REGEX
-    ENVIRONMENT STASH_TEST_RUNTIME=real ${STASH_INSTALLED_TEST_ENV})
+  _stash_add_variant(${target} gpu ${ARGN})
   stash_install_test_program(${target})
 endfunction()

@@ -10,26 +10,23 @@
 # before, and fit's targets are in the peers table's stash rows) run when named.
 #   tools/gpu-check.sh [REPORT]     default: $OUT/gpu-check.txt when $OUT is set (the
 #                                   device tool's output folder), else out/gpu-check.txt
-# It never calls apt-get: a GPU machine may reach no package registry. Dependencies come
-# from .carry/debs (prepared by tools/gpu-carry.sh on a machine that has Debian's
-# registry, then carried along), unpacked into .carry/prefix; without .carry the build
-# uses whatever the machine has installed.
-# A build made beforehand by `tools/gpu-carry.sh --build` (.carry/build-gpu) is used when it
-# is of this commit and this GPU's architecture (Note [A build made here] in gpu-carry.sh);
-# otherwise the script builds here. It is a build tree rather than an installed prefix
-# because ctest -L gpu runs from one (Note [Why the carry is a build tree, not an install]
-# there).
+# Every step runs stash from an install prefix with its tests component (Note [The
+# installed test set] in cmake/StashTesting.cmake): the one `tools/gpu-carry.sh --build`
+# made and carried as .carry/stash, when it is of these sources and this GPU's
+# architecture (Note [A build made here] in gpu-carry.sh); otherwise step build builds
+# here and installs into build-gpu/prefix. It never calls apt-get: a GPU machine may reach
+# no package registry. A build here takes its dependencies from .carry/debs (gpu-carry.sh),
+# unpacked into .carry/deps, or else from the machine.
 # Environment: STASH_GPU_ARCH (default: the first GPU's compute capability, e.g. 90-real),
 # STASH_GPU_CHECK_STEPS (default "build tests ranks peers"; all: "build tests bench demo
-# fit ranks peers"), STASH_GPU_BUILD_DIR
-# (default build-gpu/; a carried build always lands at /tmp/stash-gpu-root/build-gpu),
+# fit ranks peers"), STASH_GPU_BUILD_DIR (default build-gpu/),
 # STASH_GPU_FIT_SIZE (the fit step's model: h200, default, or tiny), STASH_GPU_FIT_SHARES
 # (default 85,70,55: % of keep-all) and STASH_GPU_FIT_GIB (default 40: GiB budgets),
 # STASH_GPU_PEERS_SIZE (default h200-fill; h200 is half the layers at half the batch) and
 # STASH_GPU_PEERS_COMPILE (torch.compile's budgets, default 0.3,0.5,0.7).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
+cd "$root" || exit 1
 start=$(date +%s)
 report=${1:-${OUT:+$OUT/gpu-check.txt}}
 report=${report:-$root/out/gpu-check.txt}
@@ -67,100 +64,99 @@ else
   say "nvidia-smi: not found"
 fi
 
-# --- dependencies from .carry --------------------------------------------------------
-prefix="$root/.carry/prefix"
-if ls "$root"/.carry/debs/*.deb >/dev/null 2>&1; then
-  if [ ! -f "$prefix/.unpacked" ]; then
-    mkdir -p "$prefix"
-    for deb in "$root"/.carry/debs/*.deb; do dpkg-deb -x "$deb" "$prefix"; done
-    touch "$prefix/.unpacked"
-  fi
-  multiarch=x86_64-linux-gnu
-  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-  # Debian splits some headers into the multiarch folder (e.g. asm/, gnu/), which
-  # the compiler searches by default only under /usr/include.
-  export CPATH="$prefix/usr/include:$prefix/usr/include/$multiarch${CPATH:+:$CPATH}"
-  export LIBRARY_PATH="$prefix/usr/lib/$multiarch${LIBRARY_PATH:+:$LIBRARY_PATH}"
-  export LD_LIBRARY_PATH="$prefix/usr/lib/$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  cmake_deps=()
-  say "dependencies: $(ls "$root"/.carry/debs/*.deb | wc -l) carried packages unpacked into $prefix"
-else
-  cmake_deps=()
-  say "dependencies: no .carry/debs (tools/gpu-carry.sh); using the machine's own packages"
-fi
-
 arch=${STASH_GPU_ARCH:-}
 if [ -z "$arch" ] && command -v nvidia-smi >/dev/null; then
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
   [ -n "$cc" ] && arch="${cc}-real"
 fi
 arch=${arch:-90-real}
-bdir=${STASH_GPU_BUILD_DIR:-$root/build-gpu}
 
-# --- a build made beforehand (Note [A build made here] in tools/gpu-carry.sh) ----------------
-carried="$root/.carry/build-gpu"
-if want build && [ -f "$carried/STAMP" ]; then
-  stamp_arch=$(sed -n 's/^arch //p' "$carried/STAMP")
-  changed=$(sha1sum --quiet -c "$carried/SOURCES" 2>&1 | head -5)
+# --- stash: the carried prefix (Note [A build made here] in tools/gpu-carry.sh) -------------
+prefix="$root/.carry/stash"
+if [ -f "$prefix/share/stash/STAMP" ]; then
+  stamp_arch=$(sed -n 's/^arch //p' "$prefix/share/stash/STAMP")
+  changed=$(sha1sum --quiet -c "$prefix/share/stash/SOURCES" 2>&1 | head -5)
   if [ "$stamp_arch" != "$arch" ]; then
-    say "carried build: for $stamp_arch, this GPU wants $arch; building here"
-  elif [ ! -s "$carried/SOURCES" ] || [ -n "$changed" ]; then
-    say "carried build: made from other sources than these; building here"
-    say "${changed:-no SOURCES list}"
+    say "carried prefix: for $stamp_arch, this GPU wants $arch"; prefix=""
+  elif [ -n "$changed" ]; then
+    say "carried prefix: made from other sources than these:"; say "$changed"; prefix=""
   else
-    ln -sfn "$root" /tmp/stash-gpu-root
-    rm -rf "$root/build-gpu"
-    cp -a "$carried" "$root/build-gpu"
-    bdir=/tmp/stash-gpu-root/build-gpu
-    # The GPU Python test's interpreter: this machine's python3 (a wrapper, not a link: a
-    # venv's python finds its packages from the path it was started by).
-    printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v python3)" >/tmp/stash-gpu-python
-    chmod +x /tmp/stash-gpu-python
-    check_libs() {
-      ldd "$bdir/tools/stash" "$bdir"/tests/workload/workload_cuda_tests 2>&1 | grep 'not found' | sort -u
-    }
-    missing=$(check_libs)
-    if [[ $missing == *libcublas* ]]; then
-      # A toolkit without cuBLAS: the CUDA wheels next to torch may have it (nvidia-cublas).
-      for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
-        for lib in "$d"/nvidia/*/lib; do
-          ls "$lib"/libcublas.so.* >/dev/null 2>&1 && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" &&
-            say "carried build: cuBLAS from $lib"
-        done
-      done
-      missing=$(check_libs)
-    fi
-    if [ -n "$missing" ]; then
-      say "carried build: libraries not found here:"; say "$missing"; say "building here instead"
-      bdir=${STASH_GPU_BUILD_DIR:-$root/build-gpu-local}
-    else
-      say "carried build: $(tr '\n' ' ' <"$carried/STAMP")-> $bdir"
-      steps=${steps//build/}
-    fi
+    say "carried prefix: $(tr '\n' ' ' <"$prefix/share/stash/STAMP")-> $prefix"
   fi
+else
+  say "carried prefix: none (tools/gpu-carry.sh --build makes one)"; prefix=""
 fi
 
-if want build; then
+# --- or a build here, installed the same way ------------------------------------------------
+if [ -z "$prefix" ]; then
+  want build || { say "no usable carried prefix, and step build was not asked for"; exit 1; }
+  if ls "$root"/.carry/debs/*.deb >/dev/null 2>&1; then
+    deps="$root/.carry/deps"
+    if [ ! -f "$deps/.unpacked" ]; then
+      mkdir -p "$deps"
+      for deb in "$root"/.carry/debs/*.deb; do dpkg-deb -x "$deb" "$deps"; done
+      touch "$deps/.unpacked"
+    fi
+    ma=x86_64-linux-gnu
+    export CMAKE_PREFIX_PATH="$deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+    # Debian splits some headers into the multiarch folder (e.g. asm/, gnu/), which the
+    # compiler searches by default only under /usr/include.
+    export CPATH="$deps/usr/include:$deps/usr/include/$ma${CPATH:+:$CPATH}"
+    export LIBRARY_PATH="$deps/usr/lib/$ma${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$deps/usr/lib/$ma${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    say "dependencies: $(ls "$root"/.carry/debs/*.deb | wc -l) carried packages unpacked into $deps"
+  else
+    say "dependencies: no .carry/debs (tools/gpu-carry.sh); using the machine's own packages"
+  fi
+  bdir=${STASH_GPU_BUILD_DIR:-$root/build-gpu}
+  prefix="$bdir/prefix"
   export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
   gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
   run configure 300 cmake -S "$root" -B "$bdir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSTASH_BUILD_BENCHMARKS=ON "${cmake_deps[@]}" \
-      -DSTASH_GPU_PYTHON="$(command -v python3)" ||
+      -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSTASH_BUILD_BENCHMARKS=ON ||
     { say "configure failed: see above"; exit 1; }
   run build 600 cmake --build "$bdir" --parallel "$(nproc)" || { say "build failed"; exit 1; }
+  rm -rf "$prefix"
+  run install 120 sh -c "cmake --install '$bdir' --prefix '$prefix' >/dev/null &&
+    cmake --install '$bdir' --prefix '$prefix' --component tests >/dev/null" ||
+    { say "install failed"; exit 1; }
 fi
-stash="$bdir/tools/stash"
+libdir=$(dirname "$(find "$prefix" -name libstash.so -print -quit)")  # lib, lib64, ...
+tests="$prefix/libexec/stash/tests"
+stash="$prefix/bin/stash"
+# The prefix's lib/ for the Debian libraries carried there, whose own dependencies no
+# RUNPATH reaches; then CUDA's: the loader's, else the toolkit's folders, else the CUDA
+# wheels beside torch.
+export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+cuda=${CUDA_HOME:-/usr/local/cuda}
+cuda_dirs=("$cuda"/lib64 "$cuda"/extras/CUPTI/lib64 "$cuda"/targets/*/lib)
+for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+  cuda_dirs+=("$d"/nvidia/*/lib)
+done
+for lib in libcudart.so.13 libcublas.so.13 libcupti.so.13; do
+  ldconfig -p 2>/dev/null | grep -qF "$lib " && continue
+  for d in "${cuda_dirs[@]}"; do
+    [ -e "$d/$lib" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d" && say "$lib: $d" && break
+  done
+done
+missing=$(ldd "$stash" "$tests"/* "$libdir"/libstash*.so 2>/dev/null | grep 'not found' | sort -u)
+if [ -n "$missing" ]; then
+  say "libraries not found:"; say "$missing"; exit 1
+fi
+# The GPU Python tests' interpreter (the installed CTestTestfile.cmake reads it).
+STASH_GPU_PYTHON=$(command -v python3)
+export STASH_GPU_PYTHON
 
 if want tests; then
-  run "ctest -L gpu" 300 ctest --test-dir "$bdir" -L gpu -E python.ranks_gpu \
+  run "ctest -L gpu" 300 ctest --test-dir "$tests" -L gpu -E python.ranks_gpu \
     --output-on-failure --timeout 120
 fi
 
 if want bench; then
   run "stash bench link" 120 "$stash" bench link --json "$out_dir/link.json"
   run "stash bench copy" 120 "$stash" bench copy --json "$out_dir/copy.json"
-  if [ -x "$bdir/tests/runtime/runtime_engine_bench" ]; then
-    run "engine submit path (real runtime)" 120 "$bdir/tests/runtime/runtime_engine_bench" \
+  if [ -x "$tests/runtime_engine_bench" ]; then
+    run "engine submit path (real runtime)" 120 "$tests/runtime_engine_bench" \
       --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
   fi
 fi
@@ -172,7 +168,7 @@ fi
 # stash.torch.fit on a Hugging Face Llama sized for the H200 (bf16, SDPA), with the machine's
 # own torch and transformers: keep-all, then 85%, 70%, 55% of its peak and a 40 GiB budget.
 # The peers' wheels (Note [The peers' wheels] in gpu-carry.sh), for the Python steps only.
-pypath="$root/bindings/python"
+pypath="$tests/python"  # the package, installed with the tests
 if ls "$root"/.carry/wheels/*.whl >/dev/null 2>&1 && { want peers || want fit; }; then
   if [ ! -f "$root/.carry/site/.installed" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -185,7 +181,7 @@ fi
 
 if want fit; then
   PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
-    STASH_LIB_DIR="$bdir/bindings:$bdir/bindings/torch_alloc" \
+    STASH_LIB_DIR="$libdir" \
     run "stash.bench.fit (Llama, bf16)" 300 python3 -m stash.bench.fit \
       --size "${STASH_GPU_FIT_SIZE:-h200}" \
       --shares "${STASH_GPU_FIT_SHARES:-85,70,55}" --gib "${STASH_GPU_FIT_GIB:-40}" \
@@ -195,7 +191,7 @@ fi
 # stash.torch.fit under FSDP2 on NCCL at world size 1, and the link as 2 and 4 processes on
 # this one GPU share it against one alone (ctest python.ranks_gpu, its figures printed).
 if want ranks; then
-  run "fit under FSDP2, the shared link" 240 ctest --test-dir "$bdir" -R '^python.ranks_gpu$' \
+  run "fit under FSDP2, the shared link" 240 ctest --test-dir "$tests" -R '^python.ranks_gpu$' \
     -V --timeout 200
 fi
 
@@ -204,7 +200,7 @@ fi
 # stash.torch.fit at each one's measured peak and at 85%, 70% and 55% of keep-all's.
 if want peers; then
   PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
-    STASH_LIB_DIR="$bdir/bindings:$bdir/bindings/torch_alloc" \
+    STASH_LIB_DIR="$libdir" \
     run "stash.bench.peers (Llama, bf16)" 480 python3 -m stash.bench.peers \
       --size "${STASH_GPU_PEERS_SIZE:-h200-fill}" --steps 4 --warmup 1 \
       --compile-budgets "${STASH_GPU_PEERS_COMPILE:-0.3,0.5,0.7}" --out "$out_dir/peers"

@@ -21,23 +21,7 @@ find_program(LDD ldd REQUIRED)
 set(prefix ${WORK_DIR}/prefix)
 set(consumer ${WORK_DIR}/consumer)
 
-# step(<what> COMMAND...): runs it, its output into the test's; stops the test on failure.
-function(step what)
-  message(STATUS "install test: ${what}")
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc COMMAND_ECHO STDOUT)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "install test: ${what} failed (${rc})")
-  endif()
-endfunction()
-
-# capture(<out> COMMAND...): like step, with the output in <out>.
-function(capture out)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE o)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "install test: ${ARGN} failed (${rc}):\n${o}")
-  endif()
-  set(${out} "${o}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/steps.cmake)
 
 # --- 1. install ---------------------------------------------------------------------------
 file(REMOVE_RECURSE ${prefix} ${consumer})

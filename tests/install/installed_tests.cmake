@@ -15,13 +15,7 @@ foreach(v BUILD_DIR WORK_DIR TESTS_DIR PYTHON)
 endforeach()
 find_program(READELF readelf REQUIRED)
 
-function(capture out)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE o ERROR_VARIABLE o)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "installed tests: ${ARGN} failed (${rc}):\n${o}")
-  endif()
-  set(${out} "${o}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/steps.cmake)
 
 # --- 1. install, then move ----------------------------------------------------------------
 set(first ${WORK_DIR}/installed-first)
