@@ -8,7 +8,7 @@
 #   4. its cpu-labelled tests pass there, on the installed test double, and its gpu ones
 #      skip (this machine has no device) or pass (one that has).
 cmake_minimum_required(VERSION 3.24)
-foreach(v BUILD_DIR WORK_DIR TESTS_DIR PYTHON)
+foreach(v BUILD_DIR WORK_DIR TESTS_DIR TESTS_TO_LIB PYTHON)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "installed_tests.cmake: -D${v}=... is missing")
   endif()
@@ -49,7 +49,7 @@ list(FILTER programs EXCLUDE REGEX "CTestTestfile\\.cmake$")
 foreach(p IN LISTS programs)
   capture(d ${READELF} -d ${p})
   if(d MATCHES "R(UN)?PATH\\)[^\n]*\\[([^]\n]*)\\]")
-    if(NOT CMAKE_MATCH_2 STREQUAL "$ORIGIN/../../../lib")
+    if(NOT CMAKE_MATCH_2 STREQUAL "$ORIGIN/${TESTS_TO_LIB}")
       message(FATAL_ERROR "installed tests: ${p}'s RUNPATH is ${CMAKE_MATCH_2}")
     endif()
   else()
