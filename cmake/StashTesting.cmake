@@ -98,6 +98,18 @@ set(STASH_INSTALLED_TEST_ENV
   "STASH_INJECT_PROBE=@TESTS@/measure_inject_probe"
   "STASH_WORKLOAD=@TESTS@/measure_workload")
 
+# Note [A temporary folder per test]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Suites write their files under ::testing::TempDir(), which is $TEST_TMPDIR when set and
+# /tmp/ otherwise, with fixed names. Each test registered here gets a folder of its own in
+# the build tree as $TEST_TMPDIR, so that two ctest runs at once (two checkouts, or the
+# .cpu and .gpu variants under -j) never write each other's files.
+function(_stash_tmpdir out name)
+  set(dir ${CMAKE_CURRENT_BINARY_DIR}/tmp/${name})
+  file(MAKE_DIRECTORY ${dir})
+  set(${out} "TEST_TMPDIR=${dir}/" PARENT_SCOPE)
+endfunction()
+
 # stash_add_cpu_test(<target> [LABELS extra...] [TIMEOUT s])
 function(stash_add_cpu_test target)
   cmake_parse_arguments(ARG "" "TIMEOUT" "LABELS" ${ARGN})
@@ -105,7 +117,9 @@ function(stash_add_cpu_test target)
     set(ARG_TIMEOUT 300)
   endif()
   add_test(NAME ${target} COMMAND ${target})
-  set_tests_properties(${target} PROPERTIES LABELS "cpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+  _stash_tmpdir(tmp ${target})
+  set_tests_properties(${target} PROPERTIES LABELS "cpu;${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+                       ENVIRONMENT "${tmp}")
 endfunction()
 
 # _stash_add_variant(<target> <cpu|gpu> [LABELS extra...] [TIMEOUT s] [SKIP_RETURN_CODE n]):
@@ -127,8 +141,9 @@ function(_stash_add_variant target variant)
     list(APPEND installed SKIP_REGEX)
   endif()
   add_test(NAME ${name} COMMAND ${target})
+  _stash_tmpdir(tmp ${name})
   set_tests_properties(${name} PROPERTIES LABELS "${variant};${ARG_LABELS}"
-                       TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "${env}")
+                       TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "${env};${tmp}")
   if(variant STREQUAL "gpu")
     set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "${STASH_SKIP_REGEX}")
   endif()
