@@ -211,3 +211,55 @@ def test_tiny_run_writes_a_table_and_a_plot(tiny_run):
     marks = [e for e in svg.iter() if e.tag.endswith(("circle", "polygon", "rect", "path"))]
     ran = [r for r in doc["rows"] if r["status"] == "ok"]
     assert len(marks) >= len(ran)
+
+
+# ---- python -m stash.bench.fit: rows of the same harness ---------------------------------
+
+def _fit_row(steps, budget=None):
+    return {"status": "ok", "steps": steps,
+            "stash": {"budget_bytes": budget} if budget is not None else None}
+
+
+def test_fit_figures_hold_every_step_to_the_budget():
+    from stash.bench.fit import fit_figures
+
+    planned = [{"mode": "measure", "allocated_bytes": 90, "fit_peak_bytes": 80,
+                "step_ms": 10.0, "predicted_step_ms": None, "predicted_peak_bytes": None},
+               {"mode": "plan", "allocated_bytes": 100, "fit_peak_bytes": 95,
+                "step_ms": 11.0, "predicted_step_ms": 10.0, "predicted_peak_bytes": 80},
+               {"mode": "plan", "allocated_bytes": 99, "fit_peak_bytes": 95,
+                "step_ms": 9.0, "predicted_step_ms": 10.0, "predicted_peak_bytes": 100}]
+    # CUDA: the allocator's peak of every step, the measuring one included.
+    f = fit_figures(_fit_row(planned, budget=100), cuda=True)
+    assert f["step_peaks"] == [90, 100, 99] and f["peak_bytes"] == 100
+    assert f["within_budget"] is True
+    assert f["step_error"] == pytest.approx(0.1)   # median of |11/10 - 1|, |9/10 - 1|
+    assert f["peak_error"] == pytest.approx(0.25)  # |100/80 - 1| beats |99/100 - 1|
+    assert fit_figures(_fit_row(planned, budget=99), cuda=True)["within_budget"] is False
+    # CPU: fit's own count.
+    f = fit_figures(_fit_row(planned, budget=94), cuda=False)
+    assert f["step_peaks"] == [80, 95, 95] and f["within_budget"] is False
+    # A step without a reading is not within budget by default.
+    missing = [dict(planned[0], allocated_bytes=None)] + planned[1:]
+    assert fit_figures(_fit_row(missing, budget=1000), cuda=True)["within_budget"] is False
+    # keep-all: peaks only.
+    assert set(fit_figures(_fit_row(planned), cuda=True)) == {"step_peaks", "peak_bytes"}
+
+
+def test_bench_fit_tiny_run(tmp_path):
+    from stash.bench import fit
+
+    out = tmp_path / "fit"
+    assert fit.main(["--size", "tiny", "--steps", "3", "--shares", "70", "--gib", "0.001",
+                     "--out", str(out), "--device", "cpu"]) == 0
+    doc = json.loads((out / "fit.json").read_text())
+    keep, (share, refused) = doc["keep_all"], doc["runs"]
+    assert keep["status"] == "ok" and keep["fit"]["peak_bytes"] is None  # no CPU allocator
+    assert share["budget"] == "70%" and share["status"] == "ok"
+    assert share["fit"]["within_budget"] and len(share["fit"]["step_peaks"]) == 3
+    assert share["losses"] == keep["losses"]  # the same training, bit for bit
+    assert share["fit"]["step_error"] is not None
+    # Below the parameters and gradients: fit refuses it, and the run goes on.
+    assert refused["status"] != "ok" and refused["reason"].startswith("StashError")
+    md = (out / "fit.md").read_text()
+    assert "| 70% (" in md and "no plan can meet it" in md

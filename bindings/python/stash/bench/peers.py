@@ -164,6 +164,7 @@ def _stash_summary(report: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[
     planned = [s for s in steps if s.get("mode") == "plan"]
     out: Dict[str, Any] = {"budget_bytes": report["budget_bytes"],
                            "plan": report.get("plan"),
+                           "timing": report.get("timing"), "cupti": report.get("cupti"),
                            "fit_peak_bytes": max((s["fit_peak_bytes"] or 0) for s in steps),
                            "within_budget_fit": all((s["fit_peak_bytes"] or 0)
                                                     <= report["budget_bytes"] for s in steps)}
