@@ -3,7 +3,7 @@
 #   tools/gpu-carry.sh           the Debian packages stash builds against (GLPK,
 #                                nlohmann-json, CLI11, GoogleTest, Google Benchmark, libnuma,
 #                                Nettle, and their runtime libraries), downloaded as .deb
-#                                files into .carry/debs (about 7 MiB), for a build there
+#                                files into .carry/debs (about 4.3 MiB), for a build there
 #   tools/gpu-carry.sh --build   the same, and a Release build for the GPU made here and
 #                                installed with its tests into .carry/stash (Note [A build
 #                                made here]), so the GPU machine's minutes go to the checks
