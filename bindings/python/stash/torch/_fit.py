@@ -101,25 +101,23 @@ import torch
 
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._lib import StashError
-from .._link import cached_link
-from .._planner import InfeasibleBudget, evaluate, make_plan
 from .._profiler import FORWARD, Profiler
-from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _actions_of, _allocator_state,
-                           _Clock, _gib, _LayerRecord, _MeasureLayer, _min_feasible,
-                           _model_digest, _optimizer_state_bytes, _optimizer_state_estimate,
-                           _parse_budget, _signature, _StepRecord, _tensor_bytes, _weak)
+from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _allocator_state, _Clock, _gib,
+                           _LayerRecord, _MeasureLayer, _model_digest, _optimizer_state_bytes,
+                           _optimizer_state_estimate, _parse_budget, _signature, _StepRecord,
+                           _tensor_bytes, _weak)
 from ._fit_cache import FitCache
+from ._fit_plan import FitPlanning
 from ._fit_profile import FitProfile
 from ._fit_ranks import FitRanks, Ranks
 from ._fit_report import FitReport
 from ._offload import OffloadHandle
-from ._record import _device_info
 from ._saved import storage_of
 
 __all__ = ["BudgetHandle", "fit"]
 
 
-class BudgetHandle(FitProfile, FitCache, FitRanks, FitReport, OffloadHandle):
+class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, OffloadHandle):
     """Returned by :func:`fit`; see there. A context manager: leaving it closes."""
 
     def __init__(self, blocks, budget, *, optimizer=None, solver="greedy", cache_dir=None,
@@ -483,112 +481,6 @@ class BudgetHandle(FitProfile, FitCache, FitRanks, FitReport, OffloadHandle):
         self.engine.set_plan(self._engine_plan(actions))
         self.actions = actions
         self._mode = mode
-
-    def _link(self) -> Dict[str, Any]:
-        if isinstance(self._link_arg, dict):
-            try:
-                link = {k: float(self._link_arg[k]) for k in ("h2d_gbps", "d2h_gbps",
-                                                               "bidir_gbps")}
-            except (KeyError, TypeError, ValueError) as e:
-                raise StashError(f"stash.torch.fit: link needs h2d_gbps, d2h_gbps and "
-                                 f"bidir_gbps as numbers; got {self._link_arg!r}") from e
-            if not all(v > 0 for v in link.values()):
-                raise StashError(f"stash.torch.fit: link bandwidths must be positive, got {link}")
-            ranks = self._ranks.local_world if self._ranks is not None else 1
-            link["local_ranks"] = int(self._link_arg.get("local_ranks", ranks))
-            return link
-        if self._link_arg is not None and self._link_arg != "measure":
-            raise StashError(f"stash.torch.fit: link must be None, 'measure' or a dict with "
-                             f"h2d_gbps, d2h_gbps, bidir_gbps; got {self._link_arg!r}")
-        dev = self.device.index if self._cuda else 0
-        name = _device_info(self.device)["name"]
-        nbytes = 0 if self._cuda else 64 << 20
-        try:
-            if self._ranks is not None:
-                link = self._link_across_ranks(f"{name}-{dev}", dev, nbytes)
-            else:
-                link = cached_link(f"{name}-{dev}", dev, nbytes, 0, self.cache_dir)
-        except StashError as e:
-            raise StashError(f"stash.torch.fit: measuring the host-device link failed ({e}); "
-                             "pass link={'h2d_gbps': ..., 'd2h_gbps': ..., 'bidir_gbps': ...} "
-                             "(`stash bench link` measures them)", e.status) from e
-        self.link_cached = link.get("cached", False)
-        return {"h2d_gbps": link["h2d_gbps"], "d2h_gbps": link["d2h_gbps"],
-                "bidir_gbps": link["bidir_gbps"], "local_ranks": int(link["local_ranks"])}
-
-    @property
-    def budget_bytes(self) -> Optional[int]:
-        """The budget in bytes: as given, or resolved from "70%" once a profile exists."""
-        if not self._budget_text.endswith("%"):
-            return int(self._budget_text)
-        entry = self._entry
-        if entry is not None and "figures" in entry:
-            return int(entry["figures"]["budget_bytes"])
-        return None
-
-    def _plan_from_measurement(self, key: str) -> Dict[str, Any]:
-        if self._ranks is not None:
-            return self._plan_across_ranks(key)
-        return self._plan_locally(key)
-
-    def _plan_locally(self, key: str) -> Dict[str, Any]:
-        entry = self._cache[key]
-        doc = entry["profile"]
-        measured = entry.get("measured_peak_bytes")
-        # Note [The measuring step]: least-memory mode must fit before anything is planned.
-        # A byte budget is checked against it first; a share is a budget only once the
-        # planner has the keep-all peak, so it is checked right after.
-        budget = None if self._budget_text.endswith("%") else int(self._budget_text)
-        if budget is not None and measured is not None and measured > budget:
-            self._fail_least_memory(doc, measured, budget)
-        try:
-            plan, figures = make_plan(doc, self._budget_text, solver=self.solver)
-        except InfeasibleBudget as e:
-            seen = (f"; the measuring step (least memory) peaked at {_gib(measured)}"
-                    if measured is not None else "")
-            self._fail(StashError(
-                f"stash.torch.fit: no plan fits the budget of {_gib(e.budget_bytes)} "
-                f"(requested {self._budget_text}): the smallest feasible budget for this model "
-                f"and shape is {_gib(e.min_feasible_bytes)} ({e.min_feasible_bytes} bytes); "
-                f"keep-all would peak at {_gib(e.keep_all_peak_bytes)}{seen}. The blocks are "
-                "restored; nothing was changed.", e.status))
-        if measured is not None and measured > figures["budget_bytes"]:
-            self._fail_least_memory(doc, measured, figures["budget_bytes"])
-        plan, figures = self._prefix_closed(doc, plan, figures)
-        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
-        self._store(key, self._plan_name(), plan)
-        return entry
-
-    def _fail_least_memory(self, doc, measured, budget):
-        self._fail(StashError(
-            f"stash.torch.fit: the measuring step (least memory: every block recomputed from "
-            f"its input, inputs offloaded) peaked at {_gib(measured)} ({measured} bytes), over "
-            f"the budget of {_gib(budget)} ({budget} bytes); the planner's smallest feasible "
-            f"budget for this model and shape is {_gib(_min_feasible(doc))}. The blocks are "
-            "restored; nothing was planned."))
-
-    def _prefix_closed(self, doc, plan, figures):
-        """Note [Recompute cost as the replay pays it]."""
-        changed = False
-        for li, layer in enumerate(plan["layers"]):
-            ts = layer["tensors"]
-            prof = doc["layers"][li]["tensors"]
-            rec = [j for j, t in enumerate(ts) if t["action"] == "recompute"]
-            if not rec:
-                continue
-            last = max(rec)
-            for j in range(last):
-                if prof[j]["recomputable"] and ts[j]["action"] != "recompute":
-                    ts[j]["action"] = "recompute"
-                    changed = True
-        if changed:
-            priced = evaluate(doc, plan, figures["budget_bytes"])
-            figures = dict(figures, predicted_peak_bytes=priced["predicted_peak_bytes"],
-                           predicted_step_ms=priced["predicted_step_ms"])
-            plan["predicted"]["peak_bytes"] = priced["predicted_peak_bytes"]
-            plan["predicted"]["step_ms"] = priced["predicted_step_ms"]
-            plan["prefix_closed"] = True
-        return plan, figures
 
     def _timing_kind(self) -> str:
         """The clock the plan's times come from: "host-clock" (CPU) or "cuda-events"."""
