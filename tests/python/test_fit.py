@@ -339,14 +339,24 @@ def test_blocks_out_of_order_are_refused():
     h.close()
 
 
-def test_a_kv_cache_in_training_is_refused():
-    torch.manual_seed(0)
+def test_a_kv_cache_in_training_is_turned_off_for_the_blocks():
+    """Note [The loops fit lives in]: use_cache=True in training gets what Hugging Face's
+    gradient checkpointing does (the blocks see no cache), with one warning; training is
+    bitwise that of use_cache=False."""
+    data = batches(n=3, batch=2, seq=32)
+    model, _ = llama(layers=2, hidden=64)
+    expected = train(model, data)
     model, blocks = llama(layers=2, hidden=64)
     model.config.use_cache = True
-    with stash.torch.fit(blocks, "90%", link=LINK):
-        ids = torch.randint(0, VOCAB, (2, 32))
-        with pytest.raises(stash.StashError, match="use_cache"):
-            model(input_ids=ids, labels=ids, use_cache=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = train(model, data, lambda opt: stash.torch.fit(blocks, "90%", optimizer=opt,
+                                                              link=LINK))
+    got[2].close()
+    assert_bitwise(got, expected)
+    cache = [w for w in seen if "key/value cache" in str(w.message)]
+    assert len(cache) == 1 and "use_cache = False" in str(cache[0].message)
+    assert [s["mode"] for s in got[2].report()["steps"]] == ["measure", "plan", "plan"]
 
 
 def test_cpu_torch_without_the_double_is_refused():

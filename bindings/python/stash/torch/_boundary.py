@@ -24,11 +24,13 @@ class _Boundary(torch.autograd.Function):
         return None, grad
 
 
-def mark_backward(output, callback):
+def mark_backward(output, callback, on_marked=None):
     """Returns `output` with `callback()` attached to run when backward first reaches it.
     Tensors, and tuples/lists of tensors (the callback fires once, at the first gradient
-    that arrives), are handled; tensors that do not require grad pass unchanged."""
+    that arrives), are handled; tensors that do not require grad pass unchanged.
+    on_marked() runs once when at least one tensor was marked."""
     fired = [False]
+    marked = [False]
 
     def once():
         if not fired[0]:
@@ -37,12 +39,17 @@ def mark_backward(output, callback):
 
     def wrap(t):
         if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
+            marked[0] = True
             return _Boundary.apply(once, t)
         return t
 
     if isinstance(output, (tuple, list)):
-        return type(output)(wrap(t) for t in output)
-    return wrap(output)
+        out = type(output)(wrap(t) for t in output)
+    else:
+        out = wrap(output)
+    if marked[0] and on_marked is not None:
+        on_marked()
+    return out
 
 
 def at_backward_end(callback):

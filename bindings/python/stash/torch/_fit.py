@@ -88,6 +88,24 @@ classes and parameter shapes and of the shape key; plans also by budget and solv
 only a shape seen nowhere is measured again. With cache_dir a second run of the same
 script starts planned: no measuring step. The plan switches between steps (the engine
 takes a new plan only while no micro-batch holds tensors).
+
+Note [The loops fit lives in]
+What a training loop does besides forward, backward and step, and what fit does then:
+- an exception anywhere in a step (a block, the loss, backward, optimizer.step(), an
+  interrupt, an out-of-memory error) ends the step: it is given back (Note [A step that
+  ends early] in _offload_hooks.py), report() lists it with why, and the next step runs
+  as if the lost one had not (a measuring step is measured again). With the optimizer
+  known, a forward after an optimizer step that began and never ended marks that step
+  aborted;
+- eval: blocks in eval mode run as plain forwards, whether grad is on or not, with no
+  step, record or warning; the next training step carries on where training left off;
+- a Hugging Face key/value cache handed to the blocks in training (use_cache=True) is
+  turned off for them, with one warning, as Hugging Face's gradient checkpointing does;
+- misuse is named at fit(): a single module, a dict or a container of non-modules as
+  blocks, the whole decoder as the one block (its repeated blocks are named), a unitless
+  budget that could be a share (Note [What a share budget means] in _fit_options.py). A
+  refusal's smallest feasible budget is one the same run accepts: at least the measuring
+  step's own peak.
 """
 
 from __future__ import annotations
@@ -102,10 +120,12 @@ import torch
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._lib import StashError
 from .._profiler import FORWARD, Profiler
-from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _allocator_state, _Clock, _gib,
+from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _allocator_state, _checked_blocks,
+                           _Clock, _gib, _is_kv_cache,
                            _LayerRecord, _MeasureLayer, _model_digest, _optimizer_state_bytes,
-                           _optimizer_state_estimate, _parse_budget, _signature, _StepRecord,
+                           _optimizer_state_estimate, _signature, ReplaySpan, Span, StepRecord,
                            _tensor_bytes, _weak)
+from ._fit_options import Budget, FitOptions
 from ._fit_cache import FitCache
 from ._fit_plan import FitPlanning
 from ._fit_profile import FitProfile
@@ -120,31 +140,22 @@ __all__ = ["BudgetHandle", "fit"]
 class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, OffloadHandle):
     """Returned by :func:`fit`; see there. A context manager: leaving it closes."""
 
-    def __init__(self, blocks, budget, *, optimizer=None, solver="greedy", cache_dir=None,
-                 measure_steps=1, lookahead=1, max_in_flight_bytes=None, pinned_cap=None,
-                 max_micro_batches=8, device=None, link=None, timing=True,
-                 dist_timeout_s=300.0):
-        self._budget_text = _parse_budget(budget)
-        if solver not in ("greedy", "ilp", "exact"):
-            raise StashError(f"stash.torch.fit: unknown solver {solver!r} (greedy, ilp or exact)")
-        if not isinstance(measure_steps, int) or measure_steps < 1:
-            raise StashError(f"stash.torch.fit: measure_steps must be an int >= 1, got "
-                             f"{measure_steps!r}")
-        blocks = list(blocks)
-        if not blocks:
-            raise StashError("stash.torch.fit: no blocks")
-        self.solver = solver
+    _who = "stash.torch.fit"
+
+    def __init__(self, blocks: Sequence[torch.nn.Module], budget: Union[int, str, Budget], *,
+                 optimizer: Optional[torch.optim.Optimizer] = None,
+                 options: FitOptions = FitOptions()):
+        self.budget = Budget.parse(budget)
+        self.options = options
+        blocks = _checked_blocks(blocks)
         self.optimizer = optimizer
-        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
-        self.measure_steps = measure_steps
-        self._link_arg = link
         self._n = len(blocks)
         self._digest = _model_digest(blocks)
         params = _tensor_bytes(p for b in blocks for p in b.parameters())
         grads = _tensor_bytes(p for b in blocks for p in b.parameters() if p.requires_grad)
-        if not self._budget_text.endswith("%") and int(self._budget_text) < params + grads:
+        if not self.budget.is_share and self.budget.nbytes < params + grads:
             raise StashError(
-                f"stash.torch.fit: budget {_gib(int(self._budget_text))} is below the blocks' "
+                f"stash.torch.fit: budget {_gib(self.budget.nbytes)} is below the blocks' "
                 f"parameters and gradients alone ({_gib(params + grads)}); no plan can meet it")
         # State before OffloadHandle.__init__, which calls _initial_actions.
         self._mode = "measure"
@@ -162,10 +173,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         self._opt_state_counted = None
         self._finish_ms = 0.0
         # Note [Agreeing on a plan across ranks]: None outside torch.distributed.
-        self._ranks = Ranks.current(dist_timeout_s)
-        super().__init__(blocks, None, device=device, lookahead=lookahead,
-                         pinned_cap=pinned_cap, max_in_flight_bytes=max_in_flight_bytes,
-                         timing=timing, max_micro_batches=max_micro_batches)
+        self._ranks = Ranks.current(options.dist_timeout_s)
+        super().__init__(blocks, None, **options.engine_kwargs())
         self._clock = _Clock(self._cuda)
         self._cupti = Profiler()
         self._cupti_used = None  # None: not tried (CPU); else (used, reason)
@@ -180,7 +189,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             OffloadHandle.close(self)
             raise
         if optimizer is not None and hasattr(optimizer, "register_step_post_hook"):
-            self._opt_hook = optimizer.register_step_post_hook(self._after_optimizer_step)
+            self._opt_hook = (optimizer.register_step_pre_hook(self._before_optimizer_step),
+                              optimizer.register_step_post_hook(self._after_optimizer_step))
 
     # --- OffloadHandle's seams --------------------------------------------------------------
 
@@ -202,30 +212,61 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             return OFFLOAD
         return KEEP
 
+    def _passes_through(self) -> bool:
+        # Blocks in eval mode (an eval loop, with or without grad) run as plain forwards:
+        # fit plans training steps, and an eval forward is none (Note [The loops fit lives
+        # in]).
+        return not self.blocks[0].training
+
+    def _call_arguments(self, i, args, kwargs):
+        # Note [The loops fit lives in]: a key/value cache passed to the blocks in training
+        # is turned off for them, as Hugging Face's gradient checkpointing does.
+        if not any(_is_kv_cache(v) for v in kwargs.values()):
+            return args, kwargs
+        if i == 0:
+            self._warn_once(("kv-cache",), (
+                "the blocks are called with a key/value cache in training (use_cache=True); "
+                "stash turns it off for them, as gradient checkpointing does: set "
+                "model.config.use_cache = False to silence this"))
+        return args, {k: (None if _is_kv_cache(v) else v) for k, v in kwargs.items()}
+
     def _step_starting(self, mb, args, kwargs):
-        for v in kwargs.values():
-            if type(v).__name__.endswith("Cache") and torch.is_grad_enabled():
-                raise StashError(
-                    f"stash.torch.fit: block 0 is called with a {type(v).__name__} (a key/value "
-                    "cache) in training: it keeps every block's keys and values outside "
-                    "autograd and changes between a forward and its recompute. Turn it off "
-                    "for training (model.config.use_cache = False), as for gradient "
-                    "checkpointing.")
         rec = self._step
+        if (rec is not None and not rec.finished and rec.aborted is None
+                and rec.optimizer_began and rec.end is None):
+            # Note [A step that ends early]: its optimizer step raised.
+            self._abort_record(rec, "optimizer.step() raised")
         # A further forward of the running step: another micro-batch, a forward of micro-
         # batch 0 before the others' backwards, or (with the optimizer known) any forward
         # before its step(). The plan can change only where no micro-batch holds tensors.
-        if rec is not None and not rec.finished and (
+        if rec is not None and not rec.finished and rec.aborted is None and (
                 mb != 0 or not rec.backward_done or self._steps
                 or (self.optimizer is not None and rec.end is None)):
             rec.passes += 1
             return
         self._begin_record(_signature(args, kwargs, self.blocks[0].training))
 
+    def _step_aborted(self, step, reason):
+        rec = self._step
+        if rec is not None and not rec.finished and rec.aborted is None:
+            self._abort_record(rec, f"micro-batch {step.mb}: {reason}")
+
+    def _abort_record(self, rec: StepRecord, reason: str):
+        """Note [A step that ends early]: the record keeps why; a measuring step's partial
+        layers are dropped, so the shape is measured again from scratch."""
+        rec.aborted = reason
+        if rec.mode == "measure":
+            self._layers_key = None
+            if self._cuda:
+                self._cupti.stop()
+        self._tracked = {}
+        self._held = {}
+        self._offloaded_inputs = []
+
     def _forward_began(self, i, step):
         rec = self._step
         if rec is not None:
-            rec.fwd[(step.mb, i)] = [self._clock.mark(), None]
+            rec.fwd[(step.mb, i)] = Span(self._clock.mark())
             if rec.mode == "measure":
                 self._cupti.begin(FORWARD, i)
 
@@ -251,7 +292,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
     def _forward_ended(self, i, step, order):
         rec = self._step
         if rec is not None:
-            rec.fwd.setdefault((self._micro_batch, i), [None, None])[1] = self._clock.mark()
+            rec.fwd.setdefault((self._micro_batch, i), Span()).end = self._clock.mark()
             if rec.mode == "measure":
                 self._cupti.end()
             if self._mode == "measure" and self._micro_batch == 0:
@@ -280,8 +321,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         m = self._clock.mark()
         mb = step.mb
         if step.backward_open is not None:
-            rec.bwd.setdefault((mb, step.backward_open), [None, None])[1] = m
-        rec.bwd.setdefault((mb, i), [None, None])[0] = m
+            rec.bwd.setdefault((mb, step.backward_open), Span()).end = m
+        rec.bwd.setdefault((mb, i), Span()).begin = m
         self._sample(f"backward[{i}]")
 
     def _backward_finished(self, step):
@@ -290,8 +331,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             return
         m = self._clock.mark()
         b = rec.bwd.get((step.mb, 0))
-        if b is not None and b[1] is None:
-            b[1] = m
+        if b is not None and b.end is None:
+            b.end = m
         self._sample("backward end")
         if not self._steps:  # every micro-batch's backward has ended
             rec.backward_done = True
@@ -300,7 +341,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
     def _replay_began(self, frame):
         rec = self._step
         if rec is not None:
-            rec.replay[(frame.step.mb, frame.layer)] = [self._clock.mark(), None, []]
+            rec.replay[(frame.step.mb, frame.layer)] = ReplaySpan(self._clock.mark())
 
     def _replay_saved(self, frame, pos, seen, t):
         rec = self._step
@@ -308,7 +349,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             return
         r = rec.replay.get((frame.step.mb, frame.layer))
         if r is not None:
-            r[2].append((seen[0], self._clock.mark()))
+            r.marks.append((seen[0], self._clock.mark()))
         if not self._cuda:
             key, nbytes = storage_of(t)
             self._tracked[key] = (_weak(t), int(nbytes))
@@ -318,7 +359,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         if rec is not None:
             r = rec.replay.get((frame.step.mb, frame.layer))
             if r is not None:
-                r[1] = self._clock.mark()
+                r.end = self._clock.mark()
         self._sample(f"backward[{frame.layer}]")
 
     def _alloc(self, nbytes, stream):
@@ -370,7 +411,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         n += _optimizer_state_estimate(self.optimizer)
         return n
 
-    def _begin_record(self, key: str):
+    def _begin_record(self, key: str) -> None:
         """A new step begins (block 0, micro-batch 0): close the previous one, choose the
         step's mode and plan."""
         prev = self._step
@@ -391,9 +432,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
                 torch.cuda.reset_peak_memory_stats(self.device)
         # The step starts after its planning: that time belongs to no step (report()'s
         # planning_ms says how much it was).
-        rec = _StepRecord(len(self._records), mode, key, self._clock.mark())
+        rec = StepRecord(len(self._records), mode, key, self._clock.mark())
         rec.planning_ms = setup_ms + (self._finish_ms if now is not None else 0.0)
-        rec.passes = 1
         rec.exposed_before = self._exposed_total()
         self._records.append(rec)
         self._step = rec
@@ -411,7 +451,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         except StashError:
             return 0.0
 
-    def _finish(self, rec: _StepRecord):
+    def _finish(self, rec: StepRecord):
         """Closes a step's figures. Synchronizes the device once per step (event times), so
         the next step's first kernels are enqueued after the previous step has ended."""
         t0 = time.perf_counter()
@@ -420,9 +460,12 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         finally:
             self._finish_ms = (time.perf_counter() - t0) * 1e3
 
-    def _finish_figures(self, rec: _StepRecord):
+    def _finish_figures(self, rec: StepRecord):
         self._clock.sync()
         rec.finished = True
+        if rec.aborted is not None:
+            rec.step_ms = self._clock.ms(rec.start, rec.end)
+            return
         rec.cupti = self._cupti.stop() if rec.mode == "measure" else None
         if self._cuda:
             if self._pool:
@@ -446,11 +489,12 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         if rec.mode == "measure":
             self._measured_for[rec.key] = self._measured_for.get(rec.key, 0) + 1
             self._record_profile(rec)
-        budget = self.budget_bytes
-        if budget is not None and rec.peak_bytes > budget:
+        rec.budget_bytes = self._budget_for(rec.key)
+        if rec.over_budget:
             warnings.warn(
                 f"stash.torch.fit: step {rec.index} ({rec.mode}) peaked at "
-                f"{_gib(rec.peak_bytes)}, OVER the budget of {_gib(budget)}", stacklevel=3)
+                f"{_gib(rec.peak_bytes)}, OVER the budget of {_gib(rec.budget_bytes)}",
+                stacklevel=3)
 
     # --- measuring -> profile -> plan -------------------------------------------------------
 
@@ -465,7 +509,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         if entry is not None and "plan" in entry:
             self._switch(entry["actions"], "plan")
             return "plan"
-        if self._measured_for.get(key, 0) >= self.measure_steps:
+        if self._measured_for.get(key, 0) >= self.options.measure_steps:
             entry = self._plan_from_measurement(key)
             self._switch(entry["actions"], "plan")
             return "plan"
@@ -493,6 +537,11 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         self.close()
         raise error
 
+    def _before_optimizer_step(self, opt, *_):
+        rec = self._step
+        if rec is not None and rec.backward_done:
+            rec.optimizer_began = True
+
     def _after_optimizer_step(self, opt, *_):
         rec = self._step
         if rec is not None and rec.backward_done and rec.end is None:
@@ -516,7 +565,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         """Finishes the running step's figures if its backward has ended (its time runs to
         its optimizer step, or to now)."""
         rec = self._step
-        if rec is not None and not rec.finished and rec.backward_done:
+        if rec is not None and not rec.finished and (rec.backward_done
+                                                     or rec.aborted is not None):
             if rec.end is None:
                 rec.end = self._clock.mark()
             self._finish(rec)
@@ -538,15 +588,19 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
     def close(self):
         """Restores the blocks exactly and frees the engine (OffloadHandle.close)."""
         if getattr(self, "_opt_hook", None) is not None:
-            self._opt_hook.remove()
+            for hook in self._opt_hook:
+                hook.remove()
             self._opt_hook = None
         super().close()
 
 
-def fit(blocks: Sequence[torch.nn.Module], budget: Union[int, str], *, optimizer=None,
-        solver: str = "greedy", cache_dir=None, measure_steps: int = 1, lookahead: int = 1,
-        max_in_flight_bytes=None, pinned_cap=None, max_micro_batches: int = 8,
-        device=None, link=None, timing: bool = True,
+def fit(blocks: Sequence[torch.nn.Module], budget: Union[int, str], *,
+        optimizer: Optional[torch.optim.Optimizer] = None, solver: str = "greedy",
+        cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None, measure_steps: int = 1,
+        lookahead: int = 1, max_in_flight_bytes: Optional[Union[int, str]] = None,
+        pinned_cap: Optional[Union[int, str]] = None, max_micro_batches: int = 8,
+        device: Optional[Union[str, torch.device]] = None,
+        link: Optional[Union[str, Dict[str, Any]]] = None, timing: bool = True,
         dist_timeout_s: float = 300.0) -> BudgetHandle:
     """Meets a device-memory budget while training, with nothing else in the loop changed.
 
@@ -581,8 +635,9 @@ def fit(blocks: Sequence[torch.nn.Module], budget: Union[int, str], *, optimizer
     and, at the first planned step and before anything is planned, for a budget the
     least-memory mode itself does not meet (with the measured peak and the smallest
     feasible budget); the blocks are restored then."""
-    return BudgetHandle(blocks, budget, optimizer=optimizer, solver=solver,
-                        cache_dir=cache_dir, measure_steps=measure_steps, lookahead=lookahead,
-                        max_in_flight_bytes=max_in_flight_bytes, pinned_cap=pinned_cap,
-                        max_micro_batches=max_micro_batches, device=device, link=link,
-                        timing=timing, dist_timeout_s=dist_timeout_s)
+    options = FitOptions(solver=solver, cache_dir=cache_dir, measure_steps=measure_steps,
+                         lookahead=lookahead, max_in_flight_bytes=max_in_flight_bytes,
+                         pinned_cap=pinned_cap, max_micro_batches=max_micro_batches,
+                         device=device, link=link, timing=timing,
+                         dist_timeout_s=dist_timeout_s)
+    return BudgetHandle(blocks, budget, optimizer=optimizer, options=options)

@@ -1,6 +1,6 @@
 """stash.torch.fit's cache on disk (cache_dir): profiles and plans by the blocks' digest,
 the shape key and (plans) the budget and solver (Note [Re-planning and the cache] in
-_fit.py). Mixed into _fit.BudgetHandle, whose cache_dir, _digest, _budget_text, solver,
+_fit.py). Mixed into _fit.BudgetHandle, whose options, _digest, budget,
 _cache, _entry, _measured_for, measure_steps, _ranks and _plan_from_measurement it uses."""
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ class FitCache:
     """BudgetHandle's profiles and plans in cache_dir."""
 
     def _plan_name(self) -> str:
-        b = hashlib.sha1(self._budget_text.encode()).hexdigest()[:8]
-        return f"plan-{b}-{self.solver}"
+        b = hashlib.sha1(self.budget.planner_text.encode()).hexdigest()[:8]
+        return f"plan-{b}-{self.options.solver}"
 
     def _path(self, key: str, what: str) -> Optional[str]:
-        if self.cache_dir is None:
+        if self.options.cache_dir is None:
             return None
-        return os.path.join(self.cache_dir, f"fit-{self._digest}-{key}.{what}.json")
+        return os.path.join(self.options.cache_dir, f"fit-{self._digest}-{key}.{what}.json")
 
     def _store(self, key: str, what: str, doc):
         path = self._path(key, what)
@@ -65,7 +65,7 @@ class FitCache:
                 self._cache.pop(key, None)
                 return None
             entry["measured_peak_bytes"] = None
-            self._measured_for[key] = self.measure_steps
+            self._measured_for[key] = self.options.measure_steps
             self._entry = entry
             return self._plan_from_measurement(key)
         entry.update(plan=plan, figures=figures, actions=_actions_of(plan))

@@ -1,8 +1,8 @@
 """stash.torch.fit's planning from the measuring step: the link, the budget in bytes, a
 plan from the measured profile (on one rank; _fit_ranks.py agrees one across ranks) and
 its failures, and the prefix closure of recompute (Note [Recompute cost as the replay
-pays it] in _fit.py). Mixed into _fit.BudgetHandle, whose _link_arg, _ranks, device,
-_cuda, cache_dir, _budget_text, _entry, _cache, solver, _store, _plan_name,
+pays it] in _fit.py). Mixed into _fit.BudgetHandle, whose _ranks, device,
+_cuda, options, budget, _entry, _cache, _store, _plan_name,
 _plan_across_ranks, _link_across_ranks and _fail it uses."""
 
 from __future__ import annotations
@@ -16,25 +16,32 @@ from ._fit_support import _actions_of, _gib, _min_feasible
 from ._record import _device_info
 
 
+def _smallest_accepted(min_feasible: int, measured: Optional[int]) -> int:
+    """The smallest budget a refusal names: one the same run accepts, so at least what the
+    measuring step itself used (it must fit, Note [The measuring step]) as well as the
+    planner's smallest feasible one."""
+    return max(int(min_feasible), int(measured or 0))
+
+
 class FitPlanning:
     """BudgetHandle's plan from its measurement."""
 
     def _link(self) -> Dict[str, Any]:
-        if isinstance(self._link_arg, dict):
+        if isinstance(self.options.link, dict):
             try:
-                link = {k: float(self._link_arg[k]) for k in ("h2d_gbps", "d2h_gbps",
+                link = {k: float(self.options.link[k]) for k in ("h2d_gbps", "d2h_gbps",
                                                                "bidir_gbps")}
             except (KeyError, TypeError, ValueError) as e:
                 raise StashError(f"stash.torch.fit: link needs h2d_gbps, d2h_gbps and "
-                                 f"bidir_gbps as numbers; got {self._link_arg!r}") from e
+                                 f"bidir_gbps as numbers; got {self.options.link!r}") from e
             if not all(v > 0 for v in link.values()):
                 raise StashError(f"stash.torch.fit: link bandwidths must be positive, got {link}")
             ranks = self._ranks.local_world if self._ranks is not None else 1
-            link["local_ranks"] = int(self._link_arg.get("local_ranks", ranks))
+            link["local_ranks"] = int(self.options.link.get("local_ranks", ranks))
             return link
-        if self._link_arg is not None and self._link_arg != "measure":
+        if self.options.link is not None and self.options.link != "measure":
             raise StashError(f"stash.torch.fit: link must be None, 'measure' or a dict with "
-                             f"h2d_gbps, d2h_gbps, bidir_gbps; got {self._link_arg!r}")
+                             f"h2d_gbps, d2h_gbps, bidir_gbps; got {self.options.link!r}")
         dev = self.device.index if self._cuda else 0
         name = _device_info(self.device)["name"]
         nbytes = 0 if self._cuda else 64 << 20
@@ -42,7 +49,7 @@ class FitPlanning:
             if self._ranks is not None:
                 link = self._link_across_ranks(f"{name}-{dev}", dev, nbytes)
             else:
-                link = cached_link(f"{name}-{dev}", dev, nbytes, 0, self.cache_dir)
+                link = cached_link(f"{name}-{dev}", dev, nbytes, 0, self.options.cache_dir)
         except StashError as e:
             raise StashError(f"stash.torch.fit: measuring the host-device link failed ({e}); "
                              "pass link={'h2d_gbps': ..., 'd2h_gbps': ..., 'bidir_gbps': ...} "
@@ -53,10 +60,20 @@ class FitPlanning:
 
     @property
     def budget_bytes(self) -> Optional[int]:
-        """The budget in bytes: as given, or resolved from "70%" once a profile exists."""
-        if not self._budget_text.endswith("%"):
-            return int(self._budget_text)
+        """The budget in bytes of the current shape: as given, or a share resolved once the
+        shape has a plan (Note [What a share budget means])."""
+        if not self.budget.is_share:
+            return self.budget.nbytes
         entry = self._entry
+        if entry is not None and "figures" in entry:
+            return int(entry["figures"]["budget_bytes"])
+        return None
+
+    def _budget_for(self, key: str) -> Optional[int]:
+        """The budget in bytes of the shape `key` (None: a share not resolved yet)."""
+        if not self.budget.is_share:
+            return self.budget.nbytes
+        entry = self._cache.get(key)
         if entry is not None and "figures" in entry:
             return int(entry["figures"]["budget_bytes"])
         return None
@@ -73,18 +90,19 @@ class FitPlanning:
         # Note [The measuring step]: least-memory mode must fit before anything is planned.
         # A byte budget is checked against it first; a share is a budget only once the
         # planner has the keep-all peak, so it is checked right after.
-        budget = None if self._budget_text.endswith("%") else int(self._budget_text)
+        budget = self.budget.nbytes
         if budget is not None and measured is not None and measured > budget:
             self._fail_least_memory(doc, measured, budget)
         try:
-            plan, figures = make_plan(doc, self._budget_text, solver=self.solver)
+            plan, figures = make_plan(doc, self.budget.planner_text, solver=self.options.solver)
         except InfeasibleBudget as e:
             seen = (f"; the measuring step (least memory) peaked at {_gib(measured)}"
                     if measured is not None else "")
+            smallest = _smallest_accepted(e.min_feasible_bytes, measured)
             self._fail(StashError(
                 f"stash.torch.fit: no plan fits the budget of {_gib(e.budget_bytes)} "
-                f"(requested {self._budget_text}): the smallest feasible budget for this model "
-                f"and shape is {_gib(e.min_feasible_bytes)} ({e.min_feasible_bytes} bytes); "
+                f"(requested {self.budget}): the smallest feasible budget for this model "
+                f"and shape is {_gib(smallest)} ({smallest} bytes); "
                 f"keep-all would peak at {_gib(e.keep_all_peak_bytes)}{seen}. The blocks are "
                 "restored; nothing was changed.", e.status))
         if measured is not None and measured > figures["budget_bytes"]:
@@ -95,11 +113,12 @@ class FitPlanning:
         return entry
 
     def _fail_least_memory(self, doc, measured, budget):
+        smallest = _smallest_accepted(_min_feasible(doc), measured)
         self._fail(StashError(
             f"stash.torch.fit: the measuring step (least memory: every block recomputed from "
             f"its input, inputs offloaded) peaked at {_gib(measured)} ({measured} bytes), over "
-            f"the budget of {_gib(budget)} ({budget} bytes); the planner's smallest feasible "
-            f"budget for this model and shape is {_gib(_min_feasible(doc))}. The blocks are "
+            f"the budget of {_gib(budget)} ({budget} bytes); the smallest feasible budget "
+            f"for this model and shape is {_gib(smallest)} ({smallest} bytes). The blocks are "
             "restored; nothing was planned."))
 
     def _prefix_closed(self, doc, plan, figures):

@@ -12,7 +12,7 @@ from typing import Any, Dict
 from .. import profile as _profile
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._planner import evaluate
-from ._fit_support import (_StepRecord, _cupti_fwd, _optimizer_state_estimate, _plan_doc)
+from ._fit_support import StepRecord, _cupti_fwd, _optimizer_state_estimate, _plan_doc
 from ._record import _device_info, _pinnable_bytes
 
 
@@ -20,7 +20,7 @@ class FitProfile:
     """BudgetHandle's profile building. Uses its _clock, _layers, blocks, device, _cuda,
     _link_section, _cache, _entry, _cupti_used, _cupti, optimizer and _store."""
 
-    def _record_profile(self, rec: _StepRecord):
+    def _record_profile(self, rec: StepRecord):
         """Turns a finished measuring step into a stash.profile/1 (kept in the cache)."""
         clock = self._clock
         layers = []
@@ -31,10 +31,12 @@ class FitProfile:
         first_holders = {e["holder"] for layer in self._layers for e in layer.entries
                          if e["holder"] is not None}
         for i, layer in enumerate(self._layers):
-            fwd = [clock.ms(*v) for (mb, l), v in rec.fwd.items() if l == i and v[0] is not None]
-            bwd = [clock.ms(*v) for (mb, l), v in rec.bwd.items() if l == i and v[1] is not None]
-            reps = [v for (mb, l), v in rec.replay.items() if l == i and v[1] is not None]
-            rep_ms = [clock.ms(v[0], v[1]) for v in reps]
+            fwd = [clock.ms(v.begin, v.end) for (_, l), v in rec.fwd.items()
+                   if l == i and v.begin is not None]
+            bwd = [clock.ms(v.begin, v.end) for (_, l), v in rec.bwd.items()
+                   if l == i and v.end is not None]
+            reps = [v for (_, l), v in rec.replay.items() if l == i and v.end is not None]
+            rep_ms = [clock.ms(v.begin, v.end) for v in reps]
             total_fwd += sum(fwd)
             total_bwd += sum(bwd)
             n = max(1, len(fwd))
@@ -48,9 +50,8 @@ class FitProfile:
             # next recomputable tensor, so the costs still add up to the replay's prefix.
             cost = {}
             if reps:
-                begin, _, marks = reps[0]
-                prev = begin
-                for j, m in marks:
+                prev = reps[0].begin
+                for j, m in reps[0].marks:
                     e = layer.entries[j] if j < len(layer.entries) else None
                     if e is not None and e["recomputable"] and j not in cost:
                         cost[j] = clock.ms(prev, m)
@@ -77,7 +78,7 @@ class FitProfile:
                            "signature": f"{type(self.blocks[i]).__name__}:{digest}",
                            "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "bwd_temp_bytes": 0,
                            "tensors": tensors})
-        end = rec.end if rec.end is not None else getattr(rec, "bwd_end", None)
+        end = rec.end if rec.end is not None else rec.bwd_end
         step_ms = clock.ms(rec.start, end)
         # Once per step (the loss, the optimizer, the uploads), whatever the micro-batches.
         overhead = max(0.0, step_ms - total_fwd - total_bwd)

@@ -231,7 +231,7 @@ class FitRanks:
 
         ranks = self._ranks
         key = f"{name}-{device}-ranks{ranks.local_world}"
-        cached = read_cached_link(key, self.cache_dir)
+        cached = read_cached_link(key, self.options.cache_dir)
         views = ranks.exchange("link-cache", cached)
         if all(v is not None for v in views):
             links = views
@@ -247,7 +247,7 @@ class FitRanks:
         out["local_ranks"] = ranks.local_world
         if any(v is None for v in views):
             # What the plan uses, the same on every rank: a later run reads it back.
-            store_link(key, out, self.cache_dir)
+            store_link(key, out, self.options.cache_dir)
         out["cached"] = all(v is not None for v in views)
         return out
 

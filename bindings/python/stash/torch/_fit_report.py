@@ -1,52 +1,33 @@
 """stash.torch.fit's report: what each step measured beside what the plan predicted, as
-a dict and as the table the README shows. Mixed into _fit.BudgetHandle, which keeps the
-step records (_records), the cache entry of the current shape (_entry) and the budget."""
+a dict and as the table the README shows: step_entry and plan_summary are functions of
+typed records; FitReport, mixed into _fit.BudgetHandle, hands them its step records
+(_records), the cache entry of the current shape (_entry) and the budget."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
-from ._fit_support import GiB, _gib
+from ._fit_support import GiB, StepRecord, _gib
 
 
 class FitReport:
     """BudgetHandle's report() and format_report(). Uses its _settle, _records, _entry,
-    budget_bytes, _budget_text, _timing_kind, _pool and _cuda."""
+    budget_bytes, budget, _timing_kind, _pool and _cuda."""
 
     def report(self) -> Dict[str, Any]:
         """The budget, one entry per finished step (measured and predicted peak and step
-        time, exposed copy time, mode), the plan's summary and how it was measured."""
+        time, exposed copy time, mode, its shape's budget in bytes; an aborted step says
+        why), the plan's summary and how it was measured."""
         self._settle()
-        steps = []
-        for s in self._records:
-            if not s.finished:
-                continue
-            steps.append({"step": s.index, "mode": s.mode,
-                          "measured_peak_bytes": s.peak_bytes, "measured_peak_at": s.peak_at,
-                          "predicted_peak_bytes": s.predicted_peak,
-                          "step_ms": s.step_ms, "predicted_step_ms": s.predicted_step,
-                          "exposed_copy_ms": s.exposed_ms, "micro_batches": s.passes,
-                          "planning_ms": s.planning_ms,
-                          "over_budget": (self.budget_bytes is not None
-                                          and s.peak_bytes > self.budget_bytes)})
+        for rec in self._records:  # a share resolved after the step ran (its plan came later)
+            if rec.finished and rec.budget_bytes is None and rec.aborted is None:
+                rec.budget_bytes = self._budget_for(rec.key)
+        steps = [step_entry(s) for s in self._records if s.finished]
         e = self._entry
-        plan = e.get("plan") if e else None
-        summary = None
-        if plan is not None:
-            counts = {"keep": 0, "recompute": 0, "offload": 0}
-            for layer in plan["layers"]:
-                for t in layer["tensors"]:
-                    counts[t["action"]] += 1
-            summary = {"solver": plan["solver"], "actions": counts,
-                       "predicted_peak_bytes": plan["predicted"]["peak_bytes"],
-                       "predicted_step_ms": plan["predicted"]["step_ms"],
-                       "keep_all_peak_bytes": plan["baselines"]["keep_all"]["peak_bytes"],
-                       "offloaded_bytes": plan["predicted"]["offloaded_bytes"],
-                       "binding_constraints": plan["binding_constraints"][:8]}
         prof = e.get("profile") if e else None
-        return {"budget": self._budget_text, "budget_bytes": self.budget_bytes,
+        return {"budget": str(self.budget), "budget_bytes": self.budget_bytes,
                 "timing": self._timing_kind(),
                 "cupti": prof.get("measurement", {}).get("cupti") if prof else None,
                 "memory": ("stash pool peak" if self._pool else
@@ -60,7 +41,7 @@ class FitReport:
                                e["plan"], sort_keys=True).encode()).hexdigest()
                                if e and e.get("plan") else None)}
                           if getattr(self, "_ranks", None) is not None else None),
-                "steps": steps, "plan": summary}
+                "steps": steps, "plan": plan_summary(e.get("plan") if e else None)}
 
     def format_report(self) -> str:
         """report() as the table the README shows."""
@@ -73,6 +54,8 @@ class FitReport:
             pp = f"{s['predicted_peak_bytes'] / GiB:.3f}" if s["predicted_peak_bytes"] else "-"
             ps = f"{s['predicted_step_ms']:.2f}" if s["predicted_step_ms"] else "-"
             flag = "  OVER BUDGET" if s["over_budget"] else ""
+            if s["aborted"]:
+                flag = f"  aborted: {s['aborted']}"
             lines.append(f"{s['step']:>4}  {s['mode']:<7}  {s['measured_peak_bytes'] / GiB:8.3f}"
                          f" ({pp:>7})  {s['step_ms']:9.2f} ({ps:>8})  {s['exposed_copy_ms']:8.3f}"
                          f"{flag}")
@@ -83,3 +66,30 @@ class FitReport:
                          f"offload; predicted peak {_gib(p['predicted_peak_bytes'])} of keep-all "
                          f"{_gib(p['keep_all_peak_bytes'])}")
         return "\n".join(lines)
+
+
+def step_entry(s: StepRecord) -> Dict[str, Any]:
+    """One step of report()."""
+    return {"step": s.index, "mode": s.mode, "shape": s.key,
+            "measured_peak_bytes": s.peak_bytes, "measured_peak_at": s.peak_at,
+            "predicted_peak_bytes": s.predicted_peak, "budget_bytes": s.budget_bytes,
+            "step_ms": s.step_ms, "predicted_step_ms": s.predicted_step,
+            "exposed_copy_ms": s.exposed_ms, "micro_batches": s.passes,
+            "planning_ms": s.planning_ms, "aborted": s.aborted,
+            "over_budget": s.over_budget}
+
+
+def plan_summary(plan: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """What report() says of a stash.plan/1 document."""
+    if plan is None:
+        return None
+    counts = {"keep": 0, "recompute": 0, "offload": 0}
+    for layer in plan["layers"]:
+        for t in layer["tensors"]:
+            counts[t["action"]] += 1
+    return {"solver": plan["solver"], "actions": counts,
+            "predicted_peak_bytes": plan["predicted"]["peak_bytes"],
+            "predicted_step_ms": plan["predicted"]["step_ms"],
+            "keep_all_peak_bytes": plan["baselines"]["keep_all"]["peak_bytes"],
+            "offloaded_bytes": plan["predicted"]["offloaded_bytes"],
+            "binding_constraints": plan["binding_constraints"][:8]}

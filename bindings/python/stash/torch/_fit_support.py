@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
-from typing import Any, Dict, List, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from .. import _lib
 from .._engine import RECOMPUTE, plan_actions
-from .._lib import StashError, parse_bytes
+from .._lib import StashError
 from .._planner import InfeasibleBudget, make_plan
 from ._saved import storage_of, tensors_in
 
@@ -44,25 +44,56 @@ class _MeasureLayer:
         return action == RECOMPUTE
 
 
-def _parse_budget(budget: Union[int, str]) -> str:
-    """The budget in the planner's syntax ("123", "40GiB", "70%"); StashError otherwise."""
-    if isinstance(budget, bool) or not isinstance(budget, (int, str)):
-        raise StashError(f"stash.torch.fit: budget must be bytes (an int), a size such as "
-                         f"'40GiB', or a share such as '70%'; got {budget!r}")
-    if isinstance(budget, str) and budget.strip().endswith("%"):
-        text = budget.strip()[:-1].strip()
-        try:
-            share = float(text)
-        except ValueError:
-            share = float("nan")
-        if not (0 < share <= 100) or not math.isfinite(share):
-            raise StashError(f"stash.torch.fit: budget {budget!r} is not a share between 0% "
-                             "and 100% of the keep-all peak")
-        return f"{text}%"
+def _is_kv_cache(value: object) -> bool:
+    """A Hugging Face key/value cache (DynamicCache, StaticCache, ...), by its class name:
+    fit must not import transformers."""
+    return type(value).__name__.endswith("Cache") and not isinstance(value, torch.Tensor)
+
+
+def _repeated_blocks_in(module: torch.nn.Module) -> Optional[str]:
+    """The name of the first ModuleList or Sequential under `module` that holds two or more
+    modules of one class (a decoder's layers), else None."""
+    for name, child in module.named_modules():
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)) and len(child) > 1:
+            kinds = {type(c) for c in child}
+            if len(kinds) == 1:
+                return name or "(the module itself)"
+    return None
+
+
+def _checked_blocks(blocks: Any) -> List[torch.nn.Module]:
+    """Note [The loops fit lives in]: blocks as a list, or a StashError that names the fix."""
+    what = "stash.torch.fit: blocks must be the model's repeated blocks in the order its " \
+           "forward runs them (e.g. model.model.layers)"
+    if isinstance(blocks, (torch.nn.ModuleDict, dict)):
+        raise StashError(f"{what}; got a {type(blocks).__name__}: pass list(its values()) if "
+                         "that is the order they run in")
+    if isinstance(blocks, torch.nn.Module) and not isinstance(
+            blocks, (torch.nn.ModuleList, torch.nn.Sequential)):
+        inner = _repeated_blocks_in(blocks)
+        hint = (f"; its repeated blocks are .{inner}: fit(<{type(blocks).__name__}>.{inner}, "
+                "...)" if inner else "")
+        raise StashError(f"{what}; got a single {type(blocks).__name__}{hint}")
     try:
-        return str(parse_bytes(budget))
-    except ValueError as e:
-        raise StashError(f"stash.torch.fit: budget {budget!r} does not parse: {e}") from None
+        blocks = list(blocks)
+    except TypeError:
+        raise StashError(f"{what}; got a {type(blocks).__name__}, which is not a sequence") \
+            from None
+    if not blocks:
+        raise StashError("stash.torch.fit: no blocks")
+    for i, b in enumerate(blocks):
+        if not isinstance(b, torch.nn.Module):
+            raise StashError(f"{what}; block {i} is a {type(b).__name__}, not a torch.nn.Module")
+    if len(blocks) == 1:
+        inner = _repeated_blocks_in(blocks[0])
+        if inner is not None:
+            raise StashError(
+                f"stash.torch.fit: the one block given ({type(blocks[0]).__name__}) holds the "
+                f"model's repeated blocks (.{inner}): give those instead "
+                f"(fit(<{type(blocks[0]).__name__}>.{inner}, ...)); stash plans what each "
+                "block keeps, recomputes or offloads, and prefetches one block ahead, so it "
+                "needs the blocks themselves")
+    return blocks
 
 
 def _signature(args, kwargs, training: bool) -> str:
@@ -149,24 +180,61 @@ class _Clock:
             torch.cuda.synchronize()
 
 
-class _StepRecord:
-    """One training step as fit saw it: its mode, its marks and its memory."""
+@dataclass
+class Span:
+    """A begin and an end mark of the step clock (None: not reached)."""
 
-    def __init__(self, index: int, mode: str, key: str, start):
-        self.index, self.mode, self.key, self.start = index, mode, key, start
-        self.end = None
-        self.fwd = {}       # (mb, layer) -> [begin, end]
-        self.bwd = {}       # (mb, layer) -> [begin, end]
-        self.replay = {}    # (mb, layer) -> [begin, end, [(index, mark), ...]]
-        self.passes = 0     # forwards of block 0 (micro-batches)
-        self.live_peak = 0  # CPU: most tracked activation bytes at once
-        self.peak_at = None
-        self.peak_bytes = 0
-        self.exposed_before = 0.0
-        self.exposed_ms = 0.0
-        self.backward_done = False
-        self.finished = False
-        self.planning_ms = 0.0
+    begin: Any = None
+    end: Any = None
+
+
+@dataclass
+class ReplaySpan(Span):
+    """A replay's span and a mark at each recomputable save: (save index, mark)."""
+
+    marks: List[Tuple[int, Any]] = field(default_factory=list)
+
+
+SpanKey = Tuple[int, int]  # (micro-batch, layer)
+
+
+@dataclass
+class StepRecord:
+    """One training step as fit saw it: its mode, its marks and its memory. ``aborted``
+    names what ended it early (an exception, an abandoned forward); such a step leaves
+    no profile and is judged against no budget."""
+
+    index: int
+    mode: str
+    key: str
+    start: Any
+    end: Any = None
+    fwd: Dict[SpanKey, Span] = field(default_factory=dict)
+    bwd: Dict[SpanKey, Span] = field(default_factory=dict)
+    replay: Dict[SpanKey, ReplaySpan] = field(default_factory=dict)
+    passes: int = 1          # forwards of block 0 (micro-batches)
+    backwards: int = 0       # backward passes through the blocks that ended
+    live_peak: int = 0       # CPU: most tracked activation bytes at once
+    peak_at: Optional[str] = None
+    peak_bytes: int = 0
+    budget_bytes: Optional[int] = None  # of this step's shape (Note [What a share budget means])
+    predicted_peak: Optional[int] = None
+    predicted_step: Optional[float] = None
+    exposed_before: float = 0.0
+    exposed_ms: float = 0.0
+    step_ms: float = 0.0
+    backward_done: bool = False
+    optimizer_began: bool = False
+    bwd_end: Any = None
+    finished: bool = False
+    aborted: Optional[str] = None
+    planning_ms: float = 0.0
+    cupti: Optional[Dict[str, Any]] = None
+
+    @property
+    def over_budget(self) -> bool:
+        return (self.aborted is None and self.budget_bytes is not None
+                and self.peak_bytes > self.budget_bytes)
 
 
 class _LayerRecord:

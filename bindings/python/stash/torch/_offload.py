@@ -137,6 +137,8 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         self._sources = {}  # data pointer -> [uint8 views] held until the D2H is complete
         self._buffers = {}  # data pointer -> uint8 tensor allocated for a prefetch
         self._steps = {}    # micro-batch -> _Step
+        self._dropped = []  # steps whose graph died (Note [A step that ends early])
+        self._busy = 0      # stash's forward code on the stack: _graph_dropped only queues
         self._micro_batch = 0
         self._warned = set()
         self._hook_error = None
@@ -145,7 +147,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
                        "recompute_stopped_early": 0, "recompute_replayed_saves": 0,
                        "recompute_captured": 0, "recompute_kept_count": 0,
                        "recompute_kept_bytes": 0, "not_on_device_count": 0,
-                       "abandoned_micro_batches": 0}
+                       "abandoned_micro_batches": 0, "aborted_micro_batches": 0}
         if self._cuda:
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
@@ -326,7 +328,9 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         through (of the forward's, including parameters'), recompute_captured: saved tensors they captured (a storage saved
         twice counts twice); recompute_kept_count/bytes: tensors the plan recomputes that
         cannot be (an input), kept instead; offload tensors not on the device;
-        micro-batches whose forward was dropped without a backward."""
+        micro-batches whose forward was dropped without a backward (abandoned: replaced by
+        a later forward; aborted: ended by an exception or a freed graph, Note [A step that
+        ends early])."""
         d = self._live().stats()
         d["hooks"] = dict(self._hooks)
         return d

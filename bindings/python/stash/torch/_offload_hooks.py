@@ -9,9 +9,9 @@ parameters and buffers pass through unnumbered, views of one storage share one i
 block's input comes first), so tensor (layer i, index j) of a plan made from a recorded
 profile is the tensor the hook sees. Keys are (micro-batch, block, index).
 - Every numbered tensor is handed to the engine (stash_engine_offload), as the C API asks.
-  Keep tensors pass through: the hook returns the tensor itself. Recompute tensors get a
-  placeholder (Note [Selective recompute] in _offload.py); their storage is freed when the
-  forward ends.
+  Keep tensors pass through: the hook returns the tensor, detached (_kept). Recompute
+  tensors get a placeholder (Note [Selective recompute] in _offload.py); their storage is
+  freed when the forward ends.
 - An offload tensor's storage goes to the engine: its data pointer and the storage's bytes.
   The hook keeps a reference to the storage until the engine's release callback hands it
   back (Note [Stream order with torch's allocator] in _offload_streams.py); dropping it
@@ -33,9 +33,38 @@ profile is the tensor the hook sees. Keys are (micro-batch, block, index).
 - When the whole backward pass ends, everything of the micro-batch still held by the
   engine (keep tensors, offloads never unpacked) is released and the micro-batch's step
   ends; its next forward starts a new one.
+
+Note [A step that ends early]
+A training loop may lose a step anywhere: a block's forward raises (an error, an
+out-of-memory error, KeyboardInterrupt), the loss raises after the blocks ran, backward
+raises halfway, or a forward is simply never backwarded (an eval forward with grad on).
+The loop catches it and goes on; the handle must be ready for the next step with nothing
+of the lost one held: no engine key, no pinned block, no prefetch buffer. Three signals,
+each certain, and none of them a guess about the loop:
+- a block's forward raised: the wrapper sees it, and gives the step back at once;
+- a backward through the micro-batch began and did not end (torch runs the callback queued
+  at its end only when it succeeds) when block 0 of the same micro-batch runs again: that
+  backward raised, and the step is given back then (not sooner: while a backward runs,
+  nothing tells a backward that raised from one still running on autograd's threads);
+- the forward's autograd graph died without a backward. The step's token is referenced
+  only by the graph's backward boundaries once the last block returned; a weak reference's
+  callback gives the step back when the token dies (at the end of the loop's except
+  clause, typically), or, when it fires inside stash's own forward code or on another
+  thread, queues it for the next block 0 (or close()). A graph still alive when the next
+  forward of its micro-batch begins is the case that keeps its warning (use
+  handle.micro_batch), since its backward may still come. A forward that stopped between
+  two blocks while its caller still holds the graph is given back when block 0 runs
+  again on other input; block 0 run again on the last block's own output is a block
+  called twice in one forward, refused as before.
+Giving a step back releases its keys in the engine (copies in flight finish first, as at
+any release) and marks it abandoned, so a late backward through it raises a StashError
+rather than reading freed memory. stash.torch.fit hears of it (_step_aborted): the step's
+record says why it ended, a measuring step leaves no profile and is measured again.
 """
 
+import threading
 import warnings
+import weakref
 
 import torch
 
@@ -60,6 +89,20 @@ class _Fetched:
 _RECOMPUTE = object()  # fetched[j] of a storage the plan recomputes: saves get placeholders
 
 
+def _kept(t):
+    """What the pack hook returns for a tensor the plan keeps: the tensor, detached.
+    A node that saves its own output and gets back the output itself (with its grad_fn,
+    that node) holds a cycle through autograd's C++ graph that Python's collector cannot
+    see: a graph never backwarded (Note [A step that ends early]) would then never be
+    freed. Detached, it shares the storage and version counter, and nothing else."""
+    return t.detach() if t.grad_fn is not None else t
+
+
+def _output_storages(out):
+    """The storage keys of a block's output tensors (the chained-call check of _begin_step)."""
+    return {storage_of(t)[0] for t in tensors_in(out)}
+
+
 class _Packed:
     """What the pack hook returns for an offload tensor: how to rebuild the view."""
 
@@ -69,6 +112,13 @@ class _Packed:
         self.fetched = fetched
         self.dtype, self.size, self.stride = t.dtype, t.size(), t.stride()
         self.offset = t.storage_offset()
+
+
+class _GraphToken:
+    """Held by the autograd graph of one micro-batch's forward (its backward boundaries),
+    so that its death says the graph is gone (Note [A step that ends early])."""
+
+    __slots__ = ("__weakref__",)
 
 
 class _Step:
@@ -82,6 +132,11 @@ class _Step:
         self.backward_open = None  # the block whose backward began and has not ended
         self.backward_started = False
         self.abandoned = False
+        # Strong while the forward runs; a weak reference once the last block returned.
+        self.token = _GraphToken()
+        self.token_ref = None
+        self.last_output = set()  # storage keys of the last block's output
+        self.thread = threading.get_ident()
 
 
 class OffloadHooks:
@@ -92,10 +147,12 @@ class OffloadHooks:
 
     # --- forward -------------------------------------------------------------------------
 
+    _who = "stash.torch.offload"  # what warnings are prefixed with
+
     def _warn_once(self, what, message):
         if what not in self._warned:
             self._warned.add(what)
-            warnings.warn(f"stash.torch.offload: {message}", stacklevel=4)
+            warnings.warn(f"{self._who}: {message}", stacklevel=4)
 
     def _resident(self, step):
         """The storages never listed (parameters and buffers): taken once per step, or, for
@@ -134,22 +191,87 @@ class OffloadHooks:
     def _backward_finished(self, step):
         """The whole backward of the micro-batch ended."""
 
+    def _step_aborted(self, step, reason):
+        """The micro-batch's step ended early and was given back (Note [A step that ends
+        early]); reason says how."""
+
+    # --- a step that ends early (Note [A step that ends early]) ---------------------------
+
+    def _graph_holds_token(self, step):
+        """A backward boundary holds the step's token now: from here only the graph does
+        (Note [A step that ends early])."""
+        token = step.token
+        if token is not None:
+            step.token_ref = weakref.ref(token, lambda _, step=step: self._graph_dropped(step))
+            step.token = None
+
+    def _graph_dropped(self, step):
+        """The weak reference's callback. It runs where the graph's last reference went:
+        in the loop (the end of an except clause, a rebound variable), or inside whatever
+        the garbage collector interrupted. It gives the step back at once only outside
+        stash's own forward code and on the step's own thread; otherwise it queues it for
+        the next block 0 or close()."""
+        self._dropped.append(step)
+        if self._busy == 0 and threading.get_ident() == step.thread:
+            self._reap()
+
+    def _reap(self):
+        """Gives back the steps whose graph died without a backward."""
+        self._busy += 1
+        try:
+            while self._dropped:
+                step = self._dropped.pop()
+                if self._steps.get(step.mb) is step and not step.backward_started:
+                    self._abort(step, "its forward's graph was freed without a backward (an "
+                                      "exception after or between the blocks, or a forward "
+                                      "never backwarded)")
+        finally:
+            self._busy -= 1
+
+    def _abort(self, step, reason):
+        """Gives back what a step holds without running its backward: the engine releases
+        its keys (copies in flight complete first), the hooks drop their references."""
+        step.abandoned = True
+        self._hooks["aborted_micro_batches"] += 1
+        try:
+            if self.engine is not None:
+                self._end_step(step)
+        finally:
+            if self._steps.get(step.mb) is step:
+                del self._steps[step.mb]
+            self._step_aborted(step, reason)
+
     def _begin_step(self, i, args=(), kwargs=None):
         mb = self._micro_batch
-        step = self._steps.get(mb)
         if i == 0:
-            if step is not None and 0 < step.next_block < len(self.blocks):
-                raise StashError(
-                    f"stash.torch: block 0 ran again in micro-batch {mb} before block "
-                    f"{step.next_block} ran: a block called twice in one forward (shared "
-                    "weights) is not supported; each block must run once per forward, in "
-                    "order")
-            if step is not None:
+            self._reap()
+        step = self._steps.get(mb)
+        if i == 0 and step is not None:
+            # Note [A step that ends early]
+            if step.backward_started:  # it began and never ended: it raised
+                self._abort(step, "its backward raised before it ended")
+            elif 0 < step.next_block < len(self.blocks):
+                first = next(iter(tensors_in(args)), None)
+                if first is not None and storage_of(first)[0] in step.last_output:
+                    raise StashError(
+                        f"stash.torch: block 0 ran again in micro-batch {mb} on the output "
+                        f"of block {step.next_block - 1}, before block {step.next_block} ran: "
+                        "a block called twice in one forward (shared weights) is not "
+                        "supported; each block must run once per forward, in order")
+                # A new forward: the last one stopped between two blocks and its caller
+                # still holds its graph (the exception it raised, say).
+                self._abort(step, f"its forward stopped after block {step.next_block - 1}")
+            else:
                 self._warn_once(("abandon", mb), (
-                    f"micro-batch {mb} ran forward again before its backward; the earlier "
-                    "graph's offloaded tensors are dropped. Use handle.micro_batch(i) to run "
-                    "several forwards before their backwards."))
+                    f"micro-batch {mb} ran forward again before the backward of its last "
+                    "forward, whose graph is still alive (the loss raised and its output is "
+                    "still held, a forward in training mode with no backward, or two "
+                    "forwards before their backwards): the earlier forward's tensors are "
+                    "given back and its backward, should it come, raises. Use "
+                    "handle.micro_batch(i) to run several forwards before their backwards."))
                 self._abandon(step)
+                self._step_aborted(step, "a later forward replaced it before its backward")
+        if i == 0:
             self._step_starting(mb, args, kwargs or {})
             step = self._steps[mb] = _Step(mb, resident_storages(self.blocks))
         elif step is None or step.next_block != i:
@@ -159,16 +281,33 @@ class OffloadHooks:
                              "each per micro-batch")
         return step
 
+    def _passes_through(self):
+        """Whether the blocks run as plain forwards now (grad on): stash.torch.fit lets
+        eval-mode forwards through."""
+        return False
+
+    def _call_arguments(self, i, args, kwargs):
+        """The arguments block i's forward gets (stash.torch.fit drops a key/value cache)."""
+        return args, kwargs
+
     def _wrap(self, i, forward):
         def wrapped(*args, **kwargs):
-            if not torch.is_grad_enabled() or self.engine is None:
+            if not torch.is_grad_enabled() or self.engine is None or self._passes_through():
                 return forward(*args, **kwargs)
+            args, kwargs = self._call_arguments(i, args, kwargs)
             return self._forward(i, forward, args, kwargs)
         wrapped.__wrapped__ = forward
         wrapped._stash_wrapped = True
         return wrapped
 
     def _forward(self, i, forward, args, kwargs):
+        self._busy += 1
+        try:
+            return self._forward_block(i, forward, args, kwargs)
+        finally:
+            self._busy -= 1
+
+    def _forward_block(self, i, forward, args, kwargs):
         step = self._begin_step(i, args, kwargs)
         mb, engine = step.mb, self.engine
         self._forward_began(i, step)
@@ -221,7 +360,7 @@ class OffloadHooks:
                     self._hooks["not_on_device_count"] += 1
                     fetched[j] = None
                     self._saved(i, j, t, nbytes, KEEP)
-                    return t
+                    return _kept(t)
                 self._saved(i, j, t, nbytes, action)
                 # A measuring layer's engine plan has offload slots only: the engine sees
                 # just the tensors it copies (Note [The measuring step] in _fit.py).
@@ -238,31 +377,43 @@ class OffloadHooks:
                     fetched[j] = None
             f = fetched[j]
             if f is None:
-                return t
+                return _kept(t)
             if f is _RECOMPUTE:
                 return frame.placeholder(pos)
             return _Packed(f, t)
 
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
-                out = forward(*args, **kwargs)
-            if exact and len(order) != n_plan:
-                raise StashError(f"stash.torch.offload: block {i} saved {len(order)} tensors, "
-                                 f"but the plan lists {n_plan} for layer {i}; make the plan "
-                                 "from this model's record pass (stash.torch.record)")
-            if frame is not None and frame.wanted:
-                frame.args, frame.kwargs = self._input_slots(args, kwargs, order, fetched)
-            self._forward_ended(i, step, order)
-            engine.forward_end(mb, i)
-        except RuntimeError as e:
-            error, self._hook_error = self._hook_error, None
-            if error is not None:
-                raise error from e
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
+                    out = forward(*args, **kwargs)
+                if exact and len(order) != n_plan:
+                    raise StashError(f"stash.torch.offload: block {i} saved {len(order)} "
+                                     f"tensors, but the plan lists {n_plan} for layer {i}; make "
+                                     "the plan from this model's record pass "
+                                     "(stash.torch.record)")
+                if frame is not None and frame.wanted:
+                    frame.args, frame.kwargs = self._input_slots(args, kwargs, order, fetched)
+                self._forward_ended(i, step, order)
+                engine.forward_end(mb, i)
+            except RuntimeError as e:
+                error, self._hook_error = self._hook_error, None
+                if error is not None:
+                    raise error from e
+                raise
+            finally:
+                held.clear()
+        except BaseException as e:
+            # Note [A step that ends early]: whatever raised (the block, a hook, an
+            # interrupt, an out-of-memory error), the step is given back now.
+            if self._steps.get(mb) is step:
+                self._abort(step, f"block {i}'s forward raised {type(e).__name__}")
             raise
-        finally:
-            held.clear()
         step.next_block = i + 1
-        return mark_backward(out, lambda: self._backward_boundary(step, i))
+        step.last_output = _output_storages(out)
+        # The boundaries hold the token (Note [A step that ends early]).
+        token = step.token if step.token is not None else step.token_ref()
+        return mark_backward(out, lambda token=token: self._backward_boundary(step, i),
+                             on_marked=lambda: self._graph_holds_token(step))
 
     # --- backward ------------------------------------------------------------------------
 

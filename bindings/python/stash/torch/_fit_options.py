@@ -1,0 +1,126 @@
+"""stash.torch.fit's inputs as values: the budget, parsed once, and the frozen options.
+
+Note [What a share budget means]
+A budget is bytes ("40GiB", 42949672960) or a share of the keep-all peak ("70%"). Bytes
+mean the same on every step. A share is resolved per shape: for each shape key (Note
+[Re-planning and the cache] in _fit.py) it is that share of the keep-all peak the
+canonical model gives for that shape's profile (measured, or derived from the measured
+shapes), so a longer sequence gets a larger budget in bytes, as its keep-all peak is
+larger. report() therefore gives every step the budget in bytes of its own shape, and
+judges it against that. A unitless number that could be a share (at most 100, or a
+fraction such as 0.7) is refused, naming both spellings: "50" is 50 bytes to the planner's
+syntax, and no model trains in 50 bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Union
+
+from .._lib import StashError, parse_bytes
+
+SOLVERS = ("greedy", "ilp", "exact")
+_UNITLESS_SHARE_MAX = 100
+
+
+def _where(what: str) -> str:
+    return f"stash.torch.fit: {what}"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A device-memory budget: ``nbytes`` (bytes) or ``share`` (0 < share <= 100, percent
+    of the keep-all peak of each shape; Note [What a share budget means])."""
+
+    nbytes: Optional[int] = None
+    share: Optional[float] = None
+    text: str = ""  # as given, for messages and report()
+
+    @classmethod
+    def parse(cls, value: Union[int, str, "Budget"]) -> "Budget":
+        if isinstance(value, Budget):
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            hint = ""
+            if isinstance(value, float) and 0 < value <= 1:
+                hint = f"; for a share of the keep-all peak write '{value * 100:g}%'"
+            raise StashError(_where(
+                f"budget must be bytes (an int), a size such as '40GiB', or a share such as "
+                f"'70%'; got {value!r}{hint}"))
+        text = value.strip() if isinstance(value, str) else str(value)
+        if text.endswith("%"):
+            number = text[:-1].strip()
+            try:
+                share = float(number)
+            except ValueError:
+                share = float("nan")
+            if not (0 < share <= 100) or not math.isfinite(share):
+                raise StashError(_where(f"budget {value!r} is not a share between 0% and "
+                                        "100% of the keep-all peak"))
+            return cls(share=share, text=f"{number}%")
+        try:
+            unitless = float(text)
+        except ValueError:
+            unitless = None
+        if unitless is not None and 0 < unitless <= _UNITLESS_SHARE_MAX:
+            percent = unitless * 100 if unitless <= 1 else unitless
+            raise StashError(_where(
+                f"budget {value!r} has no unit: write '{percent:g}%' for a share of the "
+                f"keep-all peak, or a size such as '{text}GiB'"))
+        try:
+            nbytes = parse_bytes(value)
+        except ValueError as e:
+            raise StashError(_where(f"budget {value!r} does not parse: {e}")) from None
+        if nbytes == 0:
+            raise StashError(_where("budget 0 bytes: no plan can meet it"))
+        return cls(nbytes=nbytes, text=text)
+
+    @property
+    def is_share(self) -> bool:
+        return self.share is not None
+
+    @property
+    def planner_text(self) -> str:
+        """The budget in the planner's syntax (stash_plan_make): "123" or "70%"."""
+        return self.text if self.is_share else str(self.nbytes)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """fit()'s keyword options, checked once (fit's docstring says what each means)."""
+
+    solver: str = "greedy"
+    cache_dir: Optional[str] = None
+    measure_steps: int = 1
+    lookahead: int = 1
+    max_in_flight_bytes: Optional[Union[int, str]] = None
+    pinned_cap: Optional[Union[int, str]] = None
+    max_micro_batches: int = 8
+    device: Optional[Any] = None
+    link: Optional[Union[str, Dict[str, Any]]] = None
+    timing: bool = True
+    dist_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.solver not in SOLVERS:
+            raise StashError(_where(f"unknown solver {self.solver!r} (greedy, ilp or exact)"))
+        if (isinstance(self.measure_steps, bool) or not isinstance(self.measure_steps, int)
+                or self.measure_steps < 1):
+            raise StashError(_where(f"measure_steps must be an int >= 1, got "
+                                    f"{self.measure_steps!r}"))
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        if not (isinstance(self.dist_timeout_s, (int, float)) and self.dist_timeout_s > 0):
+            raise StashError(_where(f"dist_timeout_s must be a positive number of seconds, "
+                                    f"got {self.dist_timeout_s!r}"))
+
+    def engine_kwargs(self) -> Dict[str, Any]:
+        """The options OffloadHandle takes."""
+        return {"device": self.device, "lookahead": self.lookahead,
+                "pinned_cap": self.pinned_cap, "max_in_flight_bytes": self.max_in_flight_bytes,
+                "timing": self.timing, "max_micro_batches": self.max_micro_batches}

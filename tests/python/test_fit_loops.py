@@ -1,0 +1,279 @@
+"""stash.torch.fit through what training loops do besides forward, backward and step
+(Note [The loops fit lives in] in stash/torch/_fit.py): a step lost to an exception at
+every point a step can raise, in a measuring step and in a planned one; eval forwards;
+misuse named at fit(). Hugging Face models from small configs (random init, no hub) on
+the CPU test double; every comparison is bitwise against plain training that loses the
+same steps the same way."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import stash
+import stash.torch
+
+transformers = pytest.importorskip("transformers")
+
+LINK = {"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0}
+VOCAB = 128
+
+
+def mistral(seed=0):
+    """A family the rest of the suite does not train (sliding-window attention off)."""
+    torch.manual_seed(seed)
+    cfg = transformers.MistralConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        use_cache=False, attn_implementation="sdpa")
+    m = transformers.MistralForCausalLM(cfg)
+    m.train()
+    return m, m.model.layers
+
+
+def batches(n, batch=2, seq=64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (batch, seq), generator=g) for _ in range(n)]
+
+
+class Injected(Exception):
+    pass
+
+
+def _raise(kind):
+    if kind == "interrupt":
+        raise KeyboardInterrupt
+    if kind == "oom":
+        raise torch.OutOfMemoryError("injected: out of memory")
+    raise Injected(kind)
+
+
+def inject(model, blocks, opt, where, kind, armed):
+    """Hooks that raise `kind` at `where` while armed[0] is true."""
+    if where == "block":          # inside block 1's forward: the wrapper sees it
+        blocks[1].mlp.register_forward_hook(lambda *a: _raise(kind) if armed[0] else None)
+    elif where == "between":      # between blocks 1 and 2: nothing of stash's sees it
+        blocks[2].register_forward_pre_hook(lambda *a: _raise(kind) if armed[0] else None)
+    elif where == "head":         # after the blocks, inside the model's forward
+        model.lm_head.register_forward_hook(lambda *a: _raise(kind) if armed[0] else None)
+    elif where == "backward":     # halfway through backward: blocks 3 and 2 ran theirs
+        def arm_grad(_module, _args, out):
+            t = out[0] if isinstance(out, tuple) else out
+            if armed[0] and t.requires_grad:
+                t.register_hook(lambda g: _raise(kind))
+        blocks[1].register_forward_hook(arm_grad)
+    elif where == "optimizer":
+        opt.register_step_pre_hook(lambda *a: _raise(kind) if armed[0] else None)
+    else:
+        raise AssertionError(where)
+
+
+def run(data, where, kind, fail_at, budget=None, check=None):
+    """AdamW training that loses step `fail_at` to an injected `kind` at `where` (the loop
+    catches it, zeroes the gradients and goes on); the losses of the steps that ran, the
+    final parameters, and the handle (fit at `budget`, else plain training)."""
+    model, blocks = mistral()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+    armed = [False]
+    inject(model, blocks, opt, where, kind, armed)
+    losses = []
+    for i, ids in enumerate(data):
+        armed[0] = i == fail_at
+        try:
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+        except (Injected, KeyboardInterrupt, torch.OutOfMemoryError):
+            assert i == fail_at
+            losses.append(None)
+        opt.zero_grad()
+        if check is not None:
+            check(h, i)
+    return losses, [p.detach().clone() for p in model.parameters()], h
+
+
+def nothing_held(h, i, lost_backward=None):
+    """After every step, whether it ran or was lost: no engine key, no pinned block. A
+    backward that raised is given back when block 0 runs again (Note [A step that ends
+    early]): only that step's end is not checked."""
+    if i == lost_backward:
+        assert len(h._steps) == 1 and h._steps[0].backward_started
+        return
+    s = h.stats()
+    assert s["pinned"]["current_count"] == 0 and s["pinned"]["current_bytes"] == 0, (i, s)
+    assert s["in_flight_count"] == 0, (i, s)
+    assert not h._steps or all(st.backward_started is False and st.next_block == 4
+                               for st in h._steps.values()), i
+
+
+def same(a, b):
+    assert len(a[0]) == len(b[0])
+    for x, y in zip(a[0], b[0]):
+        assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), (a[0], b[0])
+    assert all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+POINTS = [("block", "error"), ("between", "error"), ("head", "error"),
+          ("backward", "error"), ("optimizer", "error"), ("block", "interrupt"),
+          ("between", "oom")]
+
+
+@pytest.mark.parametrize("where,kind", POINTS)
+@pytest.mark.parametrize("fail_at", [0, 2], ids=["measuring", "planned"])
+def test_a_lost_step_leaves_fit_ready(where, kind, fail_at):
+    data = batches(5)
+    expected = run(data, where, kind, fail_at)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no warning: a lost step is no misuse
+        got = run(data, where, kind, fail_at, budget="85%",
+                  check=lambda h, i: nothing_held(
+                      h, i, fail_at if where == "backward" else None))
+    h = got[2]
+    same(got, expected)
+    steps = h.report()["steps"]
+    lost = [s for s in steps if s["aborted"]]
+    assert len(lost) == 1 and lost[0]["step"] == fail_at, steps
+    assert not lost[0]["over_budget"]
+    modes = [s["mode"] for s in steps if not s["aborted"]]
+    # A lost measuring step is measured again; then every step is planned.
+    assert modes == ["measure"] + ["plan"] * (len(modes) - 1), steps
+    plan = h.report()["plan"]
+    assert plan["actions"]["recompute"] + plan["actions"]["offload"] > 0
+    h.close()
+
+
+def test_a_loss_raising_outside_the_model_warns_once_and_recovers():
+    """The loss computed by the loop raises while the loop still holds the logits (their
+    graph alive): the next forward gives the lost one back, with the warning that names
+    micro_batch, and training goes on."""
+    data = batches(4)
+
+    def go(budget):
+        model, blocks = mistral()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+        losses = []
+        for i, ids in enumerate(data):
+            try:
+                logits = model(input_ids=ids).logits
+                if i == 1:
+                    raise Injected("loss")
+                loss = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1),
+                                                   ids[:, 1:].flatten())
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach().clone())
+            except Injected:
+                losses.append(None)
+            opt.zero_grad()
+        return losses, [p.detach().clone() for p in model.parameters()], h
+
+    expected = go(None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = go("85%")
+    same(got, expected)
+    assert sum("micro_batch" in str(w.message) for w in seen) == 1
+    assert [s["aborted"] is not None for s in got[2].report()["steps"]] == \
+        [False, True, False, False]
+    got[2].close()
+
+
+def test_eval_forwards_neither_warn_nor_measure():
+    """Eval in the middle of training (eval mode, with and without grad, no backward):
+    no warning, no step of fit's, and the training steps after it stay planned."""
+    data = batches(4)
+    probe = batches(1, seed=7)[0]
+
+    def go(budget):
+        model, blocks = mistral()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+        losses, evals = [], []
+        for i, ids in enumerate(data):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach().clone())
+            if i in (1, 2):
+                model.eval()
+                evals.append(model(input_ids=probe, labels=probe).loss.detach())  # grad on
+                with torch.no_grad():
+                    evals.append(model(input_ids=probe, labels=probe).loss)
+                model.train()
+        return losses + evals, [p.detach().clone() for p in model.parameters()], h
+
+    expected = go(None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        got = go("85%")
+    same(got, expected)
+    assert [s["mode"] for s in got[2].report()["steps"]] == ["measure", "plan", "plan", "plan"]
+    got[2].close()
+
+
+def test_misuse_is_named():
+    model, blocks = mistral()
+    with pytest.raises(stash.StashError, match=r"single MistralModel.*\.layers"):
+        stash.torch.fit(model.model, "70%")
+    with pytest.raises(stash.StashError, match=r"holds the model's repeated blocks \(\.layers\)"):
+        stash.torch.fit([model.model], "70%")
+    with pytest.raises(stash.StashError, match="ModuleDict"):
+        stash.torch.fit(nn.ModuleDict({"a": blocks[0], "b": blocks[1]}), "70%")
+    with pytest.raises(stash.StashError, match="block 1 is a str"):
+        stash.torch.fit([blocks[0], "layer"], "70%")
+    with pytest.raises(stash.StashError, match="not a sequence"):
+        stash.torch.fit(3, "70%")
+    for unitless, hint in (("50", "'50%'"), (70, "'70%'"), ("0.7", "'70%'"), (0.7, "'70%'")):
+        with pytest.raises(stash.StashError, match=hint):
+            stash.torch.fit(blocks, unitless)
+    assert not any("forward" in vars(b) for b in blocks)
+
+
+def test_the_smallest_feasible_budget_a_refusal_names_is_accepted():
+    """Following a refusal's advice works: the named budget is accepted by the same run."""
+    import re
+
+    data = batches(3)
+    model, blocks = mistral()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    h = stash.torch.fit(blocks, 4 * params + (1 << 20), optimizer=opt, link=LINK)
+    with pytest.raises(stash.StashError, match="smallest feasible budget") as e:
+        for ids in data:
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert h.engine is None
+    smallest = int(re.search(r"smallest feasible budget .*? \((\d+) bytes\)",
+                             str(e.value)).group(1))
+    model, blocks = mistral()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with stash.torch.fit(blocks, smallest, optimizer=opt, link=LINK) as h:
+        for ids in data:
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        assert [s["mode"] for s in h.report()["steps"]] == ["measure", "plan", "plan"]
+
+
+def test_a_share_budget_is_judged_per_shape():
+    """Note [What a share budget means]: each step against its own shape's bytes."""
+    model, blocks = mistral()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = batches(2, seq=32) + batches(2, seq=128) + batches(1, seq=32)
+    with stash.torch.fit(blocks, "90%", optimizer=opt, link=LINK) as h:
+        for ids in data:
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        steps = h.report()["steps"]
+    short = {s["budget_bytes"] for s in steps if s["step"] in (0, 1, 4)}
+    long = {s["budget_bytes"] for s in steps if s["step"] in (2, 3)}
+    assert len(short) == 1 and len(long) == 1 and None not in short | long, steps
+    assert long.pop() > short.pop()
+    assert steps[0]["shape"] == steps[4]["shape"] != steps[2]["shape"]
