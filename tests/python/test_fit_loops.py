@@ -277,3 +277,36 @@ def test_a_share_budget_is_judged_per_shape():
     assert len(short) == 1 and len(long) == 1 and None not in short | long, steps
     assert long.pop() > short.pop()
     assert steps[0]["shape"] == steps[4]["shape"] != steps[2]["shape"]
+
+
+def test_accumulation_by_hand_is_priced_per_forward():
+    """Two forwards and backwards of micro-batch 0 per optimizer step, no micro_batch():
+    bitwise, both counted in the step (micro_batches 2), and the predicted step is that of
+    two passes, not three (each forward's spans are its own). The bound is loose for the
+    VM's noise; the bug it guards against predicted 2-2.6x the measured step."""
+    import statistics
+
+    data = batches(16, seq=128)
+
+    def go(budget):
+        model, blocks = mistral()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+        losses = []
+        for k in range(0, len(data), 2):
+            for ids in data[k:k + 2]:
+                loss = model(input_ids=ids, labels=ids).loss / 2
+                loss.backward()
+                losses.append(loss.detach().clone())
+            opt.step()
+            opt.zero_grad()
+        return losses, [p.detach().clone() for p in model.parameters()], h
+
+    expected = go(None)
+    got = go("85%")
+    same(got, expected)
+    steps = got[2].report()["steps"]
+    assert [s["micro_batches"] for s in steps] == [2] * 8
+    ratios = [s["predicted_step_ms"] / s["step_ms"] for s in steps if s["mode"] == "plan"]
+    assert 0.6 < statistics.median(ratios) < 1.4, ratios
+    got[2].close()

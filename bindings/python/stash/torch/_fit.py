@@ -266,7 +266,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
     def _forward_began(self, i, step):
         rec = self._step
         if rec is not None:
-            rec.fwd[(step.mb, i)] = Span(self._clock.mark())
+            rec.fwd[(step.serial, i)] = Span(self._clock.mark())
             if rec.mode == "measure":
                 self._cupti.begin(FORWARD, i)
 
@@ -292,7 +292,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
     def _forward_ended(self, i, step, order):
         rec = self._step
         if rec is not None:
-            rec.fwd.setdefault((self._micro_batch, i), Span()).end = self._clock.mark()
+            rec.fwd.setdefault((step.serial, i), Span()).end = self._clock.mark()
             if rec.mode == "measure":
                 self._cupti.end()
             if self._mode == "measure" and self._micro_batch == 0:
@@ -319,10 +319,9 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         if rec is None:
             return
         m = self._clock.mark()
-        mb = step.mb
         if step.backward_open is not None:
-            rec.bwd.setdefault((mb, step.backward_open), Span()).end = m
-        rec.bwd.setdefault((mb, i), Span()).begin = m
+            rec.bwd.setdefault((step.serial, step.backward_open), Span()).end = m
+        rec.bwd.setdefault((step.serial, i), Span()).begin = m
         self._sample(f"backward[{i}]")
 
     def _backward_finished(self, step):
@@ -330,7 +329,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         if rec is None:
             return
         m = self._clock.mark()
-        b = rec.bwd.get((step.mb, 0))
+        b = rec.bwd.get((step.serial, 0))
         if b is not None and b.end is None:
             b.end = m
         self._sample("backward end")
@@ -341,13 +340,13 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
     def _replay_began(self, frame):
         rec = self._step
         if rec is not None:
-            rec.replay[(frame.step.mb, frame.layer)] = ReplaySpan(self._clock.mark())
+            rec.replay[(frame.step.serial, frame.layer)] = ReplaySpan(self._clock.mark())
 
     def _replay_saved(self, frame, pos, seen, t):
         rec = self._step
         if rec is None or seen is None or not seen[1]:
             return
-        r = rec.replay.get((frame.step.mb, frame.layer))
+        r = rec.replay.get((frame.step.serial, frame.layer))
         if r is not None:
             r.marks.append((seen[0], self._clock.mark()))
         if not self._cuda:
@@ -357,7 +356,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
     def _replay_ended(self, frame, replay):
         rec = self._step
         if rec is not None:
-            r = rec.replay.get((frame.step.mb, frame.layer))
+            r = rec.replay.get((frame.step.serial, frame.layer))
             if r is not None:
                 r.end = self._clock.mark()
         self._sample(f"backward[{frame.layer}]")

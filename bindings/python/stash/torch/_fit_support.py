@@ -195,7 +195,9 @@ class ReplaySpan(Span):
     marks: List[Tuple[int, Any]] = field(default_factory=list)
 
 
-SpanKey = Tuple[int, int]  # (micro-batch, layer)
+# (the serial number of a forward, layer): every forward of a step has its own spans,
+# micro-batches and accumulation by hand alike (two forwards of micro-batch 0 in one step).
+SpanKey = Tuple[int, int]
 
 
 @dataclass

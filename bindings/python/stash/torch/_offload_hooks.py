@@ -62,6 +62,7 @@ rather than reading freed memory. stash.torch.fit hears of it (_step_aborted): t
 record says why it ended, a measuring step leaves no profile and is measured again.
 """
 
+import itertools
 import threading
 import warnings
 import weakref
@@ -124,8 +125,11 @@ class _GraphToken:
 class _Step:
     """One micro-batch's forward and backward: the keys the engine holds for it."""
 
+    _serials = itertools.count()
+
     def __init__(self, mb, resident):
         self.mb = mb
+        self.serial = next(self._serials)  # this forward's, among all of the process
         self.resident = resident
         self.next_block = 0
         self.live = set()          # keys offered and not released
