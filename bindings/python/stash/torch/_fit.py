@@ -113,7 +113,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
@@ -121,11 +121,12 @@ from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._lib import StashError
 from .._profiler import FORWARD, Profiler
 from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _allocator_state, _checked_blocks,
-                           _Clock, _gib, _is_kv_cache,
+                           _Clock, _DerivedLayer, _gib, _is_kv_cache,
                            _LayerRecord, _MeasureLayer, _model_digest, _optimizer_state_bytes,
                            _optimizer_state_estimate, _signature, ReplaySpan, Span, StepRecord,
                            _tensor_bytes, _weak)
 from ._fit_options import Budget, FitOptions
+from ._fit_shapes import shape_family, shape_tokens
 from ._fit_cache import FitCache
 from ._fit_plan import FitPlanning
 from ._fit_profile import FitProfile
@@ -163,6 +164,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         self._cache: Dict[str, Dict[str, Any]] = {}
         self._entry = None          # the cache entry of the current key (planned steps)
         self._measured_for = {}     # key -> steps measured so far
+        self._shapes: Dict[str, Tuple[str, Optional[int]]] = {}  # key -> (family, tokens)
+        self._underivable: Set[str] = set()  # keys whose derived plan failed its check
         self._layers = [_LayerRecord() for _ in blocks]
         self._layers_key = None
         self._records: List[_StepRecord] = []
@@ -199,10 +202,17 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
 
     @staticmethod
     def _engine_plan(actions):
-        return [[OFFLOAD] * MEASURE_SLOTS if isinstance(a, _MeasureLayer) else list(a)
+        return [[OFFLOAD] * MEASURE_SLOTS if isinstance(a, _MeasureLayer)
+                else a.engine_actions() if isinstance(a, _DerivedLayer) else list(a)
                 for a in actions]
 
     def _unrecomputable(self, i, j, t, nbytes, first_input):
+        rec = self._step
+        if self._mode != "measure" and rec is not None and rec.checking:
+            # Note [A derived plan's first run]: the skeleton was not this shape's.
+            rec.check = (f"block {i} tensor {j} is not recomputable in this shape (the "
+                         "derived skeleton differs)")
+            return KEEP
         if self._mode != "measure":
             return super()._unrecomputable(i, j, t, nbytes, first_input)
         # Note [The measuring step]: the hidden-state input is offloaded, the rest kept.
@@ -244,7 +254,11 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
                 or (self.optimizer is not None and rec.end is None)):
             rec.passes += 1
             return
-        self._begin_record(_signature(args, kwargs, self.blocks[0].training))
+        training = self.blocks[0].training
+        key = _signature(args, kwargs, training)
+        if key not in self._shapes:
+            self._shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
+        self._begin_record(key)
 
     def _step_aborted(self, step, reason):
         rec = self._step
@@ -274,6 +288,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         step = self._step
         if step is None:
             return
+        if step.checking and step.passes == 1:
+            step.saved_counts[i] = max(step.saved_counts.get(i, 0), j + 1)
         key = storage_of(t)[0]
         if self._mode == "measure" and self._micro_batch == 0:
             layer = self._layers[i]
@@ -432,6 +448,11 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         # The step starts after its planning: that time belongs to no step (report()'s
         # planning_ms says how much it was).
         rec = StepRecord(len(self._records), mode, key, self._clock.mark())
+        entry = self._entry
+        if mode == "plan" and entry is not None:
+            rec.plan_source = ("derived" if entry.get("derived") else
+                               "cache_dir" if entry.get("from_disk") else "measured")
+            rec.checking = bool(entry.get("derived")) and not entry.get("checked")
         rec.planning_ms = setup_ms + (self._finish_ms if now is not None else 0.0)
         rec.exposed_before = self._exposed_total()
         self._records.append(rec)
@@ -489,6 +510,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             self._measured_for[rec.key] = self._measured_for.get(rec.key, 0) + 1
             self._record_profile(rec)
         rec.budget_bytes = self._budget_for(rec.key)
+        if rec.checking:
+            self._check_derived(rec, entry)
         if rec.over_budget:
             warnings.warn(
                 f"stash.torch.fit: step {rec.index} ({rec.mode}) peaked at "
@@ -512,11 +535,38 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             entry = self._plan_from_measurement(key)
             self._switch(entry["actions"], "plan")
             return "plan"
+        entry = self._plan_derived(key)
+        if entry is not None:
+            self._entry = entry
+            self._switch(entry["actions"], "plan")
+            return "plan"
         if self._layers_key != key:
             self._layers = [_LayerRecord() for _ in self.blocks]
             self._layers_key = key
         self._switch([_MeasureLayer() for _ in self.blocks], "measure")
         return "measure"
+
+    def _check_derived(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
+        """Note [A derived plan's first run]."""
+        layers = entry["profile"]["layers"]
+        if rec.check is None:
+            for i, layer in enumerate(layers):
+                if rec.saved_counts.get(i, 0) != len(layer["tensors"]):
+                    rec.check = (f"block {i} saved {rec.saved_counts.get(i, 0)} tensors, the "
+                                 f"derived skeleton lists {len(layer['tensors'])}")
+                    break
+        if rec.check is None and rec.budget_bytes is not None and rec.over_budget:
+            rec.check = (f"peaked at {_gib(rec.peak_bytes)}, over the budget of "
+                         f"{_gib(rec.budget_bytes)}")
+        if rec.check is None:
+            rec.check = "passed"
+            entry["checked"] = True
+            return
+        # Measured the next time this shape comes.
+        self._underivable.add(rec.key)
+        self._cache.pop(rec.key, None)
+        if self._key == rec.key:
+            self._key, self._entry = None, None
 
     def _switch(self, actions, mode):
         if mode == self._mode and actions is self.actions:

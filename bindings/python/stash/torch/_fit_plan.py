@@ -12,7 +12,8 @@ from typing import Any, Dict, Optional
 from .._lib import StashError
 from .._link import cached_link
 from .._planner import InfeasibleBudget, evaluate, make_plan
-from ._fit_support import _actions_of, _gib, _min_feasible
+from ._fit_shapes import derive_profile
+from ._fit_support import _actions_of, _DerivedLayer, _gib, _min_feasible, _plan_doc
 from ._record import _device_info
 
 
@@ -74,9 +75,17 @@ class FitPlanning:
         if not self.budget.is_share:
             return self.budget.nbytes
         entry = self._cache.get(key)
-        if entry is not None and "figures" in entry:
+        if entry is None:
+            return None
+        if "figures" in entry:
             return int(entry["figures"]["budget_bytes"])
-        return None
+        if "profile" in entry and "share_budget_bytes" not in entry:
+            # A shape measured and never planned yet: its keep-all peak, from the profile.
+            doc = entry["profile"]
+            keep = _plan_doc(doc, [["keep"] * len(layer["tensors"]) for layer in doc["layers"]])
+            peak = evaluate(doc, keep, 1 << 62, strict=False)["predicted_peak_bytes"]
+            entry["share_budget_bytes"] = int(self.budget.share / 100 * peak)
+        return entry.get("share_budget_bytes")
 
     def _plan_from_measurement(self, key: str) -> Dict[str, Any]:
         if self._ranks is not None:
@@ -110,6 +119,40 @@ class FitPlanning:
         plan, figures = self._prefix_closed(doc, plan, figures)
         entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
         self._store(key, self._plan_name(), plan)
+        return entry
+
+    def _plan_derived(self, key: str) -> Optional[Dict[str, Any]]:
+        """A plan for a shape never measured, from a profile derived from the measured
+        shapes of its family (Note [A profile derived from the measured shapes]); None when
+        there is nothing to derive from or the derived profile has no plan (the shape is
+        then measured: the measurement, not a derivation, refuses a budget)."""
+        if self._ranks is not None or key in self._underivable:
+            return None
+        family, tokens = self._shapes.get(key, (None, None))
+        if tokens is None:
+            return None
+        counted = self._fixed_counted()
+        bases = [(self._shapes[k][1], e["profile"], counted) for k, e in self._cache.items()
+                 if k != key and self._shapes.get(k, (None,))[0] == family
+                 and not e.get("derived") and "profile" in e and self._shapes[k][1]]
+        measured = {b[0] for b in bases}
+        if len(measured) == 1 and max(tokens / min(measured), min(measured) / tokens) >= 1.5:
+            # One measured shape gives no exponents: a second, far enough from it to fit
+            # them, is measured (Note [A profile derived from the measured shapes]).
+            return None
+        doc = derive_profile(bases, tokens)
+        if doc is None:
+            return None
+        try:
+            plan, figures = make_plan(doc, self.budget.planner_text, solver=self.options.solver)
+        except InfeasibleBudget:
+            self._underivable.add(key)
+            return None
+        plan, figures = self._prefix_closed(doc, plan, figures)
+        entry = {"profile": doc, "derived": True, "measured_peak_bytes": None, "plan": plan,
+                 "figures": figures,
+                 "actions": [_DerivedLayer(a) for a in _actions_of(plan)]}
+        self._cache[key] = entry
         return entry
 
     def _fail_least_memory(self, doc, measured, budget):

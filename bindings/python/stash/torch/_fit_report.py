@@ -56,6 +56,8 @@ class FitReport:
             flag = "  OVER BUDGET" if s["over_budget"] else ""
             if s["aborted"]:
                 flag = f"  aborted: {s['aborted']}"
+            elif s["check"] is not None:
+                flag += f"  derived plan, first run: {s['check']}"
             lines.append(f"{s['step']:>4}  {s['mode']:<7}  {s['measured_peak_bytes'] / GiB:8.3f}"
                          f" ({pp:>7})  {s['step_ms']:9.2f} ({ps:>8})  {s['exposed_copy_ms']:8.3f}"
                          f"{flag}")
@@ -76,6 +78,7 @@ def step_entry(s: StepRecord) -> Dict[str, Any]:
             "step_ms": s.step_ms, "predicted_step_ms": s.predicted_step,
             "exposed_copy_ms": s.exposed_ms, "micro_batches": s.passes,
             "planning_ms": s.planning_ms, "aborted": s.aborted,
+            "plan_source": s.plan_source, "check": s.check,
             "over_budget": s.over_budget}
 
 

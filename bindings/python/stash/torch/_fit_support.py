@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from .. import _lib
-from .._engine import RECOMPUTE, plan_actions
+from .._engine import KEEP, RECOMPUTE, plan_actions
 from .._lib import StashError
 from .._planner import InfeasibleBudget, make_plan
 from ._saved import storage_of, tensors_in
@@ -42,6 +42,23 @@ class _MeasureLayer:
 
     def __contains__(self, action: object) -> bool:
         return action == RECOMPUTE
+
+
+class _DerivedLayer(list):
+    """A layer's actions in a derived plan (Note [A derived plan's first run] in _fit.py):
+    the plan's list, but not exact: the hooks check no tensor count, a tensor past the
+    list is kept, and only offloads go to the engine, whose plan has room for them."""
+
+    exact = False
+
+    def __getitem__(self, j):  # type: ignore[override]
+        return list.__getitem__(self, j) if j < list.__len__(self) else KEEP
+
+    def __len__(self) -> int:
+        return max(MEASURE_SLOTS, list.__len__(self))
+
+    def engine_actions(self) -> List[int]:
+        return [self[j] for j in range(len(self))]
 
 
 def _is_kv_cache(value: object) -> bool:
@@ -227,6 +244,10 @@ class StepRecord:
     step_ms: float = 0.0
     backward_done: bool = False
     optimizer_began: bool = False
+    plan_source: Optional[str] = None  # "measured", "derived" or "cache_dir"
+    checking: bool = False   # a derived plan's first run (Note [A derived plan's first run])
+    saved_counts: Dict[int, int] = field(default_factory=dict)  # checking: layer -> tensors
+    check: Optional[str] = None  # checking: "passed" or why it failed
     bwd_end: Any = None
     finished: bool = False
     aborted: Optional[str] = None

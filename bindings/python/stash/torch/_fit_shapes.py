@@ -1,0 +1,132 @@
+"""stash.torch.fit's shapes: a step's shape, and a profile for a shape never measured,
+derived from the shapes that were.
+
+Note [A profile derived from the measured shapes]
+A new sequence length or batch size is a new shape key (Note [Re-planning and the cache]
+in _fit.py). Measuring each one costs a step in least-memory mode, the slowest there is,
+and a loop with a new length on most steps would never leave it. So a shape whose family
+(the same arguments, dtypes, ranks, autocast and mode; only sizes differ) has measured
+shapes is planned from a derived profile instead:
+- its size is the tokens of block 0's first tensor argument (its elements over its last
+  dimension: batch x sequence for a (batch, sequence, hidden) input);
+- every tensor's bytes, every layer's forward and backward time, every tensor's recompute
+  time, the step's time outside the blocks and the fixed bytes' part beyond what fit
+  counts from the parameters (the loss's logits, workspaces) are each a power of the
+  tokens: c * tokens^e. With one measured shape e is 1 (activations scale with tokens);
+  with two or more e is fitted to them by least squares in log-log space, so that an
+  attention score matrix (tokens^2 when only the length moves) or a table that does not
+  scale (e = 0) is followed; e is held to [0, 3] for bytes and to [1, 3] for times (a
+  block's compute grows at least with its tokens: a smaller exponent fitted to two steps
+  is the first step's warm-up, not the model). A second shape at least 1.5x the first
+  one's tokens (or at most 1/1.5 of them) is therefore measured rather than derived, so
+  that the times, whose fixed costs one shape cannot tell from the rest, get exponents:
+  at most two measuring steps for a family;
+- only measured shapes are bases, never derived ones, and only those whose skeleton (per
+  layer: the tensors, their order and their flags) is the skeleton of the one nearest in
+  tokens; the derived profile has that skeleton.
+A derived plan is checked on its first run (Note [A derived plan's first run] in _fit.py):
+the blocks must save what the skeleton lists and the step must peak within the budget;
+otherwise the shape is measured the next time it comes. Under torch.distributed nothing is
+derived (the ranks would have to agree on derivations too): each shape is measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ._saved import tensors_in
+
+_BYTES_EXPONENTS = (0.0, 3.0)
+_TIME_EXPONENTS = (1.0, 3.0)
+
+
+def shape_family(args: Any, kwargs: Dict[str, Any], training: bool) -> str:
+    """The shape key with sizes left out: which shapes may derive from which."""
+    parts = [(t.dim(), str(t.dtype), str(t.device), bool(t.requires_grad))
+             for t in tensors_in((args, kwargs))]
+    auto = []
+    for dt in ("cpu", "cuda"):
+        try:
+            auto.append((dt, torch.is_autocast_enabled(dt), str(torch.get_autocast_dtype(dt))))
+        except (TypeError, AttributeError, RuntimeError):
+            pass
+    text = json.dumps([parts, auto, training, sorted(kwargs)], default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def shape_tokens(args: Any) -> Optional[int]:
+    """Tokens of block 0's first tensor argument (elements over the last dimension)."""
+    first = next(iter(tensors_in(args)), None)
+    if first is None or first.dim() < 2 or first.shape[-1] == 0:
+        return None
+    return int(first.numel() // first.shape[-1])
+
+
+def skeleton(profile: Dict[str, Any]) -> List[List[Tuple[bool, bool, bool, bool]]]:
+    """Per layer, per tensor: the flags and whether it has bytes at all (a storage shared
+    with an earlier block has none)."""
+    return [[(bool(t["offloadable"]), bool(t["recomputable"]), bool(t["must_keep"]),
+              t["bytes"] > 0) for t in layer["tensors"]] for layer in profile["layers"]]
+
+
+def _power(points: Sequence[Tuple[float, float]], tokens: float,
+           exponents: Tuple[float, float] = _BYTES_EXPONENTS) -> float:
+    """c * tokens^e through the (tokens, value) points (Note [A profile derived from the
+    measured shapes]); values <= 0 make the derived value 0 when every point is 0."""
+    positive = [(t, v) for t, v in points if v > 0 and t > 0]
+    if not positive:
+        return 0.0
+    if len({t for t, _ in positive}) < 2:
+        t0, v0 = min(positive, key=lambda p: abs(math.log(p[0] / tokens)))
+        return v0 * tokens / t0
+    xs = [math.log(t) for t, _ in positive]
+    ys = [math.log(v) for _, v in positive]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    e = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
+    e = min(max(e, exponents[0]), exponents[1])
+    # Anchored at the nearest point, so a shape measured before derives to itself.
+    t0, v0 = min(positive, key=lambda p: abs(math.log(p[0] / tokens)))
+    return v0 * (tokens / t0) ** e
+
+
+def derive_profile(bases: Sequence[Tuple[int, Dict[str, Any], int]],
+                   tokens: int) -> Optional[Dict[str, Any]]:
+    """A stash.profile/1 for `tokens` from measured (tokens, profile, counted fixed bytes)
+    bases; None when there is none to derive from."""
+    bases = [b for b in bases if b[0] and b[0] > 0]
+    if not bases:
+        return None
+    nearest = min(bases, key=lambda b: abs(math.log(b[0] / tokens)))
+    shape = skeleton(nearest[1])
+    bases = [b for b in bases if skeleton(b[1]) == shape]
+    doc = json.loads(json.dumps(nearest[1]))  # a deep copy of plain JSON
+
+    def power(get, exponents=_BYTES_EXPONENTS) -> float:
+        return _power([(float(t), float(get(p, counted))) for t, p, counted in bases], tokens,
+                      exponents)
+
+    for i, layer in enumerate(doc["layers"]):
+        layer["fwd_ms"] = power(lambda p, _: p["layers"][i]["fwd_ms"], _TIME_EXPONENTS)
+        layer["bwd_ms"] = power(lambda p, _: p["layers"][i]["bwd_ms"], _TIME_EXPONENTS)
+        layer["bwd_temp_bytes"] = int(power(lambda p, _: p["layers"][i]["bwd_temp_bytes"]))
+        for j, t in enumerate(layer["tensors"]):
+            t["bytes"] = int(round(power(lambda p, _: p["layers"][i]["tensors"][j]["bytes"])))
+            t["recompute_ms"] = power(lambda p, _: p["layers"][i]["tensors"][j]["recompute_ms"],
+                                      _TIME_EXPONENTS)
+        digest = hashlib.sha256(json.dumps(
+            [(t["bytes"], t["recomputable"], t["must_keep"]) for t in layer["tensors"]]).encode()
+        ).hexdigest()[:16]
+        layer["signature"] = layer["signature"].split(":")[0] + ":" + digest
+    doc["step_overhead_ms"] = power(lambda p, _: p.get("step_overhead_ms", 0.0),
+                                    _TIME_EXPONENTS)
+    counted = nearest[2]
+    doc["fixed_bytes"] = int(counted + power(lambda p, c: p["fixed_bytes"] - c))
+    doc.setdefault("measurement", {})["derived"] = {
+        "tokens": tokens, "from_tokens": sorted(b[0] for b in bases)}
+    return doc
