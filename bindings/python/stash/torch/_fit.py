@@ -89,6 +89,19 @@ only a shape seen nowhere is measured again. With cache_dir a second run of the 
 script starts planned: no measuring step. The plan switches between steps (the engine
 takes a new plan only while no micro-batch holds tensors).
 
+Note [A derived plan's first run]
+A plan made from a derived profile (Note [A profile derived from the measured shapes] in
+_fit_shapes.py) rests on a model of the shape, not on a measurement of it, so its first
+run is a check. Its layers are not exact (_DerivedLayer): the hooks refuse no tensor count,
+a tensor past the derived skeleton is kept, and a tensor the plan recomputes that cannot
+be recomputed in this shape is kept, silently; the step trains as always. When it ends,
+the check asks two things: did every block save the tensors the skeleton lists, and did
+the step peak within its budget (on CUDA max_memory_allocated; on the CPU fit's own count,
+Note [What the budget counts])? If both hold the plan stands for the shape; otherwise the
+record says why, the shape's derivation is dropped, and the next step of that shape is
+measured. Derived plans are not written to cache_dir; the measured profiles they come from
+are.
+
 Note [The loops fit lives in]
 What a training loop does besides forward, backward and step, and what fit does then:
 - an exception anywhere in a step (a block, the loss, backward, optimizer.step(), an
