@@ -1,0 +1,125 @@
+"""stash.integrations: fit in Hugging Face's Trainer (Note [fit in a Trainer]), and on a
+peft LoRA model, on the CPU test double. Bitwise against the same training without stash."""
+
+import pytest
+import torch
+
+import stash
+import stash.torch
+from stash.integrations import find_blocks
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+VOCAB = 128
+
+
+def qwen(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        attn_implementation="sdpa")  # use_cache left at its default (True)
+    return transformers.Qwen2ForCausalLM(cfg)
+
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, n=16, seq=48):
+        g = torch.Generator().manual_seed(5)
+        self.ids = torch.randint(0, VOCAB, (n, seq), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def train(tmp_path, name, callbacks, max_steps=4, resume=None, save_steps=None):
+    from transformers import Trainer, TrainingArguments
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path / name), per_device_train_batch_size=2,
+        gradient_accumulation_steps=2, max_steps=max_steps, learning_rate=1e-3,
+        report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0, data_seed=0,
+        save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
+        logging_strategy="no", disable_tqdm=True)
+    model = qwen()
+    trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=resume)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_trainer_with_accumulation_trains_bitwise(tmp_path):
+    from stash.integrations.transformers import StashCallback
+
+    expected = train(tmp_path, "plain", [])
+    cb = StashCallback("90%", link={"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0})
+    got = train(tmp_path, "stash", [cb])
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    steps = cb.handle.report()["steps"]
+    assert [s["mode"] for s in steps] == ["measure", "plan", "plan", "plan"], steps
+    assert all(s["micro_batches"] == 2 for s in steps)
+    assert cb.handle.engine is None  # on_train_end restored the blocks
+
+
+def test_a_resumed_run_starts_planned_from_cache_dir(tmp_path):
+    from stash.integrations.transformers import StashCallback
+
+    link = {"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0}
+    first = StashCallback("90%", link=link)
+    train(tmp_path, "run", [first], max_steps=4, save_steps=2)
+    assert (tmp_path / "run" / "checkpoint-2").is_dir()
+    assert any((tmp_path / "run" / "stash").glob("fit-*.profile.json"))
+    again = StashCallback("90%", link=link)
+    train(tmp_path, "run", [again], max_steps=4, resume=str(tmp_path / "run" / "checkpoint-2"))
+    steps = again.handle.report()["steps"]
+    assert steps and all(s["mode"] == "plan" for s in steps), steps
+    assert steps[0]["plan_source"] == "cache_dir"
+
+
+def test_a_wrong_argument_fails_before_training():
+    from stash.integrations.transformers import StashCallback
+
+    with pytest.raises(stash.StashError, match="budget"):
+        StashCallback("70")
+    with pytest.raises(stash.StashError, match="solver"):
+        StashCallback("70%", solver="fast")
+
+
+def test_peft_lora_trains_bitwise():
+    peft = pytest.importorskip("peft")
+
+    def lora():
+        m = qwen()
+        m.config.use_cache = False
+        cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                              lora_dropout=0.0)
+        return peft.get_peft_model(m, cfg)
+
+    g = torch.Generator().manual_seed(2)
+    data = [torch.randint(0, VOCAB, (2, 48), generator=g) for _ in range(4)]
+
+    def go(with_fit):
+        model = lora()
+        model.train()
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        h = (stash.torch.fit(find_blocks(model), "90%", optimizer=opt,
+                             link={"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0})
+             if with_fit else None)
+        losses = []
+        for ids in data:
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach().clone())
+        return losses, [p.detach().clone() for p in model.parameters()], h
+
+    expected, got = go(False), go(True)
+    assert all(torch.equal(a, b) for a, b in zip(expected[0], got[0]))
+    assert all(torch.equal(a, b) for a, b in zip(expected[1], got[1]))
+    assert len(got[2].blocks) == 3 and type(got[2].blocks[0]).__name__ == "Qwen2DecoderLayer"
+    assert any("lora_A" in n for n, _ in got[2].blocks[0].named_modules())
+    assert [s["mode"] for s in got[2].report()["steps"]] == ["measure", "plan", "plan", "plan"]
+    got[2].close()
