@@ -344,8 +344,9 @@ def test_a_new_length_every_step_is_planned_from_the_measured_ones():
     assert len(derived) == len(LENGTHS) - 2, steps
     assert all(s["check"] == "passed" for s in derived), [s["check"] for s in derived]
     assert all(s["budget_bytes"] and not s["over_budget"] for s in steps), steps
-    # On fit's count the derived peak is the measured one: bytes scale exactly here.
-    assert all(s["measured_peak_bytes"] == s["predicted_peak_bytes"] for s in derived)
+    # On the allocator's meter, at most the derived plan's prediction (which is
+    # conservative: the untracked bytes at worst, scaled with the tokens).
+    assert all(s["measured_peak_bytes"] <= s["predicted_peak_bytes"] for s in derived), derived
     got[2].close()
 
 
@@ -384,3 +385,63 @@ def test_a_derived_plan_that_fails_its_check_is_measured_next_time():
     assert [s["mode"] for s in steps] == ["measure", "measure", "plan", "measure", "plan"], steps
     assert steps[2]["plan_source"] == "derived" and "saved" in steps[2]["check"], steps[2]
     assert steps[4]["plan_source"] == "measured" and steps[4]["check"] is None
+
+
+def test_the_cpu_meter_counts_a_window():
+    """Note [The CPU allocator's meter]: blocks allocated before a window neither count
+    nor uncount; blocks allocated in it count while they live."""
+    from stash.torch._cpu_meter import counting_allocator, failure
+
+    m = counting_allocator()
+    assert m is not None, failure()
+    before = torch.empty(1 << 20, dtype=torch.uint8)
+    m.begin_window()
+    del before  # freed in the window, allocated before it: lowers nothing
+    a = torch.empty(3 << 20, dtype=torch.uint8)
+    b = torch.empty(1 << 20, dtype=torch.uint8)
+    del b
+    assert m.peak() == 4 << 20
+    m.reset_peak()
+    assert m.peak() == 3 << 20
+    del a
+    assert m.peak() == 3 << 20
+    m.begin_window()
+    assert m.peak() == 0
+
+
+class _Scratchy(nn.Module):
+    """A block whose forward uses a 2 MiB scratch tensor it does not save."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x):
+        scratch = torch.ones(1 << 19)  # 2 MiB, freed before the forward returns
+        return x + torch.tanh(self.fc(x)) + scratch[:1] * 0
+
+
+def test_a_temporary_fit_does_not_track_is_in_the_budget():
+    """The measuring step calibrates the fixed bytes on the CPU allocator's meter, so a
+    block's scratch memory is planned for and every step is within the budget on that
+    meter (Note [What the budget counts])."""
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([_Scratchy() for _ in range(4)])
+    opt = torch.optim.SGD(blocks.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    with stash.torch.fit(blocks, "90%", optimizer=opt, link=LINK) as h:
+        for _ in range(4):
+            x = torch.randn(16, 128, 64, generator=g, requires_grad=True)
+            out = x
+            for b in blocks:
+                out = b(out)
+            out.square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        r = h.report()
+    assert r["memory"].startswith("c10 CPU allocator")
+    counted = sum(p.numel() * 4 * 2 for p in blocks.parameters())  # params and grads
+    assert h.profile["fixed_bytes"] >= counted + (2 << 20)
+    assert all(not s["over_budget"] and s["measured_peak_bytes"] <= r["budget_bytes"]
+               for s in r["steps"]), r["steps"]
+    assert all(s["measured_peak_bytes"] >= counted + (2 << 20) for s in r["steps"])

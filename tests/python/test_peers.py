@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stash.bench import _llama, peers
-from stash.bench._meter import CpuProfilerMeter, live_training_bytes, peak_delta
+from stash.torch._meter import CpuProfilerMeter, live_training_bytes, peak_delta
 from stash.bench._peer_systems import (Session, StashFit, System, sac_policy,
                                        sac_save_list, stash_systems, system_by_name,
                                        peer_systems)

@@ -27,7 +27,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from . import _llama
-from ._meter import meter_for
+from ..torch._meter import meter_for
 from ._peer_systems import KeepAll, StashFit
 from .peers import run_system
 

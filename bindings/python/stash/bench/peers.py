@@ -53,7 +53,7 @@ import traceback
 from typing import Any, Dict, List, Optional
 
 from . import _llama
-from ._meter import Meter, meter_for
+from ..torch._meter import Meter, meter_for
 from ._peer_systems import System, peer_systems, stash_systems, system_by_name
 from ._svg import knee, peers_svg, stash_curve
 

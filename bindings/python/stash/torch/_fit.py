@@ -58,12 +58,19 @@ the measuring step came before it, its size is added from the optimizer's parame
 (Adam/AdamW: two tensors like each parameter; SGD with momentum: one) and, once the
 optimizer has stepped (a post-step hook when fit is given the optimizer), replaced by
 the bytes its state really holds, re-planning if that changed anything. On the CPU test
-double there is no device allocator: the measured peak is the parameters, gradients and
-optimizer state counted from their tensors, plus the most that the saved storages the
-hooks track (weak references, so a storage counts exactly while it lives), the prefetch
-buffers and the recompute captures held at once, sampled at every pack, block end,
-boundary and replay: the bytes the blocks hold, never the planner's prediction.
-"70%" is a share of the keep-all peak the canonical model gives for the measured profile.
+double the meter is c10's CPU allocator, through stash's counting allocator (Note [The CPU
+allocator's meter] in _meter.py): a step's peak is what was alive at block 0 plus the most
+the allocator held above its level then, read when the step ends. There the fixed bytes
+are calibrated position by position rather than from the one peak: at every sample (each
+pack, block end, boundary and replay) the allocator's peak since the last one, less what
+fit counts then (parameters, gradients as if allocated, optimizer state, and the saved
+storages the hooks track by weak reference), is what fit does not track there (the loss's
+logits, attention's workspaces); the most of it in the blocks joins the fixed bytes, and
+the optimizer step's own temporaries, when no activation is alive, only as far as they
+would not fit under the least a plan holds. Where the counting allocator cannot be built
+the peak is fit's own count, which leaves the temporaries out.
+"70%" is a share of the keep-all peak the canonical model gives for the measured profile
+(Note [What a share budget means] in _fit_options.py).
 
 Note [Why not torch.cuda.MemPool]
 torch >= 2.5 can route the allocations made inside a `torch.cuda.use_mem_pool(pool)`
@@ -146,7 +153,8 @@ from ._fit_profile import FitProfile
 from ._fit_ranks import FitRanks, Ranks
 from ._fit_report import FitReport
 from ._offload import OffloadHandle
-from ._saved import storage_of
+from ._cpu_meter import counting_allocator
+from ._saved import storage_of, tensors_in
 
 __all__ = ["BudgetHandle", "fit"]
 
@@ -193,6 +201,9 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         super().__init__(blocks, None, **options.engine_kwargs())
         self._clock = _Clock(self._cuda)
         self._cupti = Profiler()
+        # Note [The CPU allocator's meter] in _meter.py: None on CUDA, or where it cannot be
+        # built (fit then counts the storages it tracks).
+        self._counting = None if self._cuda else counting_allocator()
         self._cupti_used = None  # None: not tried (CPU); else (used, reason)
         self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
         self._opt_hook = None
@@ -271,7 +282,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         key = _signature(args, kwargs, training)
         if key not in self._shapes:
             self._shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
-        self._begin_record(key)
+        self._begin_record(key, tensors_in((args, kwargs)))
 
     def _step_aborted(self, step, reason):
         rec = self._step
@@ -365,6 +376,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         if not self._steps:  # every micro-batch's backward has ended
             rec.backward_done = True
             rec.bwd_end = m
+            if self.optimizer is None:
+                self._step_peak(rec)
 
     def _replay_began(self, frame):
         rec = self._step
@@ -424,9 +437,20 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
                 total += n
         for k in dead:
             del self._tracked[k]
-        if total > self._step.live_peak:
-            self._step.live_peak = total
-            self._step.peak_at = where
+        rec = self._step
+        if total > rec.live_peak:
+            rec.live_peak = total
+            rec.peak_at = where
+        if self._counting is not None and rec.meter_base is not None:
+            # Note [What the budget counts]: the allocator's peak since the last sample,
+            # above what fit counts now, is what it does not track there.
+            window = rec.meter_base + self._counting.peak()
+            self._counting.reset_peak()
+            rec.meter_running = max(rec.meter_running, window)
+            if where == "optimizer step":  # no activation is alive: a phase of its own
+                rec.untracked_after = max(rec.untracked_after, window - rec.counted)
+            else:
+                rec.untracked = max(rec.untracked, window - rec.counted - total)
 
     def _fixed_counted(self) -> int:
         """Parameters, gradients (as if allocated), buffers and optimizer state, from their
@@ -439,7 +463,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         n += _optimizer_state_estimate(self.optimizer)
         return n
 
-    def _begin_record(self, key: str) -> None:
+    def _begin_record(self, key: str, inputs: Sequence[torch.Tensor] = ()) -> None:
         """A new step begins (block 0, micro-batch 0): close the previous one, choose the
         step's mode and plan."""
         prev = self._step
@@ -472,6 +496,10 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         self._step = rec
         if mode == "measure" and self._cuda:
             self._cupti_used = self._cupti.start()
+        if self._counting is not None:  # Note [The CPU allocator's meter] in _meter.py
+            rec.counted = self._fixed_counted()
+            rec.meter_base = self._alive_bytes(inputs)
+            self._counting.begin_window()
         self._tracked = {}
         self._held = {}
         self._offloaded_inputs = []
@@ -500,14 +528,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             rec.step_ms = self._clock.ms(rec.start, rec.end)
             return
         rec.cupti = self._cupti.stop() if rec.mode == "measure" else None
-        if self._cuda:
-            if self._pool:
-                from . import _allocator
-                rec.peak_bytes = int(_allocator.allocator_stats(self.device.index)["peak_bytes"])
-            else:
-                rec.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
-        else:
-            rec.peak_bytes = self._fixed_counted() + rec.live_peak
+        self._step_peak(rec)
+        rec.peak_bytes = rec.meter_peak
         rec.exposed_ms = max(0.0, self._exposed_total() - rec.exposed_before)
         rec.step_ms = self._clock.ms(rec.start, rec.end)
         entry = self._cache.get(rec.key)
@@ -559,6 +581,35 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         self._switch([_MeasureLayer() for _ in self.blocks], "measure")
         return "measure"
 
+    def _step_peak(self, rec: StepRecord) -> None:
+        """The step's peak on the meter (Note [What the budget counts]), read once, when the
+        step ends (its optimizer step, or its backward without one), so that what the loop
+        does before the next step (the next batch, the embedding) is not counted."""
+        if rec.meter_peak is not None:
+            return
+        if self._cuda:
+            if self._pool:
+                from . import _allocator
+                rec.meter_peak = int(_allocator.allocator_stats(self.device.index)["peak_bytes"])
+            else:
+                rec.meter_peak = int(torch.cuda.max_memory_allocated(self.device))
+        elif self._counting is not None and rec.meter_base is not None:
+            rec.meter_peak = max(rec.meter_running, rec.meter_base + self._counting.peak())
+        else:
+            rec.meter_peak = self._fixed_counted() + rec.live_peak
+
+    def _alive_bytes(self, inputs: Sequence[torch.Tensor]) -> int:
+        """What is alive when block 0 starts, by storage: the parameters (the optimizer's
+        too), gradients and optimizer state that exist, buffers, and block 0's inputs."""
+        params = [p for b in self.blocks for p in b.parameters()]
+        if self.optimizer is not None:
+            params += [p for g in self.optimizer.param_groups for p in g["params"]]
+            params += [v for st in self.optimizer.state.values() for v in st.values()
+                       if isinstance(v, torch.Tensor)]
+        grads = [p.grad for p in params if isinstance(p, torch.Tensor) and p.grad is not None]
+        buffers = [x for b in self.blocks for x in b.buffers()]
+        return _tensor_bytes(list(params) + grads + buffers + list(inputs))
+
     def _check_derived(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
         """Note [A derived plan's first run]."""
         layers = entry["profile"]["layers"]
@@ -608,6 +659,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         rec = self._step
         if rec is not None and rec.backward_done and rec.end is None:
             rec.end = self._clock.mark()
+            self._sample("optimizer step")
+            self._step_peak(rec)
         # Note [What the budget counts]: the optimizer's real state, once it exists.
         if self._opt_state_counted is None or self._entry is None:
             return

@@ -12,7 +12,8 @@ from typing import Any, Dict
 from .. import profile as _profile
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._planner import evaluate
-from ._fit_support import StepRecord, _cupti_fwd, _optimizer_state_estimate, _plan_doc
+from ._fit_support import (StepRecord, _cupti_fwd, _min_feasible, _optimizer_state_estimate,
+                           _plan_doc)
 from ._record import _device_info, _pinnable_bytes
 
 
@@ -111,7 +112,15 @@ class FitProfile:
         counted = self._fixed_counted()
         self._opt_state_counted = _optimizer_state_estimate(self.optimizer)
         if not self._cuda:
-            return counted
+            # Note [What the budget counts]: on the CPU, what the allocator held above
+            # fit's count at worst in the blocks (none without the counting allocator),
+            # or more where the optimizer step's own temporaries, with no activation
+            # alive, would not fit under the least a plan holds in the blocks.
+            fixed = counted + max(0, rec.untracked)
+            if rec.untracked_after > rec.untracked:
+                least = _min_feasible(dict(doc, fixed_bytes=fixed)) - fixed
+                fixed = max(fixed, counted + rec.untracked_after - max(0, least))
+            return fixed
         probe = dict(doc, fixed_bytes=0)
         measure_plan = _plan_doc(probe, self._measure_actions_seen())
         act = evaluate(probe, measure_plan, 1 << 62, strict=False)["predicted_peak_bytes"]

@@ -32,6 +32,8 @@ class FitReport:
                 "cupti": prof.get("measurement", {}).get("cupti") if prof else None,
                 "memory": ("stash pool peak" if self._pool else
                            "torch.cuda.max_memory_allocated" if self._cuda else
+                           "c10 CPU allocator (stash's counting allocator)"
+                           if self._counting is not None else
                            "tracked saved storages + parameters, gradients, optimizer state"),
                 "link": prof["link"] if prof else None,
                 "fixed_bytes": prof["fixed_bytes"] if prof else None,

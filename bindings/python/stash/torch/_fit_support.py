@@ -248,6 +248,14 @@ class StepRecord:
     checking: bool = False   # a derived plan's first run (Note [A derived plan's first run])
     saved_counts: Dict[int, int] = field(default_factory=dict)  # checking: layer -> tensors
     check: Optional[str] = None  # checking: "passed" or why it failed
+    meter_peak: Optional[int] = None   # the meter's reading at the step's end
+    # CPU: what is alive at block 0, below the counting allocator's window (Note [The CPU
+    # allocator's meter] in _meter.py).
+    meter_base: Optional[int] = None
+    meter_running: int = 0   # the most it read at a sample so far
+    counted: int = 0         # fit's count of what is not an activation (_fixed_counted)
+    untracked: int = 0       # the most the meter read above fit's count in the blocks
+    untracked_after: int = 0  # ... in the optimizer step, above fit's count of fixed bytes
     bwd_end: Any = None
     finished: bool = False
     aborted: Optional[str] = None

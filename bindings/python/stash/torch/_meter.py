@@ -11,19 +11,25 @@ when block 0 starts a step, so a stash row's reading leaves out the part of the 
 before block 0 (the embedding lookup); that part never holds the step's peak: nothing is
 saved yet, and the optimizer's temporaries come after the blocks.
 
-On the CPU there is no device allocator. The meter is then c10's CPU allocator, read
-through torch.profiler's memory events (profile_memory=True) over one step (the last, so
-the optimizer's state exists): the most bytes allocated during the step on top of what
-was alive when it began (parameters, gradients, optimizer state and the batch, counted
-from their storages). The profiler slows the step it watches, so that step is never
-timed. On stash's CPU test double this counts what stands for device memory: torch's CPU
-tensors, while the double's pinned host memory is its own malloc and does not count; so
-save_on_cpu, whose copies are CPU tensors too, shows at least keep-all's peak, and stash's
-offloads show as the bytes they free. stash.torch.fit's own CPU budget
-check is its own count (parameters, gradients, optimizer state and the saved tensors it
-tracks), which leaves out the step's temporaries: on the CPU a stash row can be within
-fit's budget yet above it on this meter. The table shows both; on CUDA they are one.
-There is no reserved figure on the CPU.
+On the CPU there is no device allocator; the meter is c10's CPU allocator (Note [The CPU
+allocator's meter]): over every step, the most bytes it held above its level when the
+step began, on top of what was alive then (parameters, gradients, optimizer state and the
+batch, counted from their storages). On stash's CPU test double this counts what stands
+for device memory: torch's CPU tensors, while the double's pinned host memory is its own
+malloc and does not count; so save_on_cpu, whose copies are CPU tensors too, shows at
+least keep-all's peak, and stash's offloads show as the bytes they free. There is no
+reserved figure on the CPU.
+
+Note [The CPU allocator's meter]
+c10 keeps no statistics of its CPU allocator. stash counts them with a counting allocator
+in front of it (_cpu_meter.py), which costs a relaxed atomic per allocation, so every
+step is watched and timed alike. Where that allocator cannot be built (no C++ compiler),
+the meter falls back to torch.profiler's memory events over the last step only (about
++60% on a step, so that step is never timed), and stash.torch.fit to its own count of the
+storages it tracks, which leaves out the step's temporaries; report()["memory"] says
+which. stash.torch.fit reads the same meter: on the CPU its budget is checked on it at
+every step, and its measuring step calibrates the fixed bytes from it exactly as on CUDA
+(Note [What the budget counts] in _fit.py).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from __future__ import annotations
 import contextlib
 from typing import Dict, Optional
 
-from ..torch._fit_support import _tensor_bytes
+from ._fit_support import _tensor_bytes
 
 
 def live_training_bytes(model, optimizer, batch) -> int:
@@ -98,6 +104,21 @@ class CudaMeter(Meter):
         self._note(int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved()))
 
 
+class CpuAllocatorMeter(Meter):
+    source = ("c10 CPU allocator (stash's counting allocator), every step, on top of the "
+              "parameters, gradients, optimizer state and batch alive at its start")
+
+    def __init__(self, counting) -> None:
+        self.counting = counting
+
+    @contextlib.contextmanager
+    def step(self, step, steps, model, optimizer, batch):
+        base = live_training_bytes(model, optimizer, batch)
+        self.counting.begin_window()
+        yield
+        self._note(base + self.counting.peak(), None)
+
+
 class CpuProfilerMeter(Meter):
     source = ("c10 CPU allocator via torch.profiler memory events, last step, on top of "
               "the parameters, gradients, optimizer state and batch alive at its start")
@@ -139,4 +160,9 @@ def _cpu_device_type():
 def meter_for(device) -> Meter:
     import torch
 
-    return CudaMeter() if torch.device(device).type == "cuda" else CpuProfilerMeter()
+    if torch.device(device).type == "cuda":
+        return CudaMeter()
+    from ._cpu_meter import counting_allocator
+
+    counting = counting_allocator()
+    return CpuAllocatorMeter(counting) if counting is not None else CpuProfilerMeter()
