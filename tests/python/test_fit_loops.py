@@ -388,25 +388,30 @@ def test_a_derived_plan_that_fails_its_check_is_measured_next_time():
 
 
 def test_the_cpu_meter_counts_a_window():
-    """Note [The CPU allocator's meter]: blocks allocated before a window neither count
-    nor uncount; blocks allocated in it count while they live."""
-    from stash.torch._cpu_meter import counting_allocator, failure
+    """Note [The CPU allocator's meter]: blocks allocated before a window opened neither
+    count nor uncount; blocks allocated in it count while they live; two windows open at
+    once count apart."""
+    from stash.torch._cpu_meter import failure, window
 
-    m = counting_allocator()
-    assert m is not None, failure()
+    outer, inner = window(), window()
+    assert outer is not None, failure()
     before = torch.empty(1 << 20, dtype=torch.uint8)
-    m.begin_window()
+    outer.reopen()
     del before  # freed in the window, allocated before it: lowers nothing
     a = torch.empty(3 << 20, dtype=torch.uint8)
+    inner.reopen()
     b = torch.empty(1 << 20, dtype=torch.uint8)
     del b
-    assert m.peak() == 4 << 20
-    m.reset_peak()
-    assert m.peak() == 3 << 20
+    assert outer.peak() == 4 << 20 and inner.peak() == 1 << 20
+    inner.reset_peak()
+    outer.reset_peak()
+    assert outer.peak() == 3 << 20 and inner.peak() == 0
     del a
-    assert m.peak() == 3 << 20
-    m.begin_window()
-    assert m.peak() == 0
+    assert outer.peak() == 3 << 20
+    outer.reopen()
+    assert outer.peak() == 0
+    outer.close()
+    inner.close()
 
 
 class _Scratchy(nn.Module):

@@ -68,7 +68,10 @@ storages the hooks track by weak reference), is what fit does not track there (t
 logits, attention's workspaces); the most of it in the blocks joins the fixed bytes, and
 the optimizer step's own temporaries, when no activation is alive, only as far as they
 would not fit under the least a plan holds. Where the counting allocator cannot be built
-the peak is fit's own count, which leaves the temporaries out.
+the peak is fit's own count, which leaves the temporaries out. On both, a measured plan's
+first run that peaks above its prediction (the temporaries where that plan peaks, which
+a least-memory step does not show) adds the difference to the shape's fixed bytes, once,
+and the next step runs the plan made with them.
 "70%" is a share of the keep-all peak the canonical model gives for the measured profile
 (Note [What a share budget means] in _fit_options.py).
 
@@ -153,7 +156,7 @@ from ._fit_profile import FitProfile
 from ._fit_ranks import FitRanks, Ranks
 from ._fit_report import FitReport
 from ._offload import OffloadHandle
-from ._cpu_meter import counting_allocator
+from ._cpu_meter import window as cpu_window
 from ._saved import storage_of, tensors_in
 
 __all__ = ["BudgetHandle", "fit"]
@@ -203,7 +206,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         self._cupti = Profiler()
         # Note [The CPU allocator's meter] in _meter.py: None on CUDA, or where it cannot be
         # built (fit then counts the storages it tracks).
-        self._counting = None if self._cuda else counting_allocator()
+        self._counting = None if self._cuda else cpu_window()
         self._cupti_used = None  # None: not tried (CPU); else (used, reason)
         self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
         self._opt_hook = None
@@ -447,10 +450,18 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             window = rec.meter_base + self._counting.peak()
             self._counting.reset_peak()
             rec.meter_running = max(rec.meter_running, window)
+            # What fit tracked in the window: as at its start or at its end, whichever is
+            # more (a block's recompute storages go when its forward returns, between two
+            # samples, and the window's peak held them).
+            tracked, rec.tracked_before = max(total, rec.tracked_before), total
+            if where.startswith(("backward", "optimizer")):
+                # Gradients and optimizer state made in the step are fit's to count too.
+                rec.grown = self._state_bytes() - rec.state_at_start
+            alive = rec.meter_base + max(0, rec.grown)
             if where == "optimizer step":  # no activation is alive: a phase of its own
-                rec.untracked_after = max(rec.untracked_after, window - rec.counted)
+                rec.untracked_after = max(rec.untracked_after, window - alive)
             else:
-                rec.untracked = max(rec.untracked, window - rec.counted - total)
+                rec.untracked = max(rec.untracked, window - alive - tracked)
 
     def _fixed_counted(self) -> int:
         """Parameters, gradients (as if allocated), buffers and optimizer state, from their
@@ -499,7 +510,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         if self._counting is not None:  # Note [The CPU allocator's meter] in _meter.py
             rec.counted = self._fixed_counted()
             rec.meter_base = self._alive_bytes(inputs)
-            self._counting.begin_window()
+            rec.state_at_start = self._state_bytes()
+            self._counting.reopen()
         self._tracked = {}
         self._held = {}
         self._offloaded_inputs = []
@@ -547,6 +559,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         rec.budget_bytes = self._budget_for(rec.key)
         if rec.checking:
             self._check_derived(rec, entry)
+        elif rec.mode == "plan" and entry is not None and not entry.get("corrected"):
+            self._correct_fixed(rec, entry)
         if rec.over_budget:
             warnings.warn(
                 f"stash.torch.fit: step {rec.index} ({rec.mode}) peaked at "
@@ -598,6 +612,16 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         else:
             rec.meter_peak = self._fixed_counted() + rec.live_peak
 
+    def _state_bytes(self) -> int:
+        """The gradients and optimizer state that exist now, by storage."""
+        params = [p for b in self.blocks for p in b.parameters()]
+        state: List[Any] = []
+        if self.optimizer is not None:
+            params += [p for g in self.optimizer.param_groups for p in g["params"]]
+            state = [v for st in self.optimizer.state.values() for v in st.values()
+                     if isinstance(v, torch.Tensor)]
+        return _tensor_bytes([p.grad for p in params if p.grad is not None] + state)
+
     def _alive_bytes(self, inputs: Sequence[torch.Tensor]) -> int:
         """What is alive when block 0 starts, by storage: the parameters (the optimizer's
         too), gradients and optimizer state that exist, buffers, and block 0's inputs."""
@@ -609,6 +633,18 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         grads = [p.grad for p in params if isinstance(p, torch.Tensor) and p.grad is not None]
         buffers = [x for b in self.blocks for x in b.buffers()]
         return _tensor_bytes(list(params) + grads + buffers + list(inputs))
+
+    def _correct_fixed(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
+        """Note [What the budget counts]: a measured plan's first run peaking above its
+        prediction on the meter puts the difference into the shape's fixed bytes, once;
+        the next step plans again with them."""
+        entry["corrected"] = True
+        over = rec.peak_bytes - int(entry["figures"]["predicted_peak_bytes"])
+        if over > 0 and "profile" in entry and rec.passes == 1:
+            entry["profile"]["fixed_bytes"] += over
+            entry.setdefault("corrections", []).append(over)
+            self._store(rec.key, "profile", entry["profile"])
+            entry.pop("plan", None)
 
     def _check_derived(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
         """Note [A derived plan's first run]."""
@@ -702,6 +738,8 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
 
     def close(self):
         """Restores the blocks exactly and frees the engine (OffloadHandle.close)."""
+        if getattr(self, "_counting", None) is not None:
+            self._counting.close()
         if getattr(self, "_opt_hook", None) is not None:
             for hook in self._opt_hook:
                 hook.remove()

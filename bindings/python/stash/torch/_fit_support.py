@@ -256,6 +256,9 @@ class StepRecord:
     counted: int = 0         # fit's count of what is not an activation (_fixed_counted)
     untracked: int = 0       # the most the meter read above fit's count in the blocks
     untracked_after: int = 0  # ... in the optimizer step, above fit's count of fixed bytes
+    tracked_before: int = 0  # fit's count of activations at the last sample
+    state_at_start: int = 0  # gradients and optimizer state alive at block 0
+    grown: int = 0           # ... made since, as at the last backward or optimizer sample
     bwd_end: Any = None
     finished: bool = False
     aborted: Optional[str] = None

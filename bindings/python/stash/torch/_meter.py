@@ -108,15 +108,15 @@ class CpuAllocatorMeter(Meter):
     source = ("c10 CPU allocator (stash's counting allocator), every step, on top of the "
               "parameters, gradients, optimizer state and batch alive at its start")
 
-    def __init__(self, counting) -> None:
-        self.counting = counting
+    def __init__(self, window) -> None:
+        self.window = window
 
     @contextlib.contextmanager
     def step(self, step, steps, model, optimizer, batch):
         base = live_training_bytes(model, optimizer, batch)
-        self.counting.begin_window()
+        self.window.reopen()
         yield
-        self._note(base + self.counting.peak(), None)
+        self._note(base + self.window.peak(), None)
 
 
 class CpuProfilerMeter(Meter):
@@ -162,7 +162,7 @@ def meter_for(device) -> Meter:
 
     if torch.device(device).type == "cuda":
         return CudaMeter()
-    from ._cpu_meter import counting_allocator
+    from ._cpu_meter import window
 
-    counting = counting_allocator()
-    return CpuAllocatorMeter(counting) if counting is not None else CpuProfilerMeter()
+    w = window()
+    return CpuAllocatorMeter(w) if w is not None else CpuProfilerMeter()
