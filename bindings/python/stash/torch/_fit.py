@@ -355,7 +355,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
                         if li <= self._n - 3 and ref is not None and not ref.expired():
                             self._layers[li].entries[j]["held_outside"] = True
                     self._offloaded_inputs = []
-        self._sample(f"forward[{i}]")
+        self._sample(f"forward[{i}]", after=("loss",) if i == self._n - 1 else ("fwd", i))
 
     def _backward_began(self, step, i):
         rec = self._step
@@ -365,7 +365,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         if step.backward_open is not None:
             rec.bwd.setdefault((step.serial, step.backward_open), Span()).end = m
         rec.bwd.setdefault((step.serial, i), Span()).begin = m
-        self._sample(f"backward[{i}]")
+        self._sample(f"backward[{i}]", after=("bwd", i))
 
     def _backward_finished(self, step):
         rec = self._step
@@ -375,7 +375,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         b = rec.bwd.get((step.serial, 0))
         if b is not None and b.end is None:
             b.end = m
-        self._sample("backward end")
+        self._sample("backward end", after=("bwd", 0))
         if not self._steps:  # every micro-batch's backward has ended
             rec.backward_done = True
             rec.bwd_end = m
@@ -404,7 +404,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             r = rec.replay.get((frame.step.serial, frame.layer))
             if r is not None:
                 r.end = self._clock.mark()
-        self._sample(f"backward[{frame.layer}]")
+        self._sample(f"backward[{frame.layer}]", after=("bwd", frame.layer))
 
     def _alloc(self, nbytes, stream):
         ptr = super()._alloc(nbytes, stream)
@@ -428,8 +428,10 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             return None
         return (layer, j)
 
-    def _sample(self, where):
-        """CPU: the most activation bytes held at once (Note [What the budget counts])."""
+    def _sample(self, where: str, after: Optional[Tuple[Any, ...]] = None) -> None:
+        """CPU: the most activation bytes held at once, and what the allocator held beyond
+        fit's count since the last sample, by the position the step was in then (Note
+        [What the budget counts]); after: the position from here on (None: the same)."""
         if self._cuda or self._step is None:
             return
         total, dead = 0, []
@@ -458,10 +460,12 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
                 # Gradients and optimizer state made in the step are fit's to count too.
                 rec.grown = self._state_bytes() - rec.state_at_start
             alive = rec.meter_base + max(0, rec.grown)
+            phase = rec.phase
             if where == "optimizer step":  # no activation is alive: a phase of its own
-                rec.untracked_after = max(rec.untracked_after, window - alive)
-            else:
-                rec.untracked = max(rec.untracked, window - alive - tracked)
+                phase, tracked = ("opt",), 0
+            rec.untracked[phase] = max(rec.untracked.get(phase, 0), window - alive - tracked)
+        if after is not None:
+            rec.phase = after
 
     def _fixed_counted(self) -> int:
         """Parameters, gradients (as if allocated), buffers and optimizer state, from their
@@ -695,7 +699,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         rec = self._step
         if rec is not None and rec.backward_done and rec.end is None:
             rec.end = self._clock.mark()
-            self._sample("optimizer step")
+            self._sample("optimizer step", after=("opt",))
             self._step_peak(rec)
         # Note [What the budget counts]: the optimizer's real state, once it exists.
         if self._opt_state_counted is None or self._entry is None:

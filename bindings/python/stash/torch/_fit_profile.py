@@ -112,15 +112,7 @@ class FitProfile:
         counted = self._fixed_counted()
         self._opt_state_counted = _optimizer_state_estimate(self.optimizer)
         if not self._cuda:
-            # Note [What the budget counts]: on the CPU, what the allocator held above
-            # fit's count at worst in the blocks (none without the counting allocator),
-            # or more where the optimizer step's own temporaries, with no activation
-            # alive, would not fit under the least a plan holds in the blocks.
-            fixed = counted + max(0, rec.untracked)
-            if rec.untracked_after > rec.untracked:
-                least = _min_feasible(dict(doc, fixed_bytes=fixed)) - fixed
-                fixed = max(fixed, counted + rec.untracked_after - max(0, least))
-            return fixed
+            return self._fixed_by_position(doc, rec, counted)
         probe = dict(doc, fixed_bytes=0)
         measure_plan = _plan_doc(probe, self._measure_actions_seen())
         act = evaluate(probe, measure_plan, 1 << 62, strict=False)["predicted_peak_bytes"]
@@ -128,6 +120,28 @@ class FitProfile:
         missing = self._opt_state_counted if (
             self.optimizer is not None and not len(self.optimizer.state)) else 0
         return int(max(calibrated + missing, counted))
+
+    def _fixed_by_position(self, doc, rec, counted: int) -> int:
+        """Note [What the budget counts], on the CPU: what the allocator held above fit's
+        count, by position (none without the counting allocator). The most of it in any
+        forward joins the fixed bytes; the rest of a layer's backward, and of the loss for
+        the last layer, become the layer's backward temporaries; the optimizer step's own,
+        with no activation alive, join the fixed bytes only as far as they would not fit
+        under the least a plan holds."""
+        u = rec.untracked
+        forward = max([0] + [v for k, v in u.items() if k[0] == "fwd"])
+        fixed = counted + forward
+        last = len(doc["layers"]) - 1
+        for i, layer in enumerate(doc["layers"]):
+            temp = u.get(("bwd", i), 0)
+            if i == last:
+                temp = max(temp, u.get(("loss",), 0))
+            layer["bwd_temp_bytes"] = int(max(0, temp - forward))
+        optimizer = u.get(("opt",), 0)
+        if optimizer > forward:
+            least = _min_feasible(dict(doc, fixed_bytes=fixed)) - fixed
+            fixed = max(fixed, counted + optimizer - max(0, least))
+        return fixed
 
     def _cupti_summary(self, fwd) -> Dict[str, Any]:
         """Note [The measuring step]: CUPTI's forward kernel time beside the events' span,

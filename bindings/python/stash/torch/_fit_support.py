@@ -254,8 +254,10 @@ class StepRecord:
     meter_base: Optional[int] = None
     meter_running: int = 0   # the most it read at a sample so far
     counted: int = 0         # fit's count of what is not an activation (_fixed_counted)
-    untracked: int = 0       # the most the meter read above fit's count in the blocks
-    untracked_after: int = 0  # ... in the optimizer step, above fit's count of fixed bytes
+    # The most the meter read above fit's count, by the position the step was in:
+    # ("fwd", i), ("loss",), ("bwd", i), ("opt",) (Note [What the budget counts]).
+    untracked: Dict[Tuple[Any, ...], int] = field(default_factory=dict)
+    phase: Tuple[Any, ...] = ("fwd", 0)
     tracked_before: int = 0  # fit's count of activations at the last sample
     state_at_start: int = 0  # gradients and optimizer state alive at block 0
     grown: int = 0           # ... made since, as at the last backward or optimizer sample
