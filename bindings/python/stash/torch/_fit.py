@@ -112,6 +112,15 @@ record says why, the shape's derivation is dropped, and the next step of that sh
 measured. Derived plans are not written to cache_dir; the measured profiles they come from
 are.
 
+Note [What it costs]
+A planned step should cost what its plan costs and no more. So, outside measuring steps:
+fit takes no per-block marks (only the step's start and end), tracks no storage (the
+meter is the allocator's), hands the engine only the tensors it copies (OffloadHandle
+hands it every numbered tensor, as the C API's plain use asks), makes no engine call at
+all while the plan copies nothing, and runs a layer whose plan keeps everything without
+saved-tensor hooks, as plain training. The measuring step keeps every mark and sample:
+its times and bytes are the plan's inputs.
+
 Note [The loops fit lives in]
 What a training loop does besides forward, backward and step, and what fit does then:
 - an exception anywhere in a step (a block, the loss, backward, optimizer.step(), an
@@ -166,6 +175,9 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
     """Returned by :func:`fit`; see there. A context manager: leaving it closes."""
 
     _who = "stash.torch.fit"
+    _engine_sees_all = False  # Note [What it costs]: only offloads go to the engine
+    _tracking = False
+    _plain_layers: Set[int] = set()
 
     def __init__(self, blocks: Sequence[torch.nn.Module], budget: Union[int, str, Budget], *,
                  optimizer: Optional[torch.optim.Optimizer] = None,
@@ -207,6 +219,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         # Note [The CPU allocator's meter] in _meter.py: None on CUDA, or where it cannot be
         # built (fit then counts the storages it tracks).
         self._counting = None if self._cuda else cpu_window()
+        self._resident_bytes: Optional[int] = None  # parameters and buffers (_alive_bytes)
         self._cupti_used = None  # None: not tried (CPU); else (used, reason)
         self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
         self._opt_hook = None
@@ -248,6 +261,11 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
                 and t.device == self.device and self._holder(i, t) is None):
             return OFFLOAD
         return KEEP
+
+    def _keeps_everything(self, i, actions):
+        # Note [What it costs]: a measured plan's layer that keeps every tensor.
+        return (self._mode == "plan" and getattr(actions, "exact", True)
+                and id(actions) in self._plain_layers)
 
     def _passes_through(self) -> bool:
         # Blocks in eval mode (an eval loop, with or without grad) run as plain forwards:
@@ -306,7 +324,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
 
     def _forward_began(self, i, step):
         rec = self._step
-        if rec is not None:
+        if rec is not None and rec.mode == "measure":
             rec.fwd[(step.serial, i)] = Span(self._clock.mark())
             if rec.mode == "measure":
                 self._cupti.begin(FORWARD, i)
@@ -326,18 +344,18 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
                                       "action": action})
                 if action == OFFLOAD:
                     self._offloaded_inputs.append((i, j, _weak(t)))
-        if key not in self._held or self._held[key][0] is None or self._held[key][0].expired():
+        if self._mode == "measure" and (key not in self._held or self._held[key][0] is None
+                                        or self._held[key][0].expired()):
             self._held[key] = (_weak(t), i, j)
-        if not self._cuda:
+        if self._tracking:
             self._tracked[key] = (_weak(t), int(nbytes))
             self._sample(f"forward[{i}]")
 
     def _forward_ended(self, i, step, order):
         rec = self._step
-        if rec is not None:
+        if rec is not None and rec.mode == "measure":
             rec.fwd.setdefault((step.serial, i), Span()).end = self._clock.mark()
-            if rec.mode == "measure":
-                self._cupti.end()
+            self._cupti.end()
             if self._mode == "measure" and self._micro_batch == 0:
                 # The recomputable flag is the record pass's: an input is not, whatever the
                 # action the hooks chose.
@@ -361,10 +379,11 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         rec = self._step
         if rec is None:
             return
-        m = self._clock.mark()
-        if step.backward_open is not None:
-            rec.bwd.setdefault((step.serial, step.backward_open), Span()).end = m
-        rec.bwd.setdefault((step.serial, i), Span()).begin = m
+        if rec.mode == "measure":
+            m = self._clock.mark()
+            if step.backward_open is not None:
+                rec.bwd.setdefault((step.serial, step.backward_open), Span()).end = m
+            rec.bwd.setdefault((step.serial, i), Span()).begin = m
         self._sample(f"backward[{i}]", after=("bwd", i))
 
     def _backward_finished(self, step):
@@ -384,17 +403,17 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
 
     def _replay_began(self, frame):
         rec = self._step
-        if rec is not None:
+        if rec is not None and rec.mode == "measure":
             rec.replay[(frame.step.serial, frame.layer)] = ReplaySpan(self._clock.mark())
 
     def _replay_saved(self, frame, pos, seen, t):
         rec = self._step
-        if rec is None or seen is None or not seen[1]:
+        if rec is None or seen is None or not seen[1] or rec.mode != "measure":
             return
         r = rec.replay.get((frame.step.serial, frame.layer))
         if r is not None:
             r.marks.append((seen[0], self._clock.mark()))
-        if not self._cuda:
+        if self._tracking:
             key, nbytes = storage_of(t)
             self._tracked[key] = (_weak(t), int(nbytes))
 
@@ -408,7 +427,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
 
     def _alloc(self, nbytes, stream):
         ptr = super()._alloc(nbytes, stream)
-        if not self._cuda:
+        if self._tracking:
             buf = self._buffers.get(ptr)
             if buf is not None:
                 self._tracked[storage_of(buf)[0]] = (_weak(buf), int(nbytes))
@@ -432,7 +451,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         """CPU: the most activation bytes held at once, and what the allocator held beyond
         fit's count since the last sample, by the position the step was in then (Note
         [What the budget counts]); after: the position from here on (None: the same)."""
-        if self._cuda or self._step is None:
+        if not self._tracking or self._step is None:
             return
         total, dead = 0, []
         for k, (ref, n) in self._tracked.items():
@@ -511,10 +530,14 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         self._step = rec
         if mode == "measure" and self._cuda:
             self._cupti_used = self._cupti.start()
+        # Note [What it costs] (planned steps): fit tracks storages only where it must,
+        # in a measuring step, or on the CPU without the counting allocator.
+        self._tracking = not self._cuda and (mode == "measure" or self._counting is None)
         if self._counting is not None:  # Note [The CPU allocator's meter] in _meter.py
-            rec.counted = self._fixed_counted()
+            if mode == "measure":
+                rec.counted = self._fixed_counted()
+                rec.state_at_start = self._state_bytes()
             rec.meter_base = self._alive_bytes(inputs)
-            rec.state_at_start = self._state_bytes()
             self._counting.reopen()
         self._tracked = {}
         self._held = {}
@@ -628,15 +651,15 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
 
     def _alive_bytes(self, inputs: Sequence[torch.Tensor]) -> int:
         """What is alive when block 0 starts, by storage: the parameters (the optimizer's
-        too), gradients and optimizer state that exist, buffers, and block 0's inputs."""
-        params = [p for b in self.blocks for p in b.parameters()]
-        if self.optimizer is not None:
-            params += [p for g in self.optimizer.param_groups for p in g["params"]]
-            params += [v for st in self.optimizer.state.values() for v in st.values()
-                       if isinstance(v, torch.Tensor)]
-        grads = [p.grad for p in params if isinstance(p, torch.Tensor) and p.grad is not None]
-        buffers = [x for b in self.blocks for x in b.buffers()]
-        return _tensor_bytes(list(params) + grads + buffers + list(inputs))
+        too) and buffers, the gradients and optimizer state that exist, block 0's inputs.
+        The parameters' and buffers' bytes are taken once (they live as long as fit)."""
+        if self._resident_bytes is None:
+            params = [p for b in self.blocks for p in b.parameters()]
+            if self.optimizer is not None:
+                params += [p for g in self.optimizer.param_groups for p in g["params"]]
+            self._resident_bytes = _tensor_bytes(params + [x for b in self.blocks
+                                                           for x in b.buffers()])
+        return self._resident_bytes + self._state_bytes() + _tensor_bytes(inputs)
 
     def _correct_fixed(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
         """Note [What the budget counts]: a measured plan's first run peaking above its
@@ -678,6 +701,11 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         self.engine.set_plan(self._engine_plan(actions))
         self.actions = actions
         self._mode = mode
+        # Note [What it costs]: a plan that copies nothing leaves the engine idle, and a
+        # layer that keeps everything runs without hooks.
+        self._engine_active = mode == "measure" or any(OFFLOAD in a for a in actions)
+        self._plain_layers = ({id(a) for a in actions if all(x == KEEP for x in a)}
+                              if mode == "plan" else set())
 
     def _timing_kind(self) -> str:
         """The clock the plan's times come from: "host-clock" (CPU) or "cuda-events"."""

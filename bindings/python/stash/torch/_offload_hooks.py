@@ -125,12 +125,19 @@ class _GraphToken:
 class _Step:
     """One micro-batch's forward and backward: the keys the engine holds for it."""
 
+    @property
+    def resident(self):
+        """The storages never listed (parameters, buffers), taken at the first ask."""
+        if callable(self._resident):
+            self._resident = self._resident()
+        return self._resident
+
     _serials = itertools.count()
 
     def __init__(self, mb, resident):
         self.mb = mb
         self.serial = next(self._serials)  # this forward's, among all of the process
-        self.resident = resident
+        self._resident = resident  # a callable until first asked (plain layers never ask)
         self.next_block = 0
         self.live = set()          # keys offered and not released
         self.backward_open = None  # the block whose backward began and has not ended
@@ -152,6 +159,12 @@ class OffloadHooks:
     # --- forward -------------------------------------------------------------------------
 
     _who = "stash.torch.offload"  # what warnings are prefixed with
+    # Every numbered tensor goes to the engine (Note [Offload hooks]); stash.torch.fit
+    # hands it only the tensors it copies.
+    _engine_sees_all = True
+    # False while the plan copies nothing (stash.torch.fit): the engine then has no work in
+    # a step, and the hooks make no engine call at all.
+    _engine_active = True
 
     def _warn_once(self, what, message):
         if what not in self._warned:
@@ -179,6 +192,12 @@ class OffloadHooks:
         first_input: the storage key of the block's first positional tensor argument."""
         self._recompute_kept(i, j, nbytes)
         return KEEP
+
+    def _keeps_everything(self, i, actions):
+        """Whether block i's plan keeps every tensor and asks for no tensor count (stash.torch
+        fit's planned layers; an explicit offload() plan is checked against the record
+        pass's count, so its layers are always hooked)."""
+        return False
 
     def _forward_began(self, i, step):
         """Block i's forward begins (after its step is known, before the engine hears)."""
@@ -277,7 +296,8 @@ class OffloadHooks:
                 self._step_aborted(step, "a later forward replaced it before its backward")
         if i == 0:
             self._step_starting(mb, args, kwargs or {})
-            step = self._steps[mb] = _Step(mb, resident_storages(self.blocks))
+            blocks = self.blocks
+            step = self._steps[mb] = _Step(mb, lambda: resident_storages(blocks))
         elif step is None or step.next_block != i:
             expected = "block 0" if step is None else f"block {step.next_block}"
             raise StashError(f"stash.torch.offload: block {i} ran in micro-batch {mb} where "
@@ -315,22 +335,30 @@ class OffloadHooks:
         step = self._begin_step(i, args, kwargs)
         mb, engine = step.mb, self.engine
         self._forward_began(i, step)
-        engine.forward_begin(mb, i)
-        inputs = {storage_of(t)[0] for t in tensors_in((args, kwargs))}
-        # The pack hook must not reference args or kwargs: torch keeps a saved tensor's pack
-        # hook (with its closure) as long as the graph, and the inputs would live as long.
-        first = next(iter(tensors_in(args)), None)
-        first_input = storage_of(first)[0] if first is not None else None
-        del first
-        order = SaveOrder(self._resident(step), inputs, inputs)
-        held = []  # every storage the block saves, until its forward ends (Note [Offload hooks])
-        fetched = {}  # index -> _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
+        if self._engine_active:
+            engine.forward_begin(mb, i)
         actions = self._layer_actions(i)
         exact = getattr(actions, "exact", True)  # False: _MeasureLayer (no tensor count)
         n_plan = len(actions)
-        # Note [Selective recompute]: taken before the block runs (its dropout draws next).
-        frame = (Frame(i, step, forward, ForwardState(self._cuda_rng_devices(args, kwargs)))
-                 if RECOMPUTE in actions else None)
+        # Note [What it costs]: a layer whose plan keeps everything needs no saved-tensor
+        # hooks at all (nothing to number, copy or replace): it runs as plain training.
+        plain = self._keeps_everything(i, actions)
+        held = []  # every storage the block saves, until its forward ends (Note [Offload hooks])
+        fetched = {}  # index -> _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
+        order = frame = first_input = None
+        if not plain:
+            inputs = {storage_of(t)[0] for t in tensors_in((args, kwargs))}
+            # The pack hook must not reference args or kwargs: torch keeps a saved tensor's
+            # pack hook (with its closure) as long as the graph, and the inputs would live
+            # as long.
+            first = next(iter(tensors_in(args)), None)
+            first_input = storage_of(first)[0] if first is not None else None
+            del first
+            order = SaveOrder(self._resident(step), inputs, inputs)
+            # Note [Selective recompute]: taken before the block runs (its dropout draws
+            # next).
+            frame = (Frame(i, step, forward, ForwardState(self._cuda_rng_devices(args, kwargs)))
+                     if RECOMPUTE in actions else None)
 
         def pack(t):
             try:
@@ -368,7 +396,7 @@ class OffloadHooks:
                 self._saved(i, j, t, nbytes, action)
                 # A measuring layer's engine plan has offload slots only: the engine sees
                 # just the tensors it copies (Note [The measuring step] in _fit.py).
-                if exact or action == OFFLOAD:
+                if action == OFFLOAD or (exact and self._engine_sees_all):
                     self._hand_over(step, (mb, i, j), ptr, nbytes,
                                     t if action == OFFLOAD else None)
                 if action == OFFLOAD:
@@ -388,9 +416,12 @@ class OffloadHooks:
 
         try:
             try:
-                with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
+                if plain:
                     out = forward(*args, **kwargs)
-                if exact and len(order) != n_plan:
+                else:
+                    with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
+                        out = forward(*args, **kwargs)
+                if exact and not plain and len(order) != n_plan:
                     raise StashError(f"stash.torch.offload: block {i} saved {len(order)} "
                                      f"tensors, but the plan lists {n_plan} for layer {i}; make "
                                      "the plan from this model's record pass "
@@ -398,7 +429,8 @@ class OffloadHooks:
                 if frame is not None and frame.wanted:
                     frame.args, frame.kwargs = self._input_slots(args, kwargs, order, fetched)
                 self._forward_ended(i, step, order)
-                engine.forward_end(mb, i)
+                if self._engine_active:
+                    engine.forward_end(mb, i)
             except RuntimeError as e:
                 error, self._hook_error = self._hook_error, None
                 if error is not None:
@@ -446,16 +478,17 @@ class OffloadHooks:
         if not step.backward_started:
             step.backward_started = True
             at_backward_end(lambda: self._finish_backward(step))
-        if step.backward_open is not None:
+        if step.backward_open is not None and self._engine_active:
             self.engine.backward_end(step.mb, step.backward_open)
         self._backward_began(step, i)
-        self.engine.backward_begin(step.mb, i)
+        if self._engine_active:
+            self.engine.backward_begin(step.mb, i)
         step.backward_open = i
 
     def _finish_backward(self, step):
         if step.abandoned or self.engine is None:
             return
-        if step.backward_open is not None and step.backward_open != 0:
+        if step.backward_open is not None and step.backward_open != 0 and self._engine_active:
             self.engine.backward_end(step.mb, step.backward_open)
         self._end_step(step)
         self._backward_finished(step)
@@ -465,7 +498,8 @@ class OffloadHooks:
         for key in sorted(step.live):
             self.engine.release(key)
         step.live.clear()
-        self.engine.backward_end(step.mb, 0)
+        if self._engine_active:
+            self.engine.backward_end(step.mb, 0)
         if self._steps.get(step.mb) is step:
             del self._steps[step.mb]
 
