@@ -450,3 +450,23 @@ def test_a_temporary_fit_does_not_track_is_in_the_budget():
     assert all(not s["over_budget"] and s["measured_peak_bytes"] <= r["budget_bytes"]
                for s in r["steps"]), r["steps"]
     assert all(s["measured_peak_bytes"] >= counted + (2 << 20) for s in r["steps"])
+
+
+def test_cpu_blocks_on_the_double_without_its_flag_are_refused():
+    """A CPU run with STASH_CUDART but without STASHDBL_FOREIGN_IS_DEVICE=1 names it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch, stash, stash.torch\n"
+            "blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4)])\n"
+            "try:\n"
+            "    stash.torch.fit(blocks, '1GiB')\n"
+            "except stash.StashError as e:\n"
+            "    assert 'forward' not in vars(blocks[0])\n"
+            "    print('refused:', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "STASHDBL_FOREIGN_IS_DEVICE"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "refused:" in out.stdout and "STASHDBL_FOREIGN_IS_DEVICE=1" in out.stdout, out.stdout

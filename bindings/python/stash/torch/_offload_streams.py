@@ -45,6 +45,7 @@ once: the release callback synchronizes that stream from the host first.
 """
 
 import ctypes
+import os
 
 import torch
 
@@ -71,6 +72,16 @@ class _CudaRt:
                 "double, tests/cudart_double, with STASHDBL_FOREIGN_IS_DEVICE=1). Move the "
                 "model to a CUDA device.")
         lib = _lib.cudart()
+        if (hasattr(lib, "stashdbl_set_foreign_is_device")
+                and os.environ.get("STASHDBL_FOREIGN_IS_DEVICE") != "1"):
+            # The test double read the variable when it loaded: without it torch's CPU
+            # tensors are pageable host memory to it, and the first copy would fail with a
+            # CUDA error that names nothing.
+            raise StashError(
+                "stash.torch: the blocks are on the CPU and STASH_CUDART names stash's test "
+                "double, but STASHDBL_FOREIGN_IS_DEVICE=1 is not set: set it in the "
+                "environment before the process starts, so that the double takes torch's "
+                "CPU tensors as device memory")
         lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
         lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
