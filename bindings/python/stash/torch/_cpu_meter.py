@@ -25,6 +25,7 @@ _SOURCE = r"""
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
+#include <vector>
 #include <c10/core/CPUAllocator.h>
 #include <torch/extension.h>
 
@@ -46,12 +47,11 @@ struct Window {
   int64_t current = 0;  // bytes of the blocks allocated since it opened, alive
   int64_t peak = 0;     // the most of current since it opened or its last reset_peak
 };
-constexpr int kWindows = 8;
 struct State {
   std::mutex mutex;
   std::unordered_map<void*, Block> blocks;
   uint64_t opened = 0;
-  Window windows[kWindows];
+  std::vector<Window> windows;  // slots of closed windows are reused
 };
 State& state() {
   static State* s = new State();  // never destroyed: blocks may be freed at exit
@@ -112,7 +112,7 @@ void install() {
 
 Window& window(int64_t id) {
   State& s = state();
-  if (id < 0 || id >= kWindows || !s.windows[id].open) {
+  if (id < 0 || id >= static_cast<int64_t>(s.windows.size()) || !s.windows[id].open) {
     throw std::invalid_argument("stash: no such counting window");
   }
   return s.windows[id];
@@ -121,13 +121,15 @@ Window& window(int64_t id) {
 int64_t open_window() {
   State& s = state();
   std::lock_guard<std::mutex> guard(s.mutex);
-  for (int64_t id = 0; id < kWindows; ++id) {
+  const Window fresh{true, ++s.opened, 0, 0};
+  for (size_t id = 0; id < s.windows.size(); ++id) {
     if (!s.windows[id].open) {
-      s.windows[id] = Window{true, ++s.opened, 0, 0};
-      return id;
+      s.windows[id] = fresh;
+      return static_cast<int64_t>(id);
     }
   }
-  throw std::runtime_error("stash: every counting window is open");
+  s.windows.push_back(fresh);
+  return static_cast<int64_t>(s.windows.size()) - 1;
 }
 void close_window(int64_t id) {
   std::lock_guard<std::mutex> guard(state().mutex);

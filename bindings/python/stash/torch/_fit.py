@@ -204,7 +204,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         self._underivable: Set[str] = set()  # keys whose derived plan failed its check
         self._layers = [_LayerRecord() for _ in blocks]
         self._layers_key = None
-        self._records: List[_StepRecord] = []
+        self._records: List[StepRecord] = []
         self._step = None
         self._tracked = {}             # storage key -> (weakref, bytes): CPU meter
         self._held = {}             # storage key -> (weakref, layer, index): shared storages

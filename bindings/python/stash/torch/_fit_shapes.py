@@ -37,8 +37,7 @@ import json
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import torch
-
+from ._fit_support import _autocast_state
 from ._saved import tensors_in
 
 _BYTES_EXPONENTS = (0.0, 3.0)
@@ -49,13 +48,7 @@ def shape_family(args: Any, kwargs: Dict[str, Any], training: bool) -> str:
     """The shape key with sizes left out: which shapes may derive from which."""
     parts = [(t.dim(), str(t.dtype), str(t.device), bool(t.requires_grad))
              for t in tensors_in((args, kwargs))]
-    auto = []
-    for dt in ("cpu", "cuda"):
-        try:
-            auto.append((dt, torch.is_autocast_enabled(dt), str(torch.get_autocast_dtype(dt))))
-        except (TypeError, AttributeError, RuntimeError):
-            pass
-    text = json.dumps([parts, auto, training, sorted(kwargs)], default=str)
+    text = json.dumps([parts, _autocast_state(), training, sorted(kwargs)], default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 

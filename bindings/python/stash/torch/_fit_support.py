@@ -113,18 +113,22 @@ def _checked_blocks(blocks: Any) -> List[torch.nn.Module]:
     return blocks
 
 
-def _signature(args, kwargs, training: bool) -> str:
-    """Note [Re-planning and the cache]: the shape key of a step."""
-    parts = []
-    for t in tensors_in((args, kwargs)):
-        parts.append((tuple(t.shape), str(t.dtype), str(t.device), bool(t.requires_grad)))
+def _autocast_state() -> List[Tuple[str, bool, str]]:
+    """Autocast's state on the CPU and CUDA, as far as this torch tells it."""
     auto = []
     for dt in ("cpu", "cuda"):
         try:
             auto.append((dt, torch.is_autocast_enabled(dt), str(torch.get_autocast_dtype(dt))))
         except (TypeError, AttributeError, RuntimeError):
             pass
-    text = json.dumps([parts, auto, training, sorted(kwargs)], default=str)
+    return auto
+
+
+def _signature(args, kwargs, training: bool) -> str:
+    """Note [Re-planning and the cache]: the shape key of a step."""
+    parts = [(tuple(t.shape), str(t.dtype), str(t.device), bool(t.requires_grad))
+             for t in tensors_in((args, kwargs))]
+    text = json.dumps([parts, _autocast_state(), training, sorted(kwargs)], default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 

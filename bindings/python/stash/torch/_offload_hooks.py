@@ -47,8 +47,9 @@ each certain, and none of them a guess about the loop:
   backward raised, and the step is given back then (not sooner: while a backward runs,
   nothing tells a backward that raised from one still running on autograd's threads);
 - the forward's autograd graph died without a backward. The step's token is referenced
-  only by the graph's backward boundaries once the last block returned; a weak reference's
-  callback gives the step back when the token dies (at the end of the loop's except
+  only by the graph's backward boundaries once the first of them exists (before that, by
+  the step: a forward whose blocks' outputs need no grad has no graph to watch); a weak
+  reference's callback gives the step back when the token dies (at the end of the loop's except
   clause, typically), or, when it fires inside stash's own forward code or on another
   thread, queues it for the next block 0 (or close()). A graph still alive when the next
   forward of its micro-batch begins is the case that keeps its warning (use
@@ -143,7 +144,8 @@ class _Step:
         self.backward_open = None  # the block whose backward began and has not ended
         self.backward_started = False
         self.abandoned = False
-        # Strong while the forward runs; a weak reference once the last block returned.
+        # Strong until a backward boundary holds it, then a weak reference (Note [A step
+        # that ends early]).
         self.token = _GraphToken()
         self.token_ref = None
         self.last_output = set()  # storage keys of the last block's output
