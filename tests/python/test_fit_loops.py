@@ -282,8 +282,8 @@ def test_a_share_budget_is_judged_per_shape():
 def test_accumulation_by_hand_is_priced_per_forward():
     """Two forwards and backwards of micro-batch 0 per optimizer step, no micro_batch():
     bitwise, both counted in the step (micro_batches 2), and the predicted step is that of
-    two passes, not three (each forward's spans are its own). The bound is loose for the
-    VM's noise; the bug it guards against predicted 2-2.6x the measured step."""
+    two passes, not three (each forward's spans are its own). The bug this guards against
+    counted one pass as overhead and predicted 1.6-1.8x the measured step here."""
     import statistics
 
     data = batches(16, seq=128)
@@ -307,8 +307,15 @@ def test_accumulation_by_hand_is_priced_per_forward():
     same(got, expected)
     steps = got[2].report()["steps"]
     assert [s["micro_batches"] for s in steps] == [2] * 8
+    # The measuring step's two passes are the profile's, not one pass and "overhead": the
+    # time outside the blocks (loss, optimizer) is less than one pass through them. This
+    # compares times of one step, so a loaded machine moves both sides alike.
+    profile = got[2].profile
+    one_pass = sum(layer["fwd_ms"] + layer["bwd_ms"] for layer in profile["layers"])
+    assert profile["measurement"]["passes"] == 2
+    assert profile["step_overhead_ms"] < one_pass, (profile["step_overhead_ms"], one_pass)
     ratios = [s["predicted_step_ms"] / s["step_ms"] for s in steps if s["mode"] == "plan"]
-    assert 0.6 < statistics.median(ratios) < 1.4, ratios
+    assert 0.5 < statistics.median(ratios) < 1.5, ratios
     got[2].close()
 
 
