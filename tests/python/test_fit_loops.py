@@ -357,6 +357,18 @@ def test_a_new_length_every_step_is_planned_from_the_measured_ones():
     got[2].close()
 
 
+def stack_steps(blocks, opt, shapes):
+    """One training step of the stack of blocks per input shape (random inputs)."""
+    g = torch.Generator().manual_seed(0)
+    for shape in shapes:
+        out = torch.randn(*shape, generator=g, requires_grad=True)
+        for b in blocks:
+            out = b(out)
+        out.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
 class _Lengthy(nn.Module):
     """A block that saves one more tensor for sequences longer than 100."""
 
@@ -377,17 +389,8 @@ def test_a_derived_plan_that_fails_its_check_is_measured_next_time():
     torch.manual_seed(0)
     blocks = nn.ModuleList([_Lengthy() for _ in range(4)])
     opt = torch.optim.SGD(blocks.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(0)
-    lengths = [32, 64, 128, 128, 128]
     with stash.torch.fit(blocks, "95%", optimizer=opt, link=LINK) as h:
-        for s in lengths:
-            x = torch.randn(8, s, 32, generator=g, requires_grad=True)
-            out = x
-            for b in blocks:
-                out = b(out)
-            out.square().mean().backward()
-            opt.step()
-            opt.zero_grad()
+        stack_steps(blocks, opt, [(8, s, 32) for s in (32, 64, 128, 128, 128)])
         steps = h.report()["steps"]
     assert [s["mode"] for s in steps] == ["measure", "measure", "plan", "measure", "plan"], steps
     assert steps[2]["plan_source"] == "derived" and "saved" in steps[2]["check"], steps[2]
@@ -440,16 +443,8 @@ def test_a_temporary_fit_does_not_track_is_in_the_budget():
     torch.manual_seed(0)
     blocks = nn.ModuleList([_Scratchy() for _ in range(4)])
     opt = torch.optim.SGD(blocks.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(0)
     with stash.torch.fit(blocks, "90%", optimizer=opt, link=LINK) as h:
-        for _ in range(4):
-            x = torch.randn(16, 128, 64, generator=g, requires_grad=True)
-            out = x
-            for b in blocks:
-                out = b(out)
-            out.square().mean().backward()
-            opt.step()
-            opt.zero_grad()
+        stack_steps(blocks, opt, [(16, 128, 64)] * 4)
         r = h.report()
     assert r["memory"].startswith("c10 CPU allocator")
     counted = sum(p.numel() * 4 * 2 for p in blocks.parameters())  # params and grads
