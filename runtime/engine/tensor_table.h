@@ -83,7 +83,8 @@ struct in_flight_copy {
   std::uint32_t generation = 0;
   std::size_t flat = 0;
   cudaEvent_t done = nullptr;
-  void* device = nullptr;  // the offloaded block, until handed back (Note [Handing...])
+  // The offloaded block, until handed back (Note [Handing offloaded blocks back]).
+  void* device = nullptr;
   std::size_t bytes = 0;
   cudaStream_t producer = nullptr;
   std::uint64_t seq = 0;   // position on the D2H stream (1, 2, ...)

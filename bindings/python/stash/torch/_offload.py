@@ -70,6 +70,16 @@ FSDP2 block's forward or replay begins, not once per step: the gathered storages
 forward are freed and their addresses reused by the next block's activations. Parameters
 are never listed as saved tensors (SaveOrder), whatever storage holds them.
 
+Note [Compiled blocks]
+A block compiled with torch.compile, as torch.compile(block) (an OptimizedModule whose
+forward is the compiled one) or block.compile() (the module's _compiled_call_impl), keeps
+its compiled callable; the hooks wrap that callable, not the eager forward inside it, so
+they run outside the compiled region: Dynamo never traces them, and the saved-tensor hooks
+see what the compiled forward saves for its backward. A compiled forward saves at its end,
+so its save order is the compiled graph's (Note [Recompute cost as the replay pays it] in
+_fit.py prices that). A forward replaced by anything else is refused: the hooks could not
+tell what they would wrap.
+
 Note [Offload hooks] is in _offload_hooks.py, Note [Stream order with torch's allocator]
 in _offload_streams.py.
 """
