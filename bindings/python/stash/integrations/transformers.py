@@ -1,4 +1,4 @@
-"""stash in Hugging Face's Trainer (and TRL's trainers, which subclass it).
+"""stash in Hugging Face's Trainer (TRL's trainers subclass it; they are not tested here).
 
     from stash.integrations.transformers import StashCallback
     trainer = Trainer(model=model, args=args, train_dataset=ds,
