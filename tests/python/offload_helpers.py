@@ -39,8 +39,11 @@ def _loss(blocks, x):
     return x.square().mean()
 
 
-def _train(blocks, batches, handle=None, lr=0.05):
-    """A few SGD steps; the losses and, after each step, every gradient."""
+def _train(blocks, batches, handle=None, lr=0.05, *, wait=None):
+    """A few SGD steps; the losses and, after each step, every gradient. With wait (a
+    handle), its copies are waited for after each step (a pinned block is reusable only
+    once the copies that touched it completed; on a loaded machine the double's may not
+    have)."""
     opt = torch.optim.SGD(blocks.parameters(), lr=lr)
     losses, grads = [], []
     for x in batches:
@@ -50,6 +53,8 @@ def _train(blocks, batches, handle=None, lr=0.05):
         losses.append(loss.detach().clone())
         grads.append([p.grad.clone() for p in blocks.parameters()])
         opt.step()
+        if wait is not None:
+            wait.synchronize()
     return losses, grads
 
 

@@ -282,7 +282,7 @@ def test_pinned_pool_exhausted_keeps_tensors_on_the_device():
     expected = _train(_model(2), batches)
     blocks = _model(2)
     with stash.torch.offload(blocks, [["offload"] * N_SAVED] * 2, pinned_cap=8192) as h:
-        got = _train(blocks, batches)
+        got = _train(blocks, batches, wait=h)
         s = h.stats()
     _assert_bitwise(expected, got)
     assert s["offloaded_count"] == 2 * len(batches) and s["failed_count"] == 0

@@ -375,6 +375,12 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
                     self._offloaded_inputs = []
         self._sample(f"forward[{i}]", after=("loss",) if i == self._n - 1 else ("fwd", i))
 
+    def _forward_released(self, i, step):
+        # Note [What the budget counts]: a window of its own from here, so that what the
+        # step holds after the block's recompute storages went (the loss's temporaries,
+        # after the last block) is measured against what is tracked then.
+        self._sample(f"forward[{i}] released")
+
     def _backward_began(self, step, i):
         rec = self._step
         if rec is None:

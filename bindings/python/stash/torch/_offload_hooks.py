@@ -210,6 +210,10 @@ class OffloadHooks:
     def _forward_ended(self, i, step, order):
         """Block i's forward returned; its saved storages are still held."""
 
+    def _forward_released(self, i, step):
+        """Block i's forward returned and the hooks let go of what it saved (recompute
+        storages are freed now)."""
+
     def _backward_began(self, step, i):
         """Backward of block i began (block i+1's, if any, ended just before)."""
 
@@ -448,6 +452,7 @@ class OffloadHooks:
             raise
         step.next_block = i + 1
         step.last_output = _output_storages(out)
+        self._forward_released(i, step)
         # The boundaries hold the token (Note [A step that ends early]).
         token = step.token if step.token is not None else step.token_ref()
         return mark_backward(out, lambda token=token: self._backward_boundary(step, i),
