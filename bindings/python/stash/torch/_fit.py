@@ -495,9 +495,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
     def _fixed_counted(self) -> int:
         """Parameters, gradients (as if allocated), buffers and optimizer state, from their
         tensors: the CPU path's non-activation bytes."""
-        params = [p for b in self.blocks for p in b.parameters()]
-        if self.optimizer is not None:  # the whole model's, embeddings and head included
-            params += [p for g in self.optimizer.param_groups for p in g["params"]]
+        params = self._parameters()
         n = _tensor_bytes(params) + _tensor_bytes(p for p in params if p.requires_grad)
         n += _tensor_bytes(x for b in self.blocks for x in b.buffers())
         n += _optimizer_state_estimate(self.optimizer)
@@ -645,26 +643,27 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         else:
             rec.meter_peak = self._fixed_counted() + rec.live_peak
 
-    def _state_bytes(self) -> int:
-        """The gradients and optimizer state that exist now, by storage."""
+    def _parameters(self) -> List[torch.Tensor]:
+        """The blocks' parameters and, when fit knows the optimizer, the whole model's
+        (embeddings and head included)."""
         params = [p for b in self.blocks for p in b.parameters()]
-        state: List[Any] = []
         if self.optimizer is not None:
             params += [p for g in self.optimizer.param_groups for p in g["params"]]
-            state = [v for st in self.optimizer.state.values() for v in st.values()
-                     if isinstance(v, torch.Tensor)]
-        return _tensor_bytes([p.grad for p in params if p.grad is not None] + state)
+        return params
+
+    def _state_bytes(self) -> int:
+        """The gradients and optimizer state that exist now, by storage."""
+        grads = _tensor_bytes(p.grad for p in self._parameters() if p.grad is not None)
+        opt = self.optimizer
+        return grads + (_optimizer_state_bytes(opt) if opt is not None else 0)
 
     def _alive_bytes(self, inputs: Sequence[torch.Tensor]) -> int:
         """What is alive when block 0 starts, by storage: the parameters (the optimizer's
         too) and buffers, the gradients and optimizer state that exist, block 0's inputs.
         The parameters' and buffers' bytes are taken once (they live as long as fit)."""
         if self._resident_bytes is None:
-            params = [p for b in self.blocks for p in b.parameters()]
-            if self.optimizer is not None:
-                params += [p for g in self.optimizer.param_groups for p in g["params"]]
-            self._resident_bytes = _tensor_bytes(params + [x for b in self.blocks
-                                                           for x in b.buffers()])
+            self._resident_bytes = _tensor_bytes(self._parameters() + [
+                x for b in self.blocks for x in b.buffers()])
         return self._resident_bytes + self._state_bytes() + _tensor_bytes(inputs)
 
     def _correct_fixed(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
