@@ -284,8 +284,6 @@ def test_accumulation_by_hand_is_priced_per_forward():
     bitwise, both counted in the step (micro_batches 2), and the predicted step is that of
     two passes, not three (each forward's spans are its own). The bug this guards against
     counted one pass as overhead and predicted 1.6-1.8x the measured step here."""
-    import statistics
-
     data = batches(16, seq=128)
 
     def go(budget):
@@ -314,8 +312,16 @@ def test_accumulation_by_hand_is_priced_per_forward():
     one_pass = sum(layer["fwd_ms"] + layer["bwd_ms"] for layer in profile["layers"])
     assert profile["measurement"]["passes"] == 2
     assert profile["step_overhead_ms"] < one_pass, (profile["step_overhead_ms"], one_pass)
-    ratios = [s["predicted_step_ms"] / s["step_ms"] for s in steps if s["mode"] == "plan"]
-    assert 0.5 < statistics.median(ratios) < 1.5, ratios
+    # A planned step is priced as two passes and the overhead once: at least two passes
+    # through the blocks as measured, at most two with every forward recomputed. (Planned
+    # steps' own times are not compared with the measuring step's: on this VM, a load
+    # that comes and goes between steps moved that ratio from 1.0 to 3.5.)
+    fwd = sum(layer["fwd_ms"] for layer in profile["layers"])
+    over = profile["step_overhead_ms"]
+    for s in steps:
+        if s["mode"] == "plan":
+            assert 2 * one_pass + over <= s["predicted_step_ms"] * (1 + 1e-9), (s, one_pass)
+            assert s["predicted_step_ms"] <= 2 * (one_pass + fwd) + over, (s, one_pass, fwd)
     got[2].close()
 
 
