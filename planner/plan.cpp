@@ -122,6 +122,12 @@ evaluation evaluate(const step_profile& p, const decision_table& d, std::uint64_
   };
   for (std::size_t i = 0; i < L; ++i) visit(fwd[i], "forward", i);
   for (std::size_t i = L; i-- > 0;) visit(bwd[i], "backward", i);
+  // Note [The optimizer's position] in plan.h.
+  if (p.optimizer_bytes > ev.peak_bytes) {
+    ev.peak_bytes = p.optimizer_bytes;
+    ev.peak_at = "optimizer";
+  }
+  if (p.optimizer_bytes > budget_bytes) ev.violations.push_back("peak:optimizer");
   if (ev.offloaded_bytes > p.pinnable_bytes) ev.violations.push_back("host");
   ev.valid = ev.violations.empty();
   return ev;

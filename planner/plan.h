@@ -60,7 +60,16 @@ struct evaluation {
 // compute span at the loss turn, after the turn barrier, simulator.h).
 //   forward_i  = fixed + sum_{l<i} K_l + O_{i-1} + A_i
 //   backward_i = fixed + sum_{l<i} K_l + A_i + O_{i-1} + bwd_temp_i
-//   peak = max_i max(forward_i, backward_i);  host: sum O_i <= pinnable_bytes.
+//   peak = max(max_i max(forward_i, backward_i), optimizer);  host: sum O_i <= pinnable_bytes.
+// Note [The optimizer's position]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// optimizer is the profile's optimizer_bytes (0 when absent): what the step holds after
+// its last backward, with no activation alive. fixed_bytes is what every position holds;
+// a profile whose gradients are made in backward (a loop that zeroes them to None) holds
+// them in backward_i's bwd_temp_i, as they are made, and all of them only here. No
+// decision moves it, so no solver sees it: a budget below it is infeasible, with it as the
+// smallest feasible budget when nothing else binds; above it, plans are those of a profile
+// without it. peak_at names it "optimizer" when it is the peak.
 // The decision table must have one entry per tensor (input_error otherwise).
 evaluation evaluate(const step_profile& p, const decision_table& d, std::uint64_t budget_bytes);
 

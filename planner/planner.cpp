@@ -108,6 +108,7 @@ std::uint64_t min_feasible_budget(const step_profile& p, bool* proved, double ti
 
 double lower_bound_ms(const step_profile& p, std::uint64_t budget) {
   check_budget(p, budget);
+  if (budget < p.optimizer_bytes) throw_infeasible(p, budget);
   const outer_lp_result lp = solve_outer_lp(p, budget);
   if (!lp.feasible) throw_infeasible(p, budget);
   return lp.step_lower_bound_ms;
@@ -116,6 +117,8 @@ double lower_bound_ms(const step_profile& p, std::uint64_t budget) {
 step_plan make_plan(const step_profile& p, std::uint64_t budget, const plan_options& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   check_budget(p, budget);
+  // Note [The optimizer's position] in plan.h: no decision brings it under the budget.
+  if (budget < p.optimizer_bytes) throw_infeasible(p, budget);
   const outer_lp_result lp = solve_outer_lp(p, budget);
   if (!lp.feasible) throw_infeasible(p, budget);
 

@@ -175,6 +175,11 @@ step_profile profile_from_json(const json& j) {
   // Optional (added after the first profiles shipped): absent means no time outside layers.
   if (j.contains("step_overhead_ms"))
     p.step_overhead_ms = get_number(j, "", "step_overhead_ms", false);
+  if (j.contains("optimizer_bytes")) {
+    p.optimizer_bytes = get_size(j, "", "optimizer_bytes");
+    if (p.optimizer_bytes > (std::uint64_t{1} << 53))
+      fail("optimizer_bytes", "exceeds 2^53 bytes");
+  }
 
   const json& layers = field(j, "", "layers");
   if (!layers.is_array()) fail("layers", "must be an array, got " + type_name(layers));
@@ -222,6 +227,7 @@ json profile_to_json(const step_profile& p) {
   // Written only when it is not 0: the model is the same either way, and existing profiles
   // keep their serialization and profile_sha256.
   if (p.step_overhead_ms != 0) j["step_overhead_ms"] = p.step_overhead_ms;
+  if (p.optimizer_bytes != 0) j["optimizer_bytes"] = p.optimizer_bytes;
   return j;
 }
 

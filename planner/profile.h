@@ -67,6 +67,11 @@ struct step_profile {
   // (optional "step_overhead_ms", default 0). A constant of the step: it adds to every
   // step time and moves no plan decision (Note [Step overhead] in plan.h).
   double step_overhead_ms = 0;
+  // The most the step holds in its optimizer step, after the last backward, when no
+  // activation is alive (optional "optimizer_bytes", default 0): every gradient, the
+  // optimizer's state and its temporaries. A position of its own that no decision moves
+  // (Note [The optimizer's position] in plan.h).
+  std::uint64_t optimizer_bytes = 0;
   std::vector<layer_profile> layers;
 
   // Bandwidths in bytes per millisecond, as the cost model uses them.

@@ -416,6 +416,13 @@ sim_result replay::run() {
     }
     if (busy_ && op_end_ <= t) finish_op(t);
   }
+  // Note [The optimizer's position] in plan.h: after the last backward, nothing but the
+  // fixed bytes alive, the optimizer step holds optimizer_bytes.
+  if (p_.optimizer_bytes > device_) {
+    const std::uint64_t extra = p_.optimizer_bytes - device_;
+    alloc(extra, "optimizer", t);
+    free(extra, t);
+  }
   r_.step_ms = t;
   for (const counter_sample& c : samples_) r_.trace.add_counter(c.name, c.t_ms, c.value);
   return std::move(r_);

@@ -182,3 +182,24 @@ TEST(Evaluate, SingleLayerNeverOffloads) {
   EXPECT_EQ(e.peak_bytes, 116 * MiB);  // A_0 counts whole: recompute happens in backward
   EXPECT_EQ(e.exposed_copy_ms, 0.0);
 }
+
+// Note [The optimizer's position]: a position after the last backward that no decision
+// moves. Below every other position it changes nothing; above them it is the peak.
+TEST(Evaluate, TheOptimizersPositionIsAPeakNoDecisionMoves) {
+  step_profile p = three_layers();
+  const decision_table d = {{O, R}, {K, R}, {K, K}};
+  const evaluation without = evaluate(p, d, 116 * MiB);
+  p.optimizer_bytes = 110 * MiB;  // below backward[2]'s 117 MiB
+  const evaluation below = evaluate(p, d, 116 * MiB);
+  EXPECT_EQ(below.peak_bytes, without.peak_bytes);
+  EXPECT_EQ(below.peak_at, without.peak_at);
+  EXPECT_EQ(below.violations, without.violations);
+  p.optimizer_bytes = 130 * MiB;
+  const evaluation above = evaluate(p, d, 129 * MiB);
+  EXPECT_EQ(above.peak_bytes, 130 * MiB);
+  EXPECT_EQ(above.peak_at, "optimizer");
+  EXPECT_FALSE(above.valid);
+  EXPECT_EQ(above.violations, std::vector<std::string>{"peak:optimizer"});
+  EXPECT_EQ(above.step_ms, without.step_ms);
+  EXPECT_TRUE(evaluate(p, d, 130 * MiB).valid);
+}

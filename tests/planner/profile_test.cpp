@@ -178,6 +178,27 @@ TEST(Profile, StepOverheadIsOptionalValidatedAndRoundTripped) {
   EXPECT_EQ(bad(nullptr).rfind("step_overhead_ms:", 0), 0u);
 }
 
+// The optional optimizer position (Note [The optimizer's position] in plan.h): absent is
+// 0 and not written, so existing profiles keep their digest; present, a size.
+TEST(Profile, OptimizerBytesIsOptionalValidatedAndRoundTripped) {
+  EXPECT_EQ(profile_from_json(example()).optimizer_bytes, 0u);
+  EXPECT_FALSE(profile_to_json(profile_from_json(example())).contains("optimizer_bytes"));
+  json j = example();
+  j["optimizer_bytes"] = 123456;
+  const step_profile p = profile_from_json(j);
+  EXPECT_EQ(p.optimizer_bytes, 123456u);
+  EXPECT_EQ(profile_from_json(profile_to_json(p)).optimizer_bytes, 123456u);
+  EXPECT_NE(profile_sha256(p), profile_sha256(profile_from_json(example())));
+  const auto bad = [](json v) {
+    json k = example();
+    k["optimizer_bytes"] = v;
+    return error_of(k);
+  };
+  EXPECT_EQ(bad(-1).rfind("optimizer_bytes:", 0), 0u) << bad(-1);
+  EXPECT_EQ(bad(1.5).rfind("optimizer_bytes:", 0), 0u) << bad(1.5);
+  EXPECT_EQ(bad("big").rfind("optimizer_bytes:", 0), 0u) << bad("big");
+}
+
 // Profiles without an overhead keep the digest they had before the field existed (the
 // value below is what stash computed for example() then); an explicit 0 is the same model
 // and the same digest, and a non-zero overhead is a different one.

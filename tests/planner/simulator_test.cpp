@@ -135,6 +135,27 @@ TEST(Simulator, StepOverheadIsOneComputeSpanAtTheTurn) {
   EXPECT_NEAR(compute_overlap(f.trace.spans()).total.hidden_ms, 3 + 0.5, 1e-12);
 }
 
+// Note [The optimizer's position] in plan.h: after the last backward the step holds
+// optimizer_bytes; the simulator's peak is the canonical model's, there as everywhere.
+TEST(Simulator, TheOptimizersPositionComesAfterTheLastBackward) {
+  step_profile p = hand_profile({1, 1, 1}, {2, 2, 2});
+  for (int i = 0; i < 3; ++i) add_tensor(p, i, "x", 2 * MiB);
+  const decision_table d = keep_all(p);
+  const sim_result none = simulate(p, d);
+  p.optimizer_bytes = none.peak_bytes - 1;
+  EXPECT_EQ(simulate(p, d).peak_bytes, none.peak_bytes);
+  EXPECT_EQ(simulate(p, d).peak_at, none.peak_at);
+  p.optimizer_bytes = none.peak_bytes + MiB;
+  const sim_result r = simulate(p, d);
+  EXPECT_EQ(r.peak_bytes, none.peak_bytes + MiB);
+  EXPECT_EQ(r.peak_at, "optimizer");
+  EXPECT_NEAR(r.peak_time_ms, r.step_ms, 1e-12);
+  EXPECT_NEAR(r.step_ms, none.step_ms, 1e-12);
+  const evaluation ev = evaluate(p, d, 1ull << 40);
+  EXPECT_EQ(r.peak_bytes, ev.peak_bytes);
+  EXPECT_EQ(r.peak_at, ev.peak_at);
+}
+
 // Layer 1 (= L-2) offloads a and b (2 MiB each, 2 ms alone). Without the turn barrier the
 // prefetch of a (its D2H done at 4 ms) overlaps the D2H of b from 4 ms on. Sharing a
 // 1 MiB/ms bidir link halves both: b and a end at 8, b's prefetch runs alone 8..10, so

@@ -295,3 +295,34 @@ TEST(PlanJson, ReadsWithoutAProfile) {
     EXPECT_EQ(std::string(e.what()), path + ": layers[0].tensors[1].action: must be a string");
   }
 }
+
+// Note [The optimizer's position]: a budget under it is infeasible whatever the decisions,
+// and the smallest feasible budget names it; over it, the plan is that of the profile
+// without it.
+TEST(Planner, TheOptimizersPositionBoundsTheBudgetAndMovesNoDecision) {
+  std::mt19937 rng(20261202);
+  for (int k = 0; k < 20; ++k) {
+    step_profile p = random_profile(rng, 3, 3);
+    const std::uint64_t lo = min_feasible_budget(p);
+    const std::uint64_t hi = keep_all_peak(p);
+    const std::uint64_t budget = lo + (hi - lo) / 2;
+    const step_plan plain = make_plan(p, budget, with(solver_kind::greedy));
+    p.optimizer_bytes = budget - 1;  // under the budget: the same plan
+    const step_plan under = make_plan(p, budget, with(solver_kind::greedy));
+    ASSERT_EQ(under.layers.size(), plain.layers.size());
+    for (std::size_t i = 0; i < plain.layers.size(); ++i)
+      EXPECT_EQ(under.layers[i].actions, plain.layers[i].actions) << k;
+    EXPECT_EQ(under.predicted.step_ms, plain.predicted.step_ms);
+    p.optimizer_bytes = hi + 5;  // over every position: infeasible below it, its figure
+    EXPECT_EQ(min_feasible_budget(p), hi + 5);
+    try {
+      make_plan(p, hi + 4, with(solver_kind::greedy));
+      ADD_FAILURE() << "a budget under the optimizer's position was accepted";
+    } catch (const infeasible_budget& e) {
+      EXPECT_EQ(e.min_feasible_bytes(), hi + 5);
+    }
+    const step_plan at = make_plan(p, hi + 5, with(solver_kind::greedy));
+    EXPECT_EQ(at.predicted.peak_bytes, hi + 5);
+    EXPECT_EQ(at.predicted.peak_at, "optimizer");
+  }
+}

@@ -91,6 +91,8 @@ def validate(doc):
     _require(isinstance(host, dict), "host", "must be an object")
     _size(host, "host", "pinnable_bytes")
     _size(doc, "", "fixed_bytes")
+    if "optimizer_bytes" in doc:  # optional (Note [The optimizer's position], plan.h)
+        _size(doc, "", "optimizer_bytes")
     layers = doc.get("layers")
     _require(isinstance(layers, list) and layers, "layers", "must list at least one layer")
     for i, layer in enumerate(layers):
