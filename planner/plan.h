@@ -65,8 +65,8 @@ struct evaluation {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // optimizer is the profile's optimizer_bytes (0 when absent): what the step holds after
 // its last backward, with no activation alive. fixed_bytes is what every position holds;
-// a profile whose gradients are made in backward (a loop that zeroes them to None) holds
-// them in backward_i's bwd_temp_i, as they are made, and all of them only here. No
+// a profile may count gradients made in backward (a loop that zeroes them to None) in
+// backward_i's bwd_temp_i, as they are made, and all of them only here. No
 // decision moves it, so no solver sees it: a budget below it is infeasible, with it as the
 // smallest feasible budget when nothing else binds; above it, plans are those of a profile
 // without it. peak_at names it "optimizer" when it is the peak.

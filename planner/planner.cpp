@@ -56,6 +56,14 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+[[noreturn]] void throw_infeasible(const step_profile& p, std::uint64_t budget) {
+  bool proved = true;
+  const std::uint64_t min = min_feasible_budget(p, &proved);
+  throw infeasible_budget(budget, std::max(min, budget + 1), proved);
+}
+
+// Bad input below the fixed bytes; infeasible below the optimizer's position (Note [The
+// optimizer's position] in plan.h), which no decision brings under the budget.
 void check_budget(const step_profile& p, std::uint64_t budget) {
   if (budget < p.fixed_bytes) {
     throw input_error("budget " + std::to_string(budget) + " bytes (" + format_bytes(budget) +
@@ -63,12 +71,7 @@ void check_budget(const step_profile& p, std::uint64_t budget) {
                       format_bytes(p.fixed_bytes) +
                       "): parameters, gradients and optimizer state alone do not fit");
   }
-}
-
-[[noreturn]] void throw_infeasible(const step_profile& p, std::uint64_t budget) {
-  bool proved = true;
-  const std::uint64_t min = min_feasible_budget(p, &proved);
-  throw infeasible_budget(budget, std::max(min, budget + 1), proved);
+  if (budget < p.optimizer_bytes) throw_infeasible(p, budget);
 }
 
 }  // namespace
@@ -108,7 +111,6 @@ std::uint64_t min_feasible_budget(const step_profile& p, bool* proved, double ti
 
 double lower_bound_ms(const step_profile& p, std::uint64_t budget) {
   check_budget(p, budget);
-  if (budget < p.optimizer_bytes) throw_infeasible(p, budget);
   const outer_lp_result lp = solve_outer_lp(p, budget);
   if (!lp.feasible) throw_infeasible(p, budget);
   return lp.step_lower_bound_ms;
@@ -117,8 +119,6 @@ double lower_bound_ms(const step_profile& p, std::uint64_t budget) {
 step_plan make_plan(const step_profile& p, std::uint64_t budget, const plan_options& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   check_budget(p, budget);
-  // Note [The optimizer's position] in plan.h: no decision brings it under the budget.
-  if (budget < p.optimizer_bytes) throw_infeasible(p, budget);
   const outer_lp_result lp = solve_outer_lp(p, budget);
   if (!lp.feasible) throw_infeasible(p, budget);
 
