@@ -192,7 +192,17 @@ def test_tiny_run_every_cpu_peer_runs_and_trains_as_keep_all(tiny_run):
             assert r["infeasible"] and "smallest feasible budget" in r["reason"], r["reason"]
             continue
         assert r["loss_check"] == {"rule": "bitwise", "max_rel_diff": 0.0, "ok": True}
-        assert r["within_budget"] and r["stash"]["predicted_peak_bytes"] > 0
+        # Note [What the budget counts] in _fit.py: a measured plan's first run is its
+        # check; a peak over its prediction there is added to the fixed bytes and the
+        # next step runs the plan made with them. Every later step is within the budget;
+        # the first planned one may not be (the canonical model misses some of what the
+        # CPU's backward holds, ~3% here), and the row says so.
+        budget = r["stash"]["budget_bytes"]
+        peaks = [s["fit_peak_bytes"] for s in r["steps"] if s["mode"] == "plan"]
+        assert peaks and all(p <= budget for p in peaks[1:]), (r["label"], peaks, budget)
+        assert peaks[0] <= budget * 1.05, (r["label"], peaks[0], budget)
+        assert r["within_budget"] == all((s["fit_peak_bytes"] or 0) <= budget for s in r["steps"])
+        assert r["stash"]["predicted_peak_bytes"] > 0
         assert r["stash"]["predicted_step_ms"] > 0
     ok = {r["reference"] for r in stash_rows if r["status"] == "ok"}
     assert {"85%", "70%", "save_on_cpu"} <= ok, ok
