@@ -481,10 +481,15 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             # more (a block's recompute storages go when its forward returns, between two
             # samples, and the window's peak held them).
             tracked, rec.tracked_before = max(total, rec.tracked_before), total
+            # Gradients and optimizer state made in the step are fit's to count too. A
+            # block's backward makes its gradients after the window's peak (the first
+            # grads of its backward, right after its replay), so there they count as at
+            # the window's start; the optimizer step's state, as at its end.
+            grown_before = rec.grown
             if where.startswith(("backward", "optimizer")):
-                # Gradients and optimizer state made in the step are fit's to count too.
                 rec.grown = self._state_bytes() - rec.state_at_start
-            alive = rec.meter_base + max(0, rec.grown)
+            alive = rec.meter_base + max(0, grown_before if where.startswith("backward")
+                                         else rec.grown)
             phase = rec.phase
             if where == "optimizer step":  # no activation is alive: a phase of its own
                 phase, tracked = ("opt",), 0
