@@ -137,6 +137,9 @@ def test_a_lost_step_leaves_fit_ready(where, kind, fail_at):
     lost = [s for s in steps if s["aborted"]]
     assert len(lost) == 1 and lost[0]["step"] == fail_at, steps
     assert not lost[0]["over_budget"]
+    if where == "block":  # the record names what the block raised
+        named = {"error": "Injected: error", "interrupt": "KeyboardInterrupt"}[kind]
+        assert f"block 1's forward raised {named}" in lost[0]["aborted"], lost[0]
     modes = [s["mode"] for s in steps if not s["aborted"]]
     # A lost measuring step is measured again; then every step is planned.
     assert modes == ["measure"] + ["plan"] * (len(modes) - 1), steps

@@ -91,6 +91,14 @@ class _Fetched:
 _RECOMPUTE = object()  # fetched[j] of a storage the plan recomputes: saves get placeholders
 
 
+def _named(e: BaseException) -> str:
+    """An exception as a step record names it: its type and the start of its message."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if len(text) > 160:
+        text = text[:157] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 def _kept(t):
     """What the pack hook returns for a tensor the plan keeps: the tensor, detached.
     A node that saves its own output and gets back the output itself (with its grad_fn,
@@ -299,7 +307,10 @@ class OffloadHooks:
                     "given back and its backward, should it come, raises. Use "
                     "handle.micro_batch(i) to run several forwards before their backwards."))
                 self._abandon(step)
-                self._step_aborted(step, "a later forward replaced it before its backward")
+                self._step_aborted(step, (
+                    "a later forward replaced it before its backward (the loop dropped it: "
+                    "an exception between its forward and backward, or a forward in "
+                    "training mode with no backward)"))
         if i == 0:
             self._step_starting(mb, args, kwargs or {})
             blocks = self.blocks
@@ -448,7 +459,7 @@ class OffloadHooks:
             # Note [A step that ends early]: whatever raised (the block, a hook, an
             # interrupt, an out-of-memory error), the step is given back now.
             if self._steps.get(mb) is step:
-                self._abort(step, f"block {i}'s forward raised {type(e).__name__}")
+                self._abort(step, f"block {i}'s forward raised {_named(e)}")
             raise
         step.next_block = i + 1
         step.last_output = _output_storages(out)
