@@ -53,6 +53,7 @@ import traceback
 from typing import Any, Dict, List, Optional
 
 from . import _llama
+from .._lib import StashError
 from ..torch._meter import Meter, meter_for
 from ._peer_systems import System, peer_systems, stash_systems, system_by_name
 from ._svg import knee, peers_svg, stash_curve
@@ -124,8 +125,7 @@ def run_system(system: System, size: Dict[str, Any], batches: List[Any], device,
     except Exception as e:
         row.update(status="failed", reason=f"{type(e).__name__}: {e}")
         # fit's refusal of a budget below what the model can be trained in: a result.
-        row["infeasible"] = type(e).__name__ == "StashError" and \
-            "smallest feasible budget" in str(e)
+        row["infeasible"] = isinstance(e, StashError) and "smallest feasible budget" in str(e)
         if not row["infeasible"]:
             print(f"stash.bench.peers: {system.name} failed:", file=sys.stderr)
             traceback.print_exc(file=sys.stderr)

@@ -145,33 +145,38 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._lib import StashError
+from .._link import cached_link
+from .._planner import InfeasibleBudget
 from .._profiler import FORWARD, Profiler
 from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _allocator_state, _checked_blocks,
                            _Clock, _DerivedLayer, _gib, _is_kv_cache,
                            _LayerRecord, _MeasureLayer, _model_digest, _optimizer_state_bytes,
                            _optimizer_state_estimate, _signature, ReplaySpan, Span, StepRecord,
-                           _tensor_bytes, _weak)
+                           _tensor_bytes, _weak, _actions_of)
 from ._fit_options import Budget, FitOptions
 from ._fit_shapes import shape_family, shape_tokens
-from ._fit_cache import FitCache
-from ._fit_plan import FitPlanning
+from ._fit_cache import Entry, ShapeCache
+from ._fit_plan import (BudgetRefused, budget_of, link_section, plan_derived,
+                        plan_measured)
 from ._fit_profile import FitProfile
-from ._fit_ranks import FitRanks, Ranks
-from ._fit_report import FitReport
+from ._fit_ranks import (Ranks, cached_plan_agreed, combine_measured, link_across_ranks,
+                         optimizer_state_delta, publish_plan, published_plan)
+from ._fit_report import fit_report, format_report
 from ._offload import OffloadHandle
 from ._cpu_meter import window as cpu_window
+from ._record import _device_info
 from ._saved import storage_of, tensors_in
 
 __all__ = ["BudgetHandle", "fit"]
 
 
-class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, OffloadHandle):
+class BudgetHandle(FitProfile, OffloadHandle):
     """Returned by :func:`fit`; see there. A context manager: leaving it closes."""
 
     _who = "stash.torch.fit"
@@ -197,7 +202,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         # State before OffloadHandle.__init__, which calls _initial_actions.
         self._mode = "measure"
         self._key = None
-        self._cache: Dict[str, Dict[str, Any]] = {}
+        self._cache = ShapeCache(options.cache_dir, self._digest, self.budget, options.solver)
         self._entry = None          # the cache entry of the current key (planned steps)
         self._measured_for = {}     # key -> steps measured so far
         self._shapes: Dict[str, Tuple[str, Optional[int]]] = {}  # key -> (family, tokens)
@@ -631,6 +636,129 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         self._switch([_MeasureLayer() for _ in self.blocks], "measure")
         return "measure"
 
+    # --- planning (_fit_plan.py's functions, handed what they need) ----------------------
+
+    def _link(self) -> Dict[str, Any]:
+        def measure() -> Dict[str, Any]:
+            dev = self.device.index if self._cuda else 0
+            name = f"{_device_info(self.device)['name']}-{dev}"
+            nbytes = 0 if self._cuda else 64 << 20
+            if self._ranks is not None:
+                link, self._link_windows = link_across_ranks(self._ranks, name, dev, nbytes,
+                                                             self.options.cache_dir)
+                return link
+            return cached_link(name, dev, nbytes, 0, self.options.cache_dir)
+
+        link = link_section(self.options.link, measure=measure, local_ranks=(
+            self._ranks.local_world if self._ranks is not None else 1))
+        self.link_cached = link.pop("cached", False)
+        return link
+
+    @property
+    def budget_bytes(self) -> Optional[int]:
+        """The budget in bytes of the current shape: as given, or a share resolved once the
+        shape has a plan (Note [What a share budget means])."""
+        if not self.budget.is_share:
+            return self.budget.nbytes
+        entry = self._entry
+        return int(entry["figures"]["budget_bytes"]) if entry and "figures" in entry else None
+
+    def _budget_for(self, key: str) -> Optional[int]:
+        """The budget in bytes of the shape `key` (None: a share not resolved yet)."""
+        return budget_of(self.budget, self._cache.get(key))
+
+    def _plan_from_measurement(self, key: str) -> Entry:
+        if self._ranks is not None:
+            return self._plan_across_ranks(key)
+        return self._plan_locally(key)
+
+    def _plan_across_ranks(self, key: str) -> Entry:
+        """Note [Agreeing on a plan across ranks]: the ranks' profiles combined, rank 0's
+        plan of them run everywhere."""
+        ranks, entry = self._ranks, self._cache[key]
+        try:
+            own = combine_measured(ranks, entry)
+            self._cache.store_profile(key, entry["profile"])
+            if ranks.rank == 0:
+                entry = self._plan_locally(key)
+                publish_plan(ranks, own, entry["plan"], entry["figures"])
+                return entry
+            plan, figures = published_plan(ranks, own)
+        except StashError as e:
+            self._fail(e)
+        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
+        self._cache.store_plan(key, plan)
+        return entry
+
+    def _agree_cached(self, key: str, entry: Optional[Entry]) -> Optional[Entry]:
+        """A new input shape under torch.distributed: the cached plan only if every rank
+        has the same one; where another rank lacks it, every rank measures again."""
+        if cached_plan_agreed(self._ranks, entry):
+            return entry
+        if entry is not None and "plan" in entry:
+            self._cache.pop(key, None)
+            self._measured_for[key] = 0
+            return None
+        return entry
+
+    def _plan_locally(self, key: str) -> Entry:
+        entry = self._cache[key]
+        try:
+            plan, figures = plan_measured(entry["profile"], entry.get("measured_peak_bytes"),
+                                          self.budget, self.options.solver)
+        except BudgetRefused as e:
+            self._fail(e)
+        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
+        self._cache.store_plan(key, plan)
+        return entry
+
+    def _plan_derived(self, key: str) -> Optional[Entry]:
+        """A plan for a shape never measured (_fit_plan.plan_derived), from the measured
+        shapes of its family; None: the shape is measured."""
+        if self._ranks is not None or key in self._underivable:
+            return None
+        family, tokens = self._shapes.get(key, (None, None))
+        if tokens is None:
+            return None
+        counted = self._fixed_counted()
+        bases = [(self._shapes[k][1], e["profile"], counted) for k, e in self._cache.items()
+                 if k != key and self._shapes.get(k, (None,))[0] == family
+                 and not e.get("derived") and "profile" in e and self._shapes[k][1]]
+        try:
+            made = plan_derived(bases, tokens, self.budget, self.options.solver)
+        except InfeasibleBudget:
+            self._underivable.add(key)
+            return None
+        if made is None:
+            return None
+        doc, plan, figures = made
+        entry: Entry = {"profile": doc, "derived": True, "measured_peak_bytes": None,
+                        "plan": plan, "figures": figures,
+                        "actions": [_DerivedLayer(a) for a in _actions_of(plan)]}
+        self._cache[key] = entry
+        return entry
+
+    def _load_cached(self, key: str) -> Optional[Entry]:
+        """The entry of a shape cache_dir holds (Note [Re-planning and the cache]): planned
+        from its cached plan, or from its cached profile where no plan for this budget and
+        solver is there. Under torch.distributed ranks agree on cached plans, not profiles
+        (_agree_cached): a profile alone is measured again."""
+        found = self._cache.read(key)
+        if found is None:
+            return None
+        doc, plan, figures = found
+        if plan is None and self._ranks is not None:
+            return None
+        entry: Entry = {"profile": doc, "from_disk": True}
+        self._cache[key] = entry
+        if plan is None:
+            entry["measured_peak_bytes"] = None
+            self._measured_for[key] = self.options.measure_steps
+            self._entry = entry
+            return self._plan_from_measurement(key)
+        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
+        return entry
+
     def _step_peak(self, rec: StepRecord) -> None:
         """The step's peak on the meter (Note [What the budget counts]), read once, when the
         step ends (its optimizer step, or its backward without one), so that what the loop
@@ -680,7 +808,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         if over > 0 and "profile" in entry and rec.passes == 1:
             entry["profile"]["fixed_bytes"] += over
             entry.setdefault("corrections", []).append(over)
-            self._store(rec.key, "profile", entry["profile"])
+            self._cache.store_profile(rec.key, entry["profile"])
             entry.pop("plan", None)
 
     def _check_derived(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
@@ -721,7 +849,7 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         """The clock the plan's times come from: "host-clock" (CPU) or "cuda-events"."""
         return self._clock.kind
 
-    def _fail(self, error: StashError):
+    def _fail(self, error: StashError) -> NoReturn:
         self._failed = error
         if getattr(self, "_ranks", None) is not None:
             self._ranks.fail(str(error))  # every other rank raises with it
@@ -742,14 +870,22 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
         # Note [What the budget counts]: the optimizer's real state, once it exists.
         if self._opt_state_counted is None or self._entry is None:
             return
+        entry = self._entry
         if self._ranks is not None:
-            self._opt_state_across_ranks(opt)
-            return
-        real = _optimizer_state_bytes(opt)
-        if real != self._opt_state_counted and "profile" in self._entry:
-            entry = self._entry
-            entry["profile"]["fixed_bytes"] += real - self._opt_state_counted
-            self._opt_state_counted = real
+            # Every rank re-plans with the largest difference any rank saw, once.
+            if entry.get("opt_checked") or "profile" not in entry:
+                return
+            entry["opt_checked"] = True
+            real = _optimizer_state_bytes(opt)
+            delta = optimizer_state_delta(self._ranks, real - self._opt_state_counted)
+        else:
+            if "profile" not in entry:
+                return
+            real = _optimizer_state_bytes(opt)
+            delta = real - self._opt_state_counted
+        self._opt_state_counted = real
+        if delta:
+            entry["profile"]["fixed_bytes"] += delta
             entry.pop("plan", None)  # the next step plans again (_choose)
 
     # --- public ---------------------------------------------------------------------------
@@ -763,6 +899,32 @@ class BudgetHandle(FitProfile, FitPlanning, FitCache, FitRanks, FitReport, Offlo
             if rec.end is None:
                 rec.end = self._clock.mark()
             self._finish(rec)
+
+    def report(self) -> Dict[str, Any]:
+        """The budget, one entry per finished step (measured and predicted peak and step
+        time, exposed copy time, mode, its shape's budget in bytes; an aborted step says
+        why), the plan's summary and how it was measured (_fit_report.fit_report)."""
+        self._settle()
+        for rec in self._records:  # a share resolved after the step ran (its plan came later)
+            if rec.finished and rec.budget_bytes is None and rec.aborted is None:
+                rec.budget_bytes = self._budget_for(rec.key)
+        return fit_report(self._records, self._entry, self.budget, self.budget_bytes,
+                          timing=self._timing_kind(), meter=self._meter_name(),
+                          ranks=self._ranks)
+
+    def format_report(self) -> str:
+        """report() as the table the README shows."""
+        return format_report(self.report())
+
+    def _meter_name(self) -> str:
+        """What a step's peak is read from (Note [What the budget counts])."""
+        if self._pool:
+            return "stash pool peak"
+        if self._cuda:
+            return "torch.cuda.max_memory_allocated"
+        if self._counting is not None:
+            return "c10 CPU allocator (stash's counting allocator)"
+        return "tracked saved storages + parameters, gradients, optimizer state"
 
     @property
     def plan(self) -> Optional[Dict[str, Any]]:

@@ -1,7 +1,8 @@
-"""stash.torch.fit's cache on disk (cache_dir): profiles and plans by the blocks' digest,
-the shape key and (plans) the budget and solver (Note [Re-planning and the cache] in
-_fit.py). Mixed into _fit.BudgetHandle, whose options, _digest, budget,
-_cache, _entry, _measured_for, measure_steps, _ranks and _plan_from_measurement it uses."""
+"""stash.torch.fit's cache: every shape's profile and plan in memory, by shape key, and
+in cache_dir on disk by the blocks' digest, the shape key and (plans) the budget and
+solver (Note [Re-planning and the cache] in _fit.py). What a cached plan means for the
+step (plan from it, measure, agree across ranks) is the handle's decision, not this
+part's."""
 
 from __future__ import annotations
 
@@ -9,33 +10,49 @@ import hashlib
 import json
 import os
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .. import profile as _profile
 from .._lib import StashError
 from .._planner import evaluate
-from ._fit_support import _actions_of
+from ._fit_options import Budget
+
+Entry = Dict[str, Any]  # profile, plan, figures, actions and the flags fit keeps beside them
 
 
-class FitCache:
-    """BudgetHandle's profiles and plans in cache_dir."""
+class ShapeCache(Dict[str, Entry]):
+    """The entries of the shapes seen (a dict: shape key -> entry), and their files in
+    cache_dir when one is given."""
 
-    def _plan_name(self) -> str:
-        b = hashlib.sha1(self.budget.planner_text.encode()).hexdigest()[:8]
-        return f"plan-{b}-{self.options.solver}"
+    def __init__(self, cache_dir: Optional[str], digest: str, budget: Budget, solver: str):
+        super().__init__()
+        self.cache_dir = cache_dir
+        self.digest = digest
+        budget_id = hashlib.sha1(budget.planner_text.encode()).hexdigest()[:8]
+        self.plan_name = f"plan-{budget_id}-{solver}"
 
     def _path(self, key: str, what: str) -> Optional[str]:
-        if self.options.cache_dir is None:
+        if self.cache_dir is None:
             return None
-        return os.path.join(self.options.cache_dir, f"fit-{self._digest}-{key}.{what}.json")
+        return os.path.join(self.cache_dir, f"fit-{self.digest}-{key}.{what}.json")
 
-    def _store(self, key: str, what: str, doc):
+    def store_profile(self, key: str, doc: Dict[str, Any]) -> None:
+        self._store(key, "profile", doc)
+
+    def store_plan(self, key: str, plan: Dict[str, Any]) -> None:
+        self._store(key, self.plan_name, plan)
+
+    def _store(self, key: str, what: str, doc: Dict[str, Any]) -> None:
         path = self._path(key, what)
-        if path is None:
-            return
-        _profile.write_json(path, doc)
+        if path is not None:
+            _profile.write_json(path, doc)
 
-    def _load_cached(self, key: str) -> Optional[Dict[str, Any]]:
+    def read(self, key: str) -> Optional[Tuple[Dict[str, Any], Optional[Dict[str, Any]],
+                                              Optional[Dict[str, Any]]]]:
+        """(profile, plan, figures) of `key` from cache_dir; None without a readable profile
+        (a file that does not validate is ignored, with a warning). plan and figures are
+        None where no plan for this budget and solver is there, or it does not price
+        against the profile."""
         ppath = self._path(key, "profile")
         if ppath is None or not os.path.exists(ppath):
             return None
@@ -46,27 +63,14 @@ class FitCache:
         except (OSError, ValueError, StashError) as e:
             warnings.warn(f"stash.torch.fit: ignoring the cached profile {ppath}: {e}")
             return None
-        entry = {"profile": doc, "from_disk": True}
-        qpath = self._path(key, self._plan_name())
-        if self._ranks is not None and not os.path.exists(qpath):
-            return None  # ranks agree on cached plans, not profiles: measure (_agree_cached)
-        self._cache[key] = entry
-        plan = None
-        if os.path.exists(qpath):
-            try:
-                with open(qpath) as f:
-                    plan = json.load(f)
-                figures = evaluate(doc, plan)
-                figures["keep_all_peak_bytes"] = plan["baselines"]["keep_all"]["peak_bytes"]
-            except (OSError, ValueError, KeyError, StashError):
-                plan = None
-        if plan is None:
-            if self._ranks is not None:  # as without a plan on disk: measure
-                self._cache.pop(key, None)
-                return None
-            entry["measured_peak_bytes"] = None
-            self._measured_for[key] = self.options.measure_steps
-            self._entry = entry
-            return self._plan_from_measurement(key)
-        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
-        return entry
+        qpath = self._path(key, self.plan_name)
+        if qpath is None or not os.path.exists(qpath):
+            return doc, None, None
+        try:
+            with open(qpath) as f:
+                plan = json.load(f)
+            figures = evaluate(doc, plan)
+            figures["keep_all_peak_bytes"] = plan["baselines"]["keep_all"]["peak_bytes"]
+        except (OSError, ValueError, KeyError, StashError):
+            return doc, None, None
+        return doc, plan, figures

@@ -100,7 +100,7 @@ class FitProfile:
         entry = {"profile": doc, "measured_peak_bytes": rec.peak_bytes}
         self._cache[rec.key] = entry
         self._entry = entry
-        self._store(rec.key, "profile", doc)
+        self._cache.store_profile(rec.key, doc)
 
     def _measure_actions_seen(self):
         """What the measuring step did with each tensor, by name."""

@@ -1,5 +1,6 @@
 """stash.torch.fit under torch.distributed: every rank measures, the profiles are combined,
-rank 0 plans, every rank runs that one plan.
+rank 0 plans, every rank runs that one plan. Ranks is the store the ranks post to; the
+functions below are the agreements fit makes through it, each handed what it needs.
 
 Note [Agreeing on a plan across ranks]
 A rank that offloads another layer than its peers turns the collectives of DDP and FSDP
@@ -76,7 +77,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .._lib import StashError
 
@@ -220,100 +221,80 @@ class Ranks:
         return self._wait(what, {0: key})[0]
 
 
-class FitRanks:
-    """BudgetHandle's steps under torch.distributed (Note [Agreeing on a plan across
-    ranks]). Uses its _ranks, _cache, _entry, _measured_for, measure_steps, cache_dir,
-    optimizer state fields, _plan_locally, _store, _plan_name and _fail."""
+def link_across_ranks(ranks: Ranks, name: str, device: int, nbytes: int,
+                      cache_dir: Optional[str]) -> Tuple[Dict[str, Any], List[Any]]:
+    """Note [The link the ranks share]: (the link every rank plans with, each rank's
+    measuring window; None where the link was cached)."""
+    from .._link import measure_link, read_cached_link, store_link
 
-    def _link_across_ranks(self, name: str, device: int, nbytes: int) -> Dict[str, Any]:
-        """Note [The link the ranks share]."""
-        from .._link import measure_link, read_cached_link, store_link
+    key = f"{name}-{device}-ranks{ranks.local_world}"
+    cached = read_cached_link(key, cache_dir)
+    views = ranks.exchange("link-cache", cached)
+    if all(v is not None for v in views):
+        links = views
+    else:
+        ranks.exchange("link-ready", True)  # every rank starts copying now
+        t0 = time.time()
+        mine = measure_link(device, nbytes, 1)
+        mine["window"] = [t0, time.time()]
+        links = ranks.exchange("link", mine)
+    out: Dict[str, Any] = {k: min(float(v[k]) for v in links)
+                           for k in ("h2d_gbps", "d2h_gbps", "bidir_gbps")}
+    out["local_ranks"] = ranks.local_world
+    if any(v is None for v in views):
+        # What the plan uses, the same on every rank: a later run reads it back.
+        store_link(key, out, cache_dir)
+    out["cached"] = all(v is not None for v in views)
+    return out, [v.get("window") for v in links]
 
-        ranks = self._ranks
-        key = f"{name}-{device}-ranks{ranks.local_world}"
-        cached = read_cached_link(key, self.options.cache_dir)
-        views = ranks.exchange("link-cache", cached)
-        if all(v is not None for v in views):
-            links = views
-        else:
-            ranks.exchange("link-ready", True)  # every rank starts copying now
-            t0 = time.time()
-            mine = measure_link(device, nbytes, 1)
-            mine["window"] = [t0, time.time()]
-            links = ranks.exchange("link", mine)
-        self._link_windows = [v.get("window") for v in links]
-        out = {k: min(float(v[k]) for v in links) for k in ("h2d_gbps", "d2h_gbps",
-                                                              "bidir_gbps")}
-        out["local_ranks"] = ranks.local_world
-        if any(v is None for v in views):
-            # What the plan uses, the same on every rank: a later run reads it back.
-            store_link(key, out, self.options.cache_dir)
-        out["cached"] = all(v is not None for v in views)
-        return out
 
-    def _agree_cached(self, key: str, entry: Optional[Dict[str, Any]]):
-        """A new input shape: the cached plan only if every rank has the same one."""
-        plan = entry.get("plan") if entry else None
-        mine = plan.get("profile_sha256") if plan else None
-        views = self._ranks.exchange("cached-plan", mine)
-        if mine is not None and all(v == mine for v in views):
-            return entry
-        if entry is not None and "plan" in entry:
-            # Another rank lacks it: every rank measures this shape again.
-            self._cache.pop(key, None)
-            self._measured_for[key] = 0
-            return None
-        return entry
+def cached_plan_agreed(ranks: Ranks, entry: Optional[Dict[str, Any]]) -> bool:
+    """A new input shape: whether every rank has the same cached plan as this one."""
+    plan = entry.get("plan") if entry else None
+    mine = plan.get("profile_sha256") if plan else None
+    views = ranks.exchange("cached-plan", mine)
+    return mine is not None and all(v == mine for v in views)
 
-    def _plan_across_ranks(self, key: str) -> Dict[str, Any]:
-        ranks = self._ranks
-        entry = self._cache[key]
-        own = skeleton_digest(entry["profile"])
-        views = ranks.exchange("profile", {"skeleton": own, "profile": entry["profile"],
-                                           "measured": entry.get("measured_peak_bytes")})
-        by: Dict[str, List[int]] = {}
-        for r, v in enumerate(views):
-            by.setdefault(v["skeleton"], []).append(r)
-        if len(by) > 1:
-            self._fail(StashError(
-                "stash.torch.fit: the ranks measured different blocks (skeleton digest "
-                + "; ".join(f"{d} on rank(s) {', '.join(map(str, rs))}"
-                            for d, rs in by.items())
-                + "): every rank runs one plan, so every rank's blocks must save the same "
-                  "tensors (the same model and the same input shapes on every rank)"))
-        entry["profile"] = combine_profiles([v["profile"] for v in views])
-        measured = [v["measured"] for v in views if v["measured"] is not None]
-        entry["measured_peak_bytes"] = max(measured) if measured else None
-        self._store(key, "profile", entry["profile"])
-        if ranks.rank == 0:
-            entry = self._plan_locally(key)
-            ranks.publish("plan", {"skeleton": own, "plan": entry["plan"],
-                                   "figures": entry["figures"]})
-            return entry
-        got = ranks.publish("plan")
-        if got["skeleton"] != own:
-            self._fail(StashError(
-                f"stash.torch.fit: rank 0's plan is for skeleton {got['skeleton']}, rank "
-                f"{ranks.rank} measured {own}; not running it"))
-        from ._fit_support import _actions_of
 
-        entry.update(plan=got["plan"], figures=got["figures"],
-                     actions=_actions_of(got["plan"]))
-        self._store(key, self._plan_name(), got["plan"])
-        return entry
+def combine_measured(ranks: Ranks, entry: Dict[str, Any]) -> str:
+    """After the measuring step: every rank's profile into one, the same on every rank
+    (entry's profile and measured peak are replaced). Returns this rank's skeleton
+    digest; StashError when the ranks measured different blocks."""
+    own = skeleton_digest(entry["profile"])
+    views = ranks.exchange("profile", {"skeleton": own, "profile": entry["profile"],
+                                       "measured": entry.get("measured_peak_bytes")})
+    by: Dict[str, List[int]] = {}
+    for r, v in enumerate(views):
+        by.setdefault(v["skeleton"], []).append(r)
+    if len(by) > 1:
+        raise StashError(
+            "stash.torch.fit: the ranks measured different blocks (skeleton digest "
+            + "; ".join(f"{d} on rank(s) {', '.join(map(str, rs))}" for d, rs in by.items())
+            + "): every rank runs one plan, so every rank's blocks must save the same "
+              "tensors (the same model and the same input shapes on every rank)")
+    entry["profile"] = combine_profiles([v["profile"] for v in views])
+    measured = [v["measured"] for v in views if v["measured"] is not None]
+    entry["measured_peak_bytes"] = max(measured) if measured else None
+    return own
 
-    def _opt_state_across_ranks(self, opt) -> None:
-        """The first optimizer step after a plan: every rank's real state against the
-        estimate; if any differs, every rank re-plans with the largest difference."""
-        from ._fit_support import _optimizer_state_bytes
 
-        entry = self._entry
-        if entry.get("opt_checked") or "profile" not in entry:
-            return
-        entry["opt_checked"] = True
-        real = _optimizer_state_bytes(opt)
-        deltas = self._ranks.exchange("optimizer-state", real - self._opt_state_counted)
-        self._opt_state_counted = real
-        if any(deltas):
-            entry["profile"]["fixed_bytes"] += max(deltas)
-            entry.pop("plan", None)  # the next step plans again (_choose)
+def publish_plan(ranks: Ranks, own: str, plan: Dict[str, Any],
+                 figures: Dict[str, Any]) -> None:
+    """Rank 0: the plan every rank runs."""
+    ranks.publish("plan", {"skeleton": own, "plan": plan, "figures": figures})
+
+
+def published_plan(ranks: Ranks, own: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Other ranks: rank 0's (plan, figures), checked against this rank's skeleton."""
+    got = ranks.publish("plan")
+    if got["skeleton"] != own:
+        raise StashError(
+            f"stash.torch.fit: rank 0's plan is for skeleton {got['skeleton']}, rank "
+            f"{ranks.rank} measured {own}; not running it")
+    return got["plan"], got["figures"]
+
+
+def optimizer_state_delta(ranks: Ranks, delta: int) -> int:
+    """The first optimizer step after a plan: the largest difference any rank saw between
+    its optimizer's real state and the estimate."""
+    return max(ranks.exchange("optimizer-state", int(delta)))

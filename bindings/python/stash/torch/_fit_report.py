@@ -1,75 +1,66 @@
 """stash.torch.fit's report: what each step measured beside what the plan predicted, as
-a dict and as the table the README shows: step_entry and plan_summary are functions of
-typed records; FitReport, mixed into _fit.BudgetHandle, hands them its step records
-(_records), the cache entry of the current shape (_entry) and the budget."""
+a dict (fit_report) and as the table the README shows (format_report). Functions of typed
+step records and of what the handle hands them; they read no handle."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
+from ._fit_options import Budget
+from ._fit_ranks import Ranks
 from ._fit_support import GiB, StepRecord, _gib
 
 
-class FitReport:
-    """BudgetHandle's report() and format_report(). Uses its _settle, _records, _entry,
-    budget_bytes, budget, _timing_kind, _pool and _cuda."""
+def fit_report(records: Sequence[StepRecord], entry: Optional[Dict[str, Any]],
+               budget: Budget, budget_bytes: Optional[int], *, timing: str, meter: str,
+               ranks: Optional[Ranks]) -> Dict[str, Any]:
+    """The budget, one entry per finished step (measured and predicted peak and step
+    time, exposed copy time, mode, its shape's budget in bytes; an aborted step says
+    why), the current shape's plan summary (entry: its cache entry) and how it was
+    measured (timing: the clock; meter: what the peak is read from)."""
+    prof = entry.get("profile") if entry else None
+    plan = entry.get("plan") if entry else None
+    return {"budget": str(budget), "budget_bytes": budget_bytes,
+            "timing": timing,
+            "cupti": prof.get("measurement", {}).get("cupti") if prof else None,
+            "memory": meter,
+            "link": prof["link"] if prof else None,
+            "fixed_bytes": prof["fixed_bytes"] if prof else None,
+            "ranks": ({"rank": ranks.rank, "world": ranks.world,
+                       "local_world": ranks.local_world,
+                       "plan_sha256": (hashlib.sha256(json.dumps(
+                           plan, sort_keys=True).encode()).hexdigest() if plan else None)}
+                      if ranks is not None else None),
+            "steps": [step_entry(s) for s in records if s.finished],
+            "plan": plan_summary(plan)}
 
-    def report(self) -> Dict[str, Any]:
-        """The budget, one entry per finished step (measured and predicted peak and step
-        time, exposed copy time, mode, its shape's budget in bytes; an aborted step says
-        why), the plan's summary and how it was measured."""
-        self._settle()
-        for rec in self._records:  # a share resolved after the step ran (its plan came later)
-            if rec.finished and rec.budget_bytes is None and rec.aborted is None:
-                rec.budget_bytes = self._budget_for(rec.key)
-        steps = [step_entry(s) for s in self._records if s.finished]
-        e = self._entry
-        prof = e.get("profile") if e else None
-        return {"budget": str(self.budget), "budget_bytes": self.budget_bytes,
-                "timing": self._timing_kind(),
-                "cupti": prof.get("measurement", {}).get("cupti") if prof else None,
-                "memory": ("stash pool peak" if self._pool else
-                           "torch.cuda.max_memory_allocated" if self._cuda else
-                           "c10 CPU allocator (stash's counting allocator)"
-                           if self._counting is not None else
-                           "tracked saved storages + parameters, gradients, optimizer state"),
-                "link": prof["link"] if prof else None,
-                "fixed_bytes": prof["fixed_bytes"] if prof else None,
-                "ranks": ({"rank": self._ranks.rank, "world": self._ranks.world,
-                           "local_world": self._ranks.local_world,
-                           "plan_sha256": (hashlib.sha256(json.dumps(
-                               e["plan"], sort_keys=True).encode()).hexdigest()
-                               if e and e.get("plan") else None)}
-                          if getattr(self, "_ranks", None) is not None else None),
-                "steps": steps, "plan": plan_summary(e.get("plan") if e else None)}
 
-    def format_report(self) -> str:
-        """report() as the table the README shows."""
-        r = self.report()
-        lines = [f"stash.torch.fit: budget {r['budget']} = "
-                 f"{_gib(r['budget_bytes']) if r['budget_bytes'] else '(not yet known)'}; "
-                 f"timing {r['timing']}; memory {r['memory']}",
-                 "step  mode     peak GiB (pred)     step ms (pred)   exposed ms"]
-        for s in r["steps"]:
-            pp = f"{s['predicted_peak_bytes'] / GiB:.3f}" if s["predicted_peak_bytes"] else "-"
-            ps = f"{s['predicted_step_ms']:.2f}" if s["predicted_step_ms"] else "-"
-            flag = "  OVER BUDGET" if s["over_budget"] else ""
-            if s["aborted"]:
-                flag = f"  aborted: {s['aborted']}"
-            elif s["check"] is not None:
-                flag += f"  derived plan, first run: {s['check']}"
-            lines.append(f"{s['step']:>4}  {s['mode']:<7}  {s['measured_peak_bytes'] / GiB:8.3f}"
-                         f" ({pp:>7})  {s['step_ms']:9.2f} ({ps:>8})  {s['exposed_copy_ms']:8.3f}"
-                         f"{flag}")
-        if r["plan"]:
-            p = r["plan"]
-            lines.append(f"plan: {p['solver']}, {p['actions']['keep']} keep / "
-                         f"{p['actions']['recompute']} recompute / {p['actions']['offload']} "
-                         f"offload; predicted peak {_gib(p['predicted_peak_bytes'])} of keep-all "
-                         f"{_gib(p['keep_all_peak_bytes'])}")
-        return "\n".join(lines)
+def format_report(r: Dict[str, Any]) -> str:
+    """fit_report()'s dict as the table the README shows."""
+    lines = [f"stash.torch.fit: budget {r['budget']} = "
+             f"{_gib(r['budget_bytes']) if r['budget_bytes'] else '(not yet known)'}; "
+             f"timing {r['timing']}; memory {r['memory']}",
+             "step  mode     peak GiB (pred)     step ms (pred)   exposed ms"]
+    for s in r["steps"]:
+        pp = f"{s['predicted_peak_bytes'] / GiB:.3f}" if s["predicted_peak_bytes"] else "-"
+        ps = f"{s['predicted_step_ms']:.2f}" if s["predicted_step_ms"] else "-"
+        flag = "  OVER BUDGET" if s["over_budget"] else ""
+        if s["aborted"]:
+            flag = f"  aborted: {s['aborted']}"
+        elif s["check"] is not None:
+            flag += f"  derived plan, first run: {s['check']}"
+        lines.append(f"{s['step']:>4}  {s['mode']:<7}  {s['measured_peak_bytes'] / GiB:8.3f}"
+                     f" ({pp:>7})  {s['step_ms']:9.2f} ({ps:>8})  {s['exposed_copy_ms']:8.3f}"
+                     f"{flag}")
+    if r["plan"]:
+        p = r["plan"]
+        lines.append(f"plan: {p['solver']}, {p['actions']['keep']} keep / "
+                     f"{p['actions']['recompute']} recompute / {p['actions']['offload']} "
+                     f"offload; predicted peak {_gib(p['predicted_peak_bytes'])} of keep-all "
+                     f"{_gib(p['keep_all_peak_bytes'])}")
+    return "\n".join(lines)
 
 
 def step_entry(s: StepRecord) -> Dict[str, Any]:
