@@ -805,7 +805,9 @@ class BudgetHandle(FitProfile, OffloadHandle):
         the next step plans again with them."""
         entry["corrected"] = True
         over = rec.peak_bytes - int(entry["figures"]["predicted_peak_bytes"])
-        if over > 0 and "profile" in entry and rec.passes == 1:
+        # Any number of passes: the fixed bytes hold every gradient already, so a step of
+        # several micro-batches peaks as one does, plus what the plan leaves alive.
+        if over > 0 and "profile" in entry:
             entry["profile"]["fixed_bytes"] += over
             entry.setdefault("corrections", []).append(over)
             self._cache.store_profile(rec.key, entry["profile"])
