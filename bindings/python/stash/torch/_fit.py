@@ -149,39 +149,39 @@ from typing import Any, Dict, List, NoReturn, Optional, Sequence, Set, Tuple, Un
 
 import torch
 
-from .._engine import KEEP, OFFLOAD, RECOMPUTE
+from .._engine import KEEP, OFFLOAD
 from .._lib import StashError
 from .._link import cached_link
 from .._planner import InfeasibleBudget
 from .._profiler import FORWARD, Profiler
-from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _allocator_state, _checked_blocks,
-                           _Clock, _DerivedLayer, _gib, _is_kv_cache,
-                           _LayerRecord, _MeasureLayer, _model_digest, _optimizer_state_bytes,
-                           _optimizer_state_estimate, _signature, ReplaySpan, Span, StepRecord,
-                           _tensor_bytes, _weak, _actions_of)
+from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, ReplaySpan, Span, StepRecord,
+                           _actions_of, _allocator_state, _checked_blocks, _Clock,
+                           _DerivedLayer, _gib, _is_kv_cache, _MeasureLayer, _model_digest,
+                           _optimizer_state_bytes, _optimizer_state_estimate, _signature,
+                           _tensor_bytes)
 from ._fit_options import Budget, FitOptions
 from ._fit_shapes import shape_family, shape_tokens
 from ._fit_cache import Entry, ShapeCache
 from ._fit_plan import (BudgetRefused, budget_of, link_section, plan_derived,
                         plan_measured)
-from ._fit_profile import FitProfile
+from ._fit_measure import (MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda,
+                           measured_profile)
 from ._fit_ranks import (Ranks, cached_plan_agreed, combine_measured, link_across_ranks,
                          optimizer_state_delta, publish_plan, published_plan)
 from ._fit_report import fit_report, format_report
 from ._offload import OffloadHandle
 from ._cpu_meter import window as cpu_window
-from ._record import _device_info
+from ._record import _device_info, _pinnable_bytes
 from ._saved import storage_of, tensors_in
 
 __all__ = ["BudgetHandle", "fit"]
 
 
-class BudgetHandle(FitProfile, OffloadHandle):
+class BudgetHandle(OffloadHandle):
     """Returned by :func:`fit`; see there. A context manager: leaving it closes."""
 
     _who = "stash.torch.fit"
     _engine_sees_all = False  # Note [What it costs]: only offloads go to the engine
-    _tracking = False
     _plain_layers: Set[int] = set()
 
     def __init__(self, blocks: Sequence[torch.nn.Module], budget: Union[int, str, Budget], *,
@@ -207,13 +207,8 @@ class BudgetHandle(FitProfile, OffloadHandle):
         self._measured_for = {}     # key -> steps measured so far
         self._shapes: Dict[str, Tuple[str, Optional[int]]] = {}  # key -> (family, tokens)
         self._underivable: Set[str] = set()  # keys whose derived plan failed its check
-        self._layers = [_LayerRecord() for _ in blocks]
-        self._layers_key = None
         self._records: List[StepRecord] = []
         self._step = None
-        self._tracked = {}             # storage key -> (weakref, bytes): CPU meter
-        self._held = {}             # storage key -> (weakref, layer, index): shared storages
-        self._offloaded_inputs = []  # measuring step: (layer, index, weakref) offloaded
         self._opt_state_counted = None
         self._finish_ms = 0.0
         # Note [Agreeing on a plan across ranks]: None outside torch.distributed.
@@ -224,6 +219,7 @@ class BudgetHandle(FitProfile, OffloadHandle):
         # Note [The CPU allocator's meter] in _meter.py: None on CUDA, or where it cannot be
         # built (fit then counts the storages it tracks).
         self._counting = None if self._cuda else cpu_window()
+        self._recorder = MeasuringRecorder(self._n, self._counting, self._state_bytes)
         self._resident_bytes: Optional[int] = None  # parameters and buffers (_alive_bytes)
         self._cupti_used = None  # None: not tried (CPU); else (used, reason)
         self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
@@ -263,7 +259,7 @@ class BudgetHandle(FitProfile, OffloadHandle):
         # Note [The measuring step]: the hidden-state input is offloaded, the rest kept.
         if (first_input is not None and first_input == storage_of(t)[0]
                 and nbytes >= MIN_OFFLOAD_BYTES and j < MEASURE_SLOTS and i < self._n - 1
-                and t.device == self.device and self._holder(i, t) is None):
+                and t.device == self.device and self._recorder.holder(i, t) is None):
             return OFFLOAD
         return KEEP
 
@@ -320,12 +316,10 @@ class BudgetHandle(FitProfile, OffloadHandle):
         layers are dropped, so the shape is measured again from scratch."""
         rec.aborted = reason
         if rec.mode == "measure":
-            self._layers_key = None
+            self._recorder.drop_layers()
             if self._cuda:
                 self._cupti.stop()
-        self._tracked = {}
-        self._held = {}
-        self._offloaded_inputs = []
+        self._recorder.forget()
 
     def _forward_began(self, i, step):
         rec = self._step
@@ -340,20 +334,11 @@ class BudgetHandle(FitProfile, OffloadHandle):
             return
         if step.checking and step.passes == 1:
             step.saved_counts[i] = max(step.saved_counts.get(i, 0), j + 1)
-        key = storage_of(t)[0]
-        if self._mode == "measure" and self._micro_batch == 0:
-            layer = self._layers[i]
-            if len(layer.entries) <= j:
-                layer.entries.append({"bytes": int(nbytes), "holder": self._holder(i, t),
-                                      "recomputable": action == RECOMPUTE,
-                                      "action": action})
-                if action == OFFLOAD:
-                    self._offloaded_inputs.append((i, j, _weak(t)))
-        if self._mode == "measure" and (key not in self._held or self._held[key][0] is None
-                                        or self._held[key][0].expired()):
-            self._held[key] = (_weak(t), i, j)
-        if self._tracking:
-            self._tracked[key] = (_weak(t), int(nbytes))
+        if self._mode == "measure":
+            self._recorder.saved(i, j, t, nbytes, action,
+                                 first_micro_batch=self._micro_batch == 0)
+        if self._recorder.tracking:
+            self._recorder.track(t, nbytes)
             self._sample(f"forward[{i}]")
 
     def _forward_ended(self, i, step, order):
@@ -362,22 +347,7 @@ class BudgetHandle(FitProfile, OffloadHandle):
             rec.fwd.setdefault((step.serial, i), Span()).end = self._clock.mark()
             self._cupti.end()
             if self._mode == "measure" and self._micro_batch == 0:
-                # The recomputable flag is the record pass's: an input is not, whatever the
-                # action the hooks chose.
-                entries = self._layers[i].entries
-                for j, e in enumerate(order.entries):
-                    if j < len(entries):
-                        entries[j]["recomputable"] = bool(e["recomputable"])
-                        entries[j]["is_input"] = bool(e["is_input"])
-                if i == self._n - 1:
-                    # An input offloaded two or more blocks back has been handed back by now
-                    # (forward_begin(i+2)); if it still lives, the caller holds it (a Hugging
-                    # Face model keeps inputs_embeds through its forward): offloading it frees
-                    # nothing, so the profile keeps it (must_keep).
-                    for li, j, ref in self._offloaded_inputs:
-                        if li <= self._n - 3 and ref is not None and not ref.expired():
-                            self._layers[li].entries[j]["held_outside"] = True
-                    self._offloaded_inputs = []
+                self._recorder.forward_ended(i, order.entries)
         self._sample(f"forward[{i}]", after=("loss",) if i == self._n - 1 else ("fwd", i))
 
     def _forward_released(self, i, step):
@@ -424,9 +394,7 @@ class BudgetHandle(FitProfile, OffloadHandle):
         r = rec.replay.get((frame.step.serial, frame.layer))
         if r is not None:
             r.marks.append((seen[0], self._clock.mark()))
-        if self._tracking:
-            key, nbytes = storage_of(t)
-            self._tracked[key] = (_weak(t), int(nbytes))
+        self._recorder.track(t, storage_of(t)[1])
 
     def _replay_ended(self, frame, replay):
         rec = self._step
@@ -438,69 +406,51 @@ class BudgetHandle(FitProfile, OffloadHandle):
 
     def _alloc(self, nbytes, stream):
         ptr = super()._alloc(nbytes, stream)
-        if self._tracking:
+        if self._recorder.tracking:
             buf = self._buffers.get(ptr)
             if buf is not None:
-                self._tracked[storage_of(buf)[0]] = (_weak(buf), int(nbytes))
+                self._recorder.track(buf, nbytes)
                 self._sample("prefetch")
         return ptr
 
     # --- bookkeeping --------------------------------------------------------------------
 
-    def _holder(self, i, t):
-        """(layer, index) of an earlier block that saved this very storage and still holds
-        it (Note [The measuring step]: a storage shared by blocks), else None."""
-        held = self._held.get(storage_of(t)[0])
-        if held is None:
-            return None
-        ref, layer, j = held
-        if layer == i or ref is None or ref.expired():
-            return None
-        return (layer, j)
-
     def _sample(self, where: str, after: Optional[Tuple[Any, ...]] = None) -> None:
-        """CPU: the most activation bytes held at once, and what the allocator held beyond
-        fit's count since the last sample, by the position the step was in then (Note
-        [What the budget counts]); after: the position from here on (None: the same)."""
-        if not self._tracking or self._step is None:
-            return
-        total, dead = 0, []
-        for k, (ref, n) in self._tracked.items():
-            if ref is None or ref.expired():
-                dead.append(k)
-            else:
-                total += n
-        for k in dead:
-            del self._tracked[k]
-        rec = self._step
-        if total > rec.live_peak:
-            rec.live_peak = total
-            rec.peak_at = where
-        if self._counting is not None and rec.meter_base is not None:
-            # Note [What the budget counts]: the allocator's peak since the last sample,
-            # above what fit counts now, is what it does not track there.
-            window = rec.meter_base + self._counting.peak()
-            self._counting.reset_peak()
-            rec.meter_running = max(rec.meter_running, window)
-            # What fit tracked in the window: as at its start or at its end, whichever is
-            # more (a block's recompute storages go when its forward returns, between two
-            # samples, and the window's peak held them).
-            tracked, rec.tracked_before = max(total, rec.tracked_before), total
-            # Gradients and optimizer state made in the step are fit's to count too. A
-            # block's backward makes its gradients after the window's peak (the first
-            # grads of its backward, right after its replay), so there they count as at
-            # the window's start; the optimizer step's state, as at its end.
-            grown_before = rec.grown
-            if where.startswith(("backward", "optimizer")):
-                rec.grown = self._state_bytes() - rec.state_at_start
-            alive = rec.meter_base + max(0, grown_before if where.startswith("backward")
-                                         else rec.grown)
-            phase = rec.phase
-            if where == "optimizer step":  # no activation is alive: a phase of its own
-                phase, tracked = ("opt",), 0
-            rec.untracked[phase] = max(rec.untracked.get(phase, 0), window - alive - tracked)
-        if after is not None:
-            rec.phase = after
+        """The CPU meter's sample at a position of the running step (the recorder's)."""
+        if self._step is not None:
+            self._recorder.sample(self._step, where, after)
+
+    def _record_profile(self, rec: StepRecord) -> None:
+        """A finished measuring step as the shape's profile (kept in the cache)."""
+        doc = measured_profile(rec, self._recorder.layers, self.blocks, self._clock,
+                               device=_device_info(self.device), link=self._link_section,
+                               host={"pinnable_bytes": _pinnable_bytes()},
+                               timing=self._timing_kind(), cupti=self._cupti_summary)
+        counted = self._fixed_counted()
+        self._opt_state_counted = _optimizer_state_estimate(self.optimizer)
+        if self._cuda:
+            missing = self._opt_state_counted if (
+                self.optimizer is not None and not len(self.optimizer.state)) else 0
+            doc["fixed_bytes"] = fixed_bytes_cuda(doc, rec, self._recorder.actions_seen(),
+                                                  counted, missing)
+        else:
+            doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted)
+        entry: Entry = {"profile": doc, "measured_peak_bytes": rec.peak_bytes}
+        self._cache[rec.key] = entry
+        self._entry = entry
+        self._cache.store_profile(rec.key, doc)
+
+    def _cupti_summary(self, fwd: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """Note [The measuring step]: CUPTI's forward kernel time beside the events' span,
+        or why CUPTI did not run."""
+        if self._cupti_used is None:
+            return {"used": False, "reason": "no CUDA device (the host clock times the step)"}
+        used, reason = self._cupti_used
+        if used and fwd:
+            return {"used": True, "forward": fwd,
+                    "kernel_share": sum(f["kernel_ms"] for f in fwd)
+                    / max(1e-9, sum(f["span_ms"] for f in fwd))}
+        return {"used": False, "reason": reason or self._cupti.reason or "no records"}
 
     def _fixed_counted(self) -> int:
         """Parameters, gradients (as if allocated), buffers and optimizer state, from their
@@ -546,16 +496,13 @@ class BudgetHandle(FitProfile, OffloadHandle):
             self._cupti_used = self._cupti.start()
         # Note [What it costs] (planned steps): fit tracks storages only where it must,
         # in a measuring step, or on the CPU without the counting allocator.
-        self._tracking = not self._cuda and (mode == "measure" or self._counting is None)
+        self._recorder.begin_step(not self._cuda and (mode == "measure" or self._counting is None))
         if self._counting is not None:  # Note [The CPU allocator's meter] in _meter.py
             if mode == "measure":
                 rec.counted = self._fixed_counted()
                 rec.state_at_start = self._state_bytes()
             rec.meter_base = self._alive_bytes(inputs)
             self._counting.reopen()
-        self._tracked = {}
-        self._held = {}
-        self._offloaded_inputs = []
 
     def _exposed_total(self) -> float:
         if self.engine is None or not self.engine.timing:
@@ -630,9 +577,7 @@ class BudgetHandle(FitProfile, OffloadHandle):
             self._entry = entry
             self._switch(entry["actions"], "plan")
             return "plan"
-        if self._layers_key != key:
-            self._layers = [_LayerRecord() for _ in self.blocks]
-            self._layers_key = key
+        self._recorder.measure(key)
         self._switch([_MeasureLayer() for _ in self.blocks], "measure")
         return "measure"
 

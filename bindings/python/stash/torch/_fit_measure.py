@@ -1,0 +1,280 @@
+"""stash.torch.fit's measuring recorder: what a step fit measures records of each block's
+saved tensors, the storages it tracks for the CPU meter and the meter's samples by
+position (Notes [The measuring step] and [What the budget counts] in _fit.py), and the
+stash.profile/1 made from a measured step (measured_profile, fixed_bytes). The handle
+owns one recorder and calls it from its hook seams; the recorder reads no handle."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .. import profile as _profile
+from .._engine import KEEP, OFFLOAD, RECOMPUTE
+from .._planner import evaluate
+from ._fit_support import (StepRecord, _Clock, _cupti_fwd, _LayerRecord, _min_feasible,
+                           _plan_doc, _weak)
+from ._saved import storage_of
+
+Doc = Dict[str, Any]
+Phase = Tuple[Any, ...]
+
+
+class MeasuringRecorder:
+    """The measuring step's per-block records and the CPU meter's samples.
+
+    layers: per block, the saved storages the measuring step numbered (bytes, holder,
+    recomputable, what the hooks did), for the shape layers_key. tracking: whether saved
+    storages are counted by weak reference this step (a measuring step on the CPU, or
+    any step where the counting allocator cannot be built). counting: the CPU counting
+    allocator's window (None on CUDA); state_bytes: the gradients and optimizer state
+    alive now."""
+
+    def __init__(self, n_blocks: int, counting: Any, state_bytes: Callable[[], int]):
+        self.n = n_blocks
+        self.layers: List[_LayerRecord] = [_LayerRecord() for _ in range(n_blocks)]
+        self.layers_key: Optional[str] = None
+        self.tracking = False
+        self.counting = counting
+        self._state_bytes = state_bytes
+        self._tracked: Dict[Any, Tuple[Any, int]] = {}      # storage -> (weakref, bytes)
+        self._held: Dict[Any, Tuple[Any, int, int]] = {}    # storage -> (weakref, layer, j)
+        self._offloaded_inputs: List[Tuple[int, int, Any]] = []  # (layer, j, weakref)
+
+    def measure(self, key: str) -> None:
+        """A measuring step of shape `key`: its layers' records start afresh unless they
+        are this shape's (measure_steps > 1 adds to them)."""
+        if self.layers_key != key:
+            self.layers = [_LayerRecord() for _ in range(self.n)]
+            self.layers_key = key
+
+    def begin_step(self, tracking: bool) -> None:
+        self.tracking = tracking
+        self.forget()
+
+    def forget(self) -> None:
+        """What the last step held is given back (a new step, or a lost one)."""
+        self._tracked = {}
+        self._held = {}
+        self._offloaded_inputs = []
+
+    def drop_layers(self) -> None:
+        """A lost measuring step: the shape is measured again from scratch."""
+        self.layers_key = None
+
+    def holder(self, i: int, t: torch.Tensor) -> Optional[Tuple[int, int]]:
+        """(layer, index) of an earlier block that saved this very storage and still holds
+        it (Note [The measuring step]: a storage shared by blocks), else None."""
+        held = self._held.get(storage_of(t)[0])
+        if held is None:
+            return None
+        ref, layer, j = held
+        if layer == i or ref is None or ref.expired():
+            return None
+        return (layer, j)
+
+    def saved(self, i: int, j: int, t: torch.Tensor, nbytes: int, action: int, *,
+              first_micro_batch: bool) -> None:
+        """Block i saved its tensor j in a measuring step."""
+        key = storage_of(t)[0]
+        if first_micro_batch:
+            layer = self.layers[i]
+            if len(layer.entries) <= j:
+                layer.entries.append({"bytes": int(nbytes), "holder": self.holder(i, t),
+                                      "recomputable": action == RECOMPUTE,
+                                      "action": action})
+                if action == OFFLOAD:
+                    self._offloaded_inputs.append((i, j, _weak(t)))
+        held = self._held.get(key)
+        if held is None or held[0] is None or held[0].expired():
+            self._held[key] = (_weak(t), i, j)
+
+    def forward_ended(self, i: int, entries_seen: Sequence[Dict[str, Any]]) -> None:
+        """Block i's forward ended in a measuring step's first micro-batch."""
+        # The recomputable flag is the record pass's: an input is not, whatever the action
+        # the hooks chose.
+        entries = self.layers[i].entries
+        for j, e in enumerate(entries_seen):
+            if j < len(entries):
+                entries[j]["recomputable"] = bool(e["recomputable"])
+                entries[j]["is_input"] = bool(e["is_input"])
+        if i == self.n - 1:
+            # An input offloaded two or more blocks back has been handed back by now
+            # (forward_begin(i+2)); if it still lives, the caller holds it (a Hugging Face
+            # model keeps inputs_embeds through its forward): offloading it frees nothing,
+            # so the profile keeps it (must_keep).
+            for li, j, ref in self._offloaded_inputs:
+                if li <= self.n - 3 and ref is not None and not ref.expired():
+                    self.layers[li].entries[j]["held_outside"] = True
+            self._offloaded_inputs = []
+
+    def track(self, t: torch.Tensor, nbytes: int) -> None:
+        """Counts a storage the step holds (while tracking), until it is freed."""
+        if self.tracking:
+            self._tracked[storage_of(t)[0]] = (_weak(t), int(nbytes))
+
+    def sample(self, rec: StepRecord, where: str, after: Optional[Phase] = None) -> None:
+        """CPU: the most activation bytes held at once, and what the allocator held beyond
+        fit's count since the last sample, by the position the step was in then (Note
+        [What the budget counts]); after: the position from here on (None: the same)."""
+        if not self.tracking:
+            return
+        total, dead = 0, []
+        for k, (ref, n) in self._tracked.items():
+            if ref is None or ref.expired():
+                dead.append(k)
+            else:
+                total += n
+        for k in dead:
+            del self._tracked[k]
+        if total > rec.live_peak:
+            rec.live_peak = total
+            rec.peak_at = where
+        if self.counting is not None and rec.meter_base is not None:
+            # Note [What the budget counts]: the allocator's peak since the last sample,
+            # above what fit counts now, is what it does not track there.
+            window = rec.meter_base + self.counting.peak()
+            self.counting.reset_peak()
+            rec.meter_running = max(rec.meter_running, window)
+            # What fit tracked in the window: as at its start or at its end, whichever is
+            # more (a block's recompute storages go when its forward returns, between two
+            # samples, and the window's peak held them).
+            tracked, rec.tracked_before = max(total, rec.tracked_before), total
+            # Gradients and optimizer state made in the step are fit's to count too. A
+            # block's backward makes its gradients after the window's peak (the first
+            # grads of its backward, right after its replay), so there they count as at
+            # the window's start; the optimizer step's state, as at its end.
+            grown_before = rec.grown
+            if where.startswith(("backward", "optimizer")):
+                rec.grown = self._state_bytes() - rec.state_at_start
+            alive = rec.meter_base + max(0, grown_before if where.startswith("backward")
+                                         else rec.grown)
+            phase = rec.phase
+            if where == "optimizer step":  # no activation is alive: a phase of its own
+                phase, tracked = ("opt",), 0
+            rec.untracked[phase] = max(rec.untracked.get(phase, 0), window - alive - tracked)
+        if after is not None:
+            rec.phase = after
+
+    def actions_seen(self) -> List[List[str]]:
+        """What the measuring step did with each tensor, by name."""
+        names = {KEEP: "keep", RECOMPUTE: "recompute", OFFLOAD: "offload"}
+        return [[names[e["action"]] for e in layer.entries] for layer in self.layers]
+
+
+def measured_profile(rec: StepRecord, layers: Sequence[_LayerRecord],
+                     blocks: Sequence[torch.nn.Module], clock: _Clock, *,
+                     device: Dict[str, Any], link: Dict[str, Any], host: Dict[str, Any],
+                     timing: str, cupti: Callable[[List[Dict[str, Any]]], Dict[str, Any]]
+                     ) -> Doc:
+    """A finished measuring step as a stash.profile/1, fixed_bytes 0 (fixed_bytes()
+    gives them): per-layer times and tensors from the step's records (Notes [The
+    measuring step] and [Recompute cost as the replay pays it] in _fit.py). cupti: the
+    CUPTI summary of the forwards' kernel times."""
+    out = []
+    cupti_fwd = []
+    total_fwd = total_bwd = 0.0
+    # The first holder of a storage later blocks share is must_keep too: offloading it
+    # would free nothing while they hold it.
+    first_holders = {e["holder"] for layer in layers for e in layer.entries
+                     if e["holder"] is not None}
+    for i, layer in enumerate(layers):
+        fwd = [clock.ms(v.begin, v.end) for (_, l), v in rec.fwd.items()
+               if l == i and v.begin is not None]
+        bwd = [clock.ms(v.begin, v.end) for (_, l), v in rec.bwd.items()
+               if l == i and v.end is not None]
+        reps = [v for (_, l), v in rec.replay.items() if l == i and v.end is not None]
+        rep_ms = [clock.ms(v.begin, v.end) for v in reps]
+        total_fwd += sum(fwd)
+        total_bwd += sum(bwd)
+        fwd_ms = sum(fwd) / max(1, len(fwd))
+        kernel = _cupti_fwd(rec.cupti, i)
+        if kernel is not None:
+            cupti_fwd.append({"layer": i, "kernel_ms": kernel, "span_ms": fwd_ms})
+        bwd_ms = max(0.0, (sum(bwd) - sum(rep_ms)) / max(1, len(bwd)))
+        # Note [Recompute cost as the replay pays it]
+        # A segment that ends at an input's save (restored, not recomputed) belongs to the
+        # next recomputable tensor, so the costs still add up to the replay's prefix.
+        cost: Dict[int, float] = {}
+        if reps:
+            prev = reps[0].begin
+            for j, m in reps[0].marks:
+                e = layer.entries[j] if j < len(layer.entries) else None
+                if e is not None and e["recomputable"] and j not in cost:
+                    cost[j] = clock.ms(prev, m)
+                    prev = m
+        tensors = []
+        seen_names = set()
+        for j, e in enumerate(layer.entries):
+            again = e["holder"] is not None        # listed by an earlier block
+            keep = again or (i, j) in first_holders or e.get("held_outside", False)
+            name = "input" if e.get("is_input") and "input" not in seen_names else f"saved.{j}"
+            seen_names.add(name)
+            tensors.append({
+                "name": name,
+                "bytes": 0 if again else int(e["bytes"]),
+                "recompute_ms": float(cost.get(j, 0.0)) if e["recomputable"] else 0.0,
+                "offloadable": not keep,
+                "recomputable": bool(e["recomputable"]) and not keep,
+                "must_keep": keep,
+            })
+        digest = hashlib.sha256(json.dumps(
+            [(t["bytes"], t["recomputable"], t["must_keep"]) for t in tensors]).encode()
+        ).hexdigest()[:16]
+        out.append({"name": f"{type(blocks[i]).__name__}.{i}",
+                    "signature": f"{type(blocks[i]).__name__}:{digest}",
+                    "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "bwd_temp_bytes": 0,
+                    "tensors": tensors})
+    end = rec.end if rec.end is not None else rec.bwd_end
+    step_ms = clock.ms(rec.start, end)
+    # Once per step (the loss, the optimizer, the uploads), whatever the micro-batches.
+    overhead = max(0.0, step_ms - total_fwd - total_bwd)
+    return {
+        "schema": _profile.SCHEMA,
+        "source": "measured",
+        "device": device,
+        "link": dict(link),
+        "host": host,
+        "fixed_bytes": 0,
+        "step_overhead_ms": overhead,
+        "layers": out,
+        "measurement": {"timing": timing, "passes": rec.passes, "cupti": cupti(cupti_fwd),
+                        "notes": ["fit: least-memory measuring step"]},
+    }
+
+
+def fixed_bytes_cuda(doc: Doc, rec: StepRecord, actions_seen: List[List[str]], counted: int,
+                     missing_optimizer_state: int) -> int:
+    """Note [What the budget counts], on CUDA: the measured peak less the canonical
+    model's activation peak for what the measuring step did, plus the optimizer state
+    that did not exist yet; at least what fit counts."""
+    probe = dict(doc, fixed_bytes=0)
+    act = evaluate(probe, _plan_doc(probe, actions_seen), 1 << 62,
+                   strict=False)["predicted_peak_bytes"]
+    return int(max(rec.peak_bytes - act + missing_optimizer_state, counted))
+
+
+def fixed_bytes_cpu(doc: Doc, rec: StepRecord, counted: int) -> int:
+    """Note [What the budget counts], on the CPU: what the allocator held above fit's
+    count, by position (none without the counting allocator). The most of it in any
+    forward joins the fixed bytes; the rest of a layer's backward, and of the loss for
+    the last layer, become the layer's backward temporaries (set in doc); the optimizer
+    step's own, with no activation alive, join the fixed bytes only as far as they would
+    not fit under the least a plan holds."""
+    u = rec.untracked
+    forward = max([0] + [v for k, v in u.items() if k[0] == "fwd"])
+    fixed = counted + forward
+    last = len(doc["layers"]) - 1
+    for i, layer in enumerate(doc["layers"]):
+        temp = u.get(("bwd", i), 0)
+        if i == last:
+            temp = max(temp, u.get(("loss",), 0))
+        layer["bwd_temp_bytes"] = int(max(0, temp - forward))
+    optimizer = u.get(("opt",), 0)
+    if optimizer > forward:
+        least = _min_feasible(dict(doc, fixed_bytes=fixed)) - fixed
+        fixed = max(fixed, counted + optimizer - max(0, least))
+    return fixed
