@@ -5,10 +5,11 @@
 //
 // Note [One CUDA primitive layer]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Where: allocator/ is the lowest folder that may include the CUDA runtime (planner/, the
-// only one below it, is pure C++), and the folder rule lets every folder above it (runtime,
-// kernels, bindings, tools) use what is here. The CPU-only half of the error model (status,
-// the thread-local error text, stash::error) is one folder lower, in planner/error.h.
+// Where: allocator/ is the lowest folder that may include the CUDA runtime (core/, below
+// it, and planner/, beside it, are pure C++), and the folder rule lets every folder above
+// it (runtime, kernels, bindings, tools) use what is here. The CPU-only half of the error
+// model (status, the thread-local error text, stash::error) is in the bottom folder, in
+// core/error.h.
 //
 // Contract (after mimalloc's prim.h and RMM's detail/error.hpp):
 //  - Each wrapper is one runtime call and returns its cudaError_t unchanged; none throws,
@@ -42,7 +43,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash::prim {
 

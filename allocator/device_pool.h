@@ -37,7 +37,7 @@
 #include "block_map.h"
 #include "event_guard.h"
 #include "pool_stats.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash {
 

@@ -30,7 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include "block_map.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash {
 

@@ -27,7 +27,7 @@
 #include "event_guard.h"
 #include "pinned_slab.h"
 #include "pool_stats.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash {
 

@@ -24,7 +24,7 @@
 
 #include <cstddef>
 
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash {
 

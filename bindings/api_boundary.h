@@ -2,23 +2,23 @@
 //
 // Every exported function body runs inside api_call(), which catches every exception
 // (stash::error keeps its status; std::bad_alloc is INTERNAL; anything else INTERNAL) and
-// writes its message into the thread-local error buffer (planner/error.h) that
+// writes its message into the thread-local error buffer (core/error.h) that
 // stash_last_error() returns. No exception crosses the C boundary.
 #pragma once
 
 #include <new>
 
-#include "planner/error.h"
+#include "core/error.h"
 #include "pool_stats.h"
 #include "stash.h"
 
 namespace stash::api {
 
-// Every row of the one status table (Note [The status table] in planner/error.h) is the
+// Every row of the one status table (Note [The status table] in core/error.h) is the
 // header's enumerator of that name, with the same number.
 #define STASH_STATUS_MATCHES_HEADER_(id, c_name, number, text)                   \
   static_assert(static_cast<int>(status::id) == number && c_name == number, \
-                #c_name " differs between planner/error.h and stash.h");
+                #c_name " differs between core/error.h and stash.h");
 STASH_STATUS_TABLE(STASH_STATUS_MATCHES_HEADER_)
 #undef STASH_STATUS_MATCHES_HEADER_
 

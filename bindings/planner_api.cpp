@@ -92,7 +92,7 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
       bytes = pl::parse_budget(budget, p);
     } catch (const nlohmann::json::parse_error& e) {
       return fail(status::bad_profile, "%s: the profile is not JSON: %s", fn, e.what());
-    } catch (const pl::input_error& e) {
+    } catch (const stash::input_error& e) {
       return fail(status::bad_profile, "%s: %s", fn, e.what());
     }
     r.budget_bytes = bytes;
@@ -121,7 +121,7 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
       r.min_feasible_proved = e.min_proved() ? 1 : 0;
       deliver();
       return fail(status::infeasible_budget, "%s: %s", fn, e.what());
-    } catch (const pl::input_error& e) {
+    } catch (const stash::input_error& e) {
       deliver();
       return fail(status::bad_profile, "%s: %s", fn, e.what());
     }
@@ -154,14 +154,14 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
       p = pl::profile_from_json(nlohmann::json::parse(profile_json));
     } catch (const nlohmann::json::parse_error& e) {
       return fail(status::bad_profile, "%s: the profile is not JSON: %s", fn, e.what());
-    } catch (const pl::input_error& e) {
+    } catch (const stash::input_error& e) {
       return fail(status::bad_profile, "%s: profile: %s", fn, e.what());
     }
     try {
       plan = pl::plan_from_json(nlohmann::json::parse(plan_json), p);
     } catch (const nlohmann::json::parse_error& e) {
       return fail(status::bad_plan, "%s: the plan is not JSON: %s", fn, e.what());
-    } catch (const pl::input_error& e) {
+    } catch (const stash::input_error& e) {
       return fail(status::bad_plan, "%s: plan: %s", fn, e.what());
     }
     const std::uint64_t budget = budget_bytes ? budget_bytes : plan.budget_bytes;
@@ -215,7 +215,7 @@ STASH_API stash_status_t stash_plan_read_actions(const char* plan_json, size_t* 
       plan = pl::read_plan(nlohmann::json::parse(plan_json));
     } catch (const nlohmann::json::parse_error& e) {
       return fail(status::bad_plan, "%s: the plan is not JSON: %s", fn, e.what());
-    } catch (const pl::input_error& e) {
+    } catch (const stash::input_error& e) {
       return fail(status::bad_plan, "%s: plan: %s", fn, e.what());
     }
     std::size_t at = 0;

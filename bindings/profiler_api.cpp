@@ -105,7 +105,7 @@ STASH_API stash_status_t stash_profiler_stop(const char* skeleton_path, const ch
       std::ofstream out(output_path);
       out << filled.json.dump(2) << "\n";
       if (!out) return stash::fail(status::invalid_argument, "cannot write %s", output_path);
-    } catch (const stash::planner::input_error& e) {
+    } catch (const stash::input_error& e) {
       return stash::fail(status::invalid_argument, "%s", e.what());
     }
     return status::ok;

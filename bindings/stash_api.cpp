@@ -14,7 +14,7 @@ extern "C" {
 STASH_API unsigned stash_version(void) { return STASH_VERSION_NUMBER; }
 STASH_API const char* stash_version_string(void) { return STASH_VERSION_STRING; }
 
-// The one status table (Note [The status table] in planner/error.h). The argument is read
+// The one status table (Note [The status table] in core/error.h). The argument is read
 // as an int: a caller's number need not be a stash_status_t, and status_name() answers
 // "unknown status" for any number that is not a row.
 STASH_API const char* stash_status_string(stash_status_t s) {

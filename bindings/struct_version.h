@@ -36,7 +36,7 @@
 #include <cstring>
 
 #include "stash.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 // The smallest struct_size that holds T::field: where a struct ended in the version whose
 // last field was `field`.

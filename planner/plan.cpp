@@ -4,7 +4,7 @@
 // tests and the simulator's agreement test all go through it, so it follows the issue's
 // formula literally and does no clever incremental bookkeeping.
 #include "planner/plan.h"
-#include "planner/json_file.h"
+#include "core/json_file.h"
 
 #include <algorithm>
 #include <cmath>

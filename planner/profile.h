@@ -6,22 +6,14 @@
 #include <string>
 #include <vector>
 
-#include "planner/error.h"
+#include "core/error.h"
 
 #include <nlohmann/json_fwd.hpp>
 
 namespace stash::planner {
 
-// Thrown for malformed input anywhere in the planner (profiles, plans, budgets). what()
-// names the offending field with a JSON path such as "layers[3].tensors[0].bytes". A
-// stash::error with status invalid_argument (Note [One error model at the bottom] in
-// planner/error.h); the C API's planner entry points report it as STASH_ERROR_BAD_PROFILE
-// or STASH_ERROR_BAD_PLAN, naming which input was bad.
-class input_error : public error {
- public:
-  explicit input_error(const std::string& what) : error(status::invalid_argument, what) {}
-  explicit input_error(const char* what) : error(status::invalid_argument, what) {}
-};
+// Malformed input is a stash::input_error (core/error.h): every message names the field,
+// with a JSON path such as "layers[3].tensors[0].bytes".
 
 inline constexpr const char* kProfileSchema = "stash.profile/1";
 // Tensors under this size never offload (TransformerEngine/Megatron use the same floor).

@@ -15,7 +15,7 @@
 #include "pools.h"
 #include "real_cudart.h"
 #include "report.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash::preload {
 

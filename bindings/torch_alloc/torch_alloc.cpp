@@ -9,7 +9,7 @@
 #include "c_stats.h"
 #include "device_pool.h"
 #include "stash_torch.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace {
 

@@ -157,10 +157,10 @@ copy_bench_result run_copy_bench(const copy_bench_options& options) {
     ed.push_back(e.d2h);
     eh.push_back(e.h2d);
   }
-  r.plain_d2h = planner::summarize_rates(pd);
-  r.plain_h2d = planner::summarize_rates(ph);
-  r.engine_d2h = planner::summarize_rates(ed);
-  r.engine_h2d = planner::summarize_rates(eh);
+  r.plain_d2h = stash::summarize_rates(pd);
+  r.plain_h2d = stash::summarize_rates(ph);
+  r.engine_d2h = stash::summarize_rates(ed);
+  r.engine_h2d = stash::summarize_rates(eh);
   r.ratio_d2h = r.plain_d2h.median_gbps > 0 ? r.engine_d2h.median_gbps / r.plain_d2h.median_gbps : 0;
   r.ratio_h2d = r.plain_h2d.median_gbps > 0 ? r.engine_h2d.median_gbps / r.plain_h2d.median_gbps : 0;
   return r;
@@ -175,7 +175,7 @@ std::string format_copy_table(const copy_bench_result& r) {
                 r.tensors, r.bytes / double(kMiB), r.samples, r.warmups);
   out += line;
   out += "  direction  plain cudaMemcpyAsync GB/s   engine GB/s   engine/plain\n";
-  auto row = [&](const char* dir, const planner::rate_summary& p, const planner::rate_summary& e,
+  auto row = [&](const char* dir, const stash::rate_summary& p, const stash::rate_summary& e,
                  double ratio) {
     std::snprintf(line, sizeof line, "  %-9s  %8.2f [%.2f..%.2f]   %8.2f [%.2f..%.2f]   %.4f\n",
                   dir, p.median_gbps, p.min_gbps, p.max_gbps, e.median_gbps, e.min_gbps,
@@ -194,7 +194,7 @@ std::string format_copy_table(const copy_bench_result& r) {
 }
 
 nlohmann::json copy_bench_to_json(const copy_bench_result& r) {
-  auto rate = [](const planner::rate_summary& x) {
+  auto rate = [](const stash::rate_summary& x) {
     return nlohmann::json{{"median_gbps", x.median_gbps}, {"min_gbps", x.min_gbps},
                           {"max_gbps", x.max_gbps}};
   };

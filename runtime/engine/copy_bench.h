@@ -30,7 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "planner/stats.h"
+#include "core/stats.h"
 
 namespace stash::engine {
 
@@ -47,7 +47,7 @@ std::vector<std::size_t> default_copy_mix();
 struct copy_bench_result {
   std::size_t tensors = 0, bytes = 0;  // one direction
   int samples = 0, warmups = 0;
-  planner::rate_summary plain_d2h, plain_h2d, engine_d2h, engine_h2d;
+  stash::rate_summary plain_d2h, plain_h2d, engine_d2h, engine_h2d;
   double ratio_d2h = 0, ratio_h2d = 0;  // engine / plain, medians
 };
 

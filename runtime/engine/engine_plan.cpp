@@ -32,7 +32,7 @@ engine_plan engine_plan::from_file(const std::string& path) {
   planner::step_plan plan;
   try {
     plan = planner::read_plan_file(path);
-  } catch (const planner::input_error& e) {
+  } catch (const stash::input_error& e) {
     throw error(bad_plan, e.what());
   }
   return from_plan(plan);

@@ -1,9 +1,9 @@
 // engine_status.h: the engine's result codes, under the engine's own names. They are rows
-// of the one status table (Note [The status table] in planner/error.h), in the 100..199
+// of the one status table (Note [The status table] in core/error.h), in the 100..199
 // range that bindings/include/stash.h gives the engine.
 #pragma once
 
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash::engine {
 

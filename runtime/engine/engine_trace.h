@@ -38,7 +38,7 @@
 #include <cuda_runtime_api.h>
 
 #include "engine_plan.h"
-#include "planner/error.h"
+#include "core/error.h"
 #include "planner/trace.h"
 #include "tensor_table.h"
 

@@ -26,7 +26,7 @@
 #include <cuda_runtime_api.h>
 
 #include "engine_plan.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash::engine {
 

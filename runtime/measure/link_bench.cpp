@@ -91,8 +91,8 @@ double gbps(size_t bytes, double ms) { return ms > 0 ? static_cast<double>(bytes
 // lanes whose group is g (bytes of the group over the slowest lane of the group); the
 // aggregate is all bytes over the slowest lane.
 struct measured {
-  std::vector<planner::rate_summary> groups;
-  planner::rate_summary aggregate;
+  std::vector<stash::rate_summary> groups;
+  stash::rate_summary aggregate;
 };
 measured measure(copy_timer& timer, const std::vector<lane>& lanes, const std::vector<int>& group,
                  int n_groups, const link_bench_options& o) {
@@ -115,19 +115,19 @@ measured measure(copy_timer& timer, const std::vector<lane>& lanes, const std::v
     aggregate.push_back(gbps(total, slowest));
   }
   measured m;
-  for (auto& v : per_group) m.groups.push_back(planner::summarize_rates(v));
-  m.aggregate = planner::summarize_rates(aggregate);
+  for (auto& v : per_group) m.groups.push_back(stash::summarize_rates(v));
+  m.aggregate = stash::summarize_rates(aggregate);
   return m;
 }
 
 }  // namespace
 
 link_bench_result run_link_bench(const link_bench_options& o) {
-  if (o.samples < 1) throw planner::input_error("--samples: must be at least 1");
-  if (o.warmups < 0) throw planner::input_error("--warmups: must not be negative");
-  if (o.sharers < 0) throw planner::input_error("--sharers: must not be negative");
+  if (o.samples < 1) throw stash::input_error("--samples: must be at least 1");
+  if (o.warmups < 0) throw stash::input_error("--warmups: must not be negative");
+  if (o.sharers < 0) throw stash::input_error("--sharers: must not be negative");
   if (o.bytes < kMinLinkBytes) {
-    throw planner::input_error("--bytes: " + planner::format_bytes(o.bytes) +
+    throw stash::input_error("--bytes: " + planner::format_bytes(o.bytes) +
                                " is below the 64 MiB minimum (Note [Link buffer size])");
   }
   link_bench_result r;
@@ -148,7 +148,7 @@ link_bench_result run_link_bench(const link_bench_options& o) {
   r.free_bytes = free_bytes;
   r.buffer_bytes = link_buffer_bytes(o.bytes, free_bytes);
   if (r.buffer_bytes == 0) {
-    throw planner::input_error(
+    throw stash::input_error(
         "device " + std::to_string(o.device) + " has " + planner::format_bytes(free_bytes) +
         " free: the two device buffers would be below the 64 MiB minimum (Note [Link buffer "
         "size])");
@@ -228,7 +228,7 @@ link_bench_result run_link_bench(const link_bench_options& o) {
 }
 
 namespace {
-std::string row(const char* name, const planner::rate_summary& x) {
+std::string row(const char* name, const stash::rate_summary& x) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "  %-30s %9.2f %9.2f %9.2f\n", name, x.median_gbps, x.min_gbps,
                 x.max_gbps);
@@ -236,7 +236,7 @@ std::string row(const char* name, const planner::rate_summary& x) {
 }
 // Event timers resolve ~0.5 us; digits past 1e-4 GB/s are float noise in the file.
 double tidy(double gbps) { return std::round(gbps * 1e4) / 1e4; }
-nlohmann::json rate_json(const planner::rate_summary& x) {
+nlohmann::json rate_json(const stash::rate_summary& x) {
   return {{"median_gbps", tidy(x.median_gbps)}, {"min_gbps", tidy(x.min_gbps)},
           {"max_gbps", tidy(x.max_gbps)}};
 }

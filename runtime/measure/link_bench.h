@@ -34,7 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/profile.h"
-#include "planner/stats.h"
+#include "core/stats.h"
 
 namespace stash::measure {
 
@@ -64,13 +64,13 @@ struct link_bench_result {
   int numa_node = -1;
   size_t requested_bytes = 0, buffer_bytes = 0, free_bytes = 0;
   int samples = 0, warmups = 0;
-  planner::rate_summary h2d, d2h;                      // pinned, one copy at a time
-  planner::rate_summary both_h2d, both_d2h, both_sum;  // pinned, one copy per direction at once
+  stash::rate_summary h2d, d2h;                      // pinned, one copy at a time
+  stash::rate_summary both_h2d, both_d2h, both_sum;  // pinned, one copy per direction at once
   bool pageable = false;
-  planner::rate_summary pageable_h2d, pageable_d2h;
+  stash::rate_summary pageable_h2d, pageable_d2h;
   int sharers = 1;                                     // Note [Per-rank link share]
   // The aggregates with `sharers` copies in flight.
-  planner::rate_summary shared_h2d, shared_d2h, shared_both;
+  stash::rate_summary shared_h2d, shared_d2h, shared_both;
   int local_ranks = 1;                                 // LOCAL_WORLD_SIZE
 
   // The profile's link section (per rank).
@@ -78,7 +78,7 @@ struct link_bench_result {
 };
 
 // Throws measure_error (CUDA failures, named by file:line, status::cuda_error) or
-// planner::input_error (a buffer refused by Note [Link buffer size], bad options); both
+// stash::input_error (a buffer refused by Note [Link buffer size], bad options); both
 // are stash::error.
 link_bench_result run_link_bench(const link_bench_options& options);
 

@@ -71,7 +71,7 @@ json measurement_to_json(const measurement& m) {
 namespace {
 
 [[noreturn]] void bad(const std::string& path, const std::string& what) {
-  throw planner::input_error(path + ": " + what);
+  throw stash::input_error(path + ": " + what);
 }
 
 const json& need(const json& j, const std::string& path, const char* key) {

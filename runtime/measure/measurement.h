@@ -14,7 +14,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "planner/stats.h"
+#include "core/stats.h"
 
 namespace stash::measure {
 
@@ -55,14 +55,14 @@ struct measurement {
 };
 
 // The median of the samples (the mean of the middle two for an even count); 0 when empty:
-// planner/stats.h's, under the name the profiler's code and tests call it by.
+// core/stats.h's, under the name the profiler's code and tests call it by.
 // Note [Steps and the median]: a profiled program usually runs several steps, the first
 // slower (cuBLAS handles, autotuning, allocator growth); the median of the per-step
 // samples ignores such outliers without a "skip the first N" knob.
-using planner::median;
+using stash::median;
 
 nlohmann::json measurement_to_json(const measurement& m);
-// Throws planner::input_error naming the field for malformed input.
+// Throws stash::input_error naming the field for malformed input.
 measurement measurement_from_json(const nlohmann::json& j);
 
 }  // namespace stash::measure

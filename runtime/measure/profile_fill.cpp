@@ -1,6 +1,6 @@
 #include "runtime/measure/profile_fill.h"
 
-#include "planner/json_file.h"
+#include "core/json_file.h"
 
 #include <fstream>
 #include <sstream>
@@ -134,16 +134,16 @@ filled_profile fill_profile(const measurement& m, const planner::step_profile* s
 }
 
 planner::link_profile load_link_section(const std::string& path) {
-  const json j = planner::read_json_file(path);
+  const json j = stash::read_json_file(path);
   if (!j.is_object() || !j.contains("link") || !j["link"].is_object()) {
-    throw planner::input_error(path + ": link: missing required field (expected a profile or "
+    throw stash::input_error(path + ": link: missing required field (expected a profile or "
                                "the output of `stash bench link --json`)");
   }
   const json& l = j["link"];
   planner::link_profile link;
   auto gbps = [&](const char* key) {
     if (!l.contains(key) || !l[key].is_number() || !(l[key].get<double>() > 0)) {
-      throw planner::input_error(path + ": link." + key + ": expected a positive number (GB/s)");
+      throw stash::input_error(path + ": link." + key + ": expected a positive number (GB/s)");
     }
     return l[key].get<double>();
   };
@@ -152,7 +152,7 @@ planner::link_profile load_link_section(const std::string& path) {
   link.bidir_gbps = gbps("bidir_gbps");
   if (l.contains("local_ranks")) {
     if (!l["local_ranks"].is_number_unsigned() || l["local_ranks"].get<int>() < 1) {
-      throw planner::input_error(path + ": link.local_ranks: expected a positive integer");
+      throw stash::input_error(path + ": link.local_ranks: expected a positive integer");
     }
     link.local_ranks = l["local_ranks"].get<int>();
   }

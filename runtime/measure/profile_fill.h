@@ -37,12 +37,12 @@ struct filled_profile {
   std::vector<std::string> notes;  // for the user, one line each
 };
 
-// Throws planner::input_error when the skeleton's filled result does not validate.
+// Throws stash::input_error when the skeleton's filled result does not validate.
 filled_profile fill_profile(const measurement& m, const planner::step_profile* skeleton,
                             const std::optional<planner::link_profile>& link);
 
 // The link section of a file: a profile's "link", or a `stash bench link --json` output
-// (which has one at its top level too). Throws planner::input_error naming the path.
+// (which has one at its top level too). Throws stash::input_error naming the path.
 planner::link_profile load_link_section(const std::string& path);
 
 nlohmann::json link_to_json(const planner::link_profile& link);

@@ -6,7 +6,7 @@
 
 #include "device_pool.h"
 #include "double_api.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "double_api.h"
 #include "pinned_pool.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash {
 namespace {

@@ -4,7 +4,7 @@
 #include "device_pool.h"
 #include "pinned_pool.h"
 #include "pool_conformance.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash::test {
 namespace {

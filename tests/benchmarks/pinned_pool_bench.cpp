@@ -27,7 +27,7 @@
 
 #include "block_map.h"
 #include "pinned_pool.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace {
 

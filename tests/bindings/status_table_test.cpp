@@ -1,4 +1,4 @@
-// Note [The status table] (planner/error.h): the one table of status codes against the C
+// Note [The status table] (core/error.h): the one table of status codes against the C
 // header's enum. bindings/api_boundary.h static_asserts every row against the header; this
 // reads the header's enum and requires every enumerator to be a row (so a code added to
 // stash.h alone fails here), and checks stash_status_string() answers with the row's text.
@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "planner/error.h"
+#include "core/error.h"
 #include "stash.h"
 #include "test_paths.h"
 

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <string>
 
-#include "planner/error.h"
+#include "core/error.h"
 #include "struct_version.h"
 
 namespace {

@@ -1,7 +1,7 @@
 // profile_fuzz.cpp: libFuzzer target for the profile parser (planner/profile.cpp).
 //
 // Contract under test: any byte string either parses into a step_profile or is rejected with
-// stash::planner::input_error. Any other exception, crash, sanitizer report or hang is a
+// stash::input_error. Any other exception, crash, sanitizer report or hang is a
 // bug. A parsed profile must survive a round trip through profile_to_json unchanged (same
 // digest), and the canonical evaluator must accept it with keep-all decisions.
 //
@@ -23,6 +23,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace stash::planner;
+  using stash::input_error;
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
     (void)parse_bytes(text);

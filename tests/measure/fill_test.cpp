@@ -131,7 +131,7 @@ TEST(FillProfile, WithoutSkeletonWritesLayerTimesOnly) {
   ASSERT_FALSE(f.notes.empty());
   EXPECT_NE(f.notes.back().find("cannot be planned yet"), std::string::npos);
   // It is deliberately not a complete profile: the planner refuses it.
-  EXPECT_THROW(planner::profile_from_json(f.json), planner::input_error);
+  EXPECT_THROW(planner::profile_from_json(f.json), stash::input_error);
 }
 
 TEST(Measurement, JsonRoundTripAndMerge) {
@@ -153,10 +153,10 @@ TEST(Measurement, JsonRoundTripAndMerge) {
   EXPECT_EQ(merged.unavailable_reason, "no CUDA-capable device is detected");
   json bad = measurement_to_json(a);
   bad["schema"] = "stash.measurement/0";
-  EXPECT_THROW(measurement_from_json(bad), planner::input_error);
+  EXPECT_THROW(measurement_from_json(bad), stash::input_error);
   bad = measurement_to_json(a);
   bad["layers"][0]["fwd_ms"][0] = -1.0;
-  EXPECT_THROW(measurement_from_json(bad), planner::input_error);
+  EXPECT_THROW(measurement_from_json(bad), stash::input_error);
 }
 
 // Note [Time outside the layers]: the step overhead is the median of the per-step samples.
@@ -200,7 +200,7 @@ TEST(Measurement, StepSamplesRoundTripMergeAndAreOptional) {
   try {
     measurement_from_json(bad);
     ADD_FAILURE() << "a negative sample was accepted";
-  } catch (const planner::input_error& e) {
+  } catch (const stash::input_error& e) {
     EXPECT_EQ(std::string(e.what()).rfind("step_outside_ms[1]:", 0), 0u) << e.what();
   }
 }
@@ -217,10 +217,10 @@ TEST(LinkSection, ReadsBenchOutputAndRejectsBadFiles) {
   EXPECT_DOUBLE_EQ(l.bidir_gbps, 60);
   EXPECT_EQ(l.local_ranks, 2);
   { std::ofstream(path) << R"({"link": {"h2d_gbps": -1, "d2h_gbps": 40, "bidir_gbps": 60}})"; }
-  EXPECT_THROW(load_link_section(path), planner::input_error);
+  EXPECT_THROW(load_link_section(path), stash::input_error);
   { std::ofstream(path) << R"({"nothing": 1})"; }
-  EXPECT_THROW(load_link_section(path), planner::input_error);
-  EXPECT_THROW(load_link_section(path + ".missing"), planner::input_error);
+  EXPECT_THROW(load_link_section(path), stash::input_error);
+  EXPECT_THROW(load_link_section(path + ".missing"), stash::input_error);
   std::remove(path.c_str());
 }
 

@@ -154,16 +154,16 @@ TEST_F(LinkBench, RefusesTooLittleDeviceMemoryOrATooSmallBuffer) {
   try {
     run_link_bench(small());
     FAIL() << "expected a refusal";
-  } catch (const planner::input_error& e) {
+  } catch (const stash::input_error& e) {
     EXPECT_NE(std::string(e.what()).find("64 MiB minimum"), std::string::npos) << e.what();
   }
   test::double_api().reset();
   link_bench_options o = small();
   o.bytes = 32 * kMiB;
-  EXPECT_THROW(run_link_bench(o), planner::input_error);
+  EXPECT_THROW(run_link_bench(o), stash::input_error);
   o = small();
   o.samples = 0;
-  EXPECT_THROW(run_link_bench(o), planner::input_error);
+  EXPECT_THROW(run_link_bench(o), stash::input_error);
 }
 
 TEST_F(LinkBench, CudaErrorsNameTheCallAndTheError) {
@@ -187,7 +187,7 @@ TEST_F(LinkBench, RealLinkFiguresArePlausible) {
   link_bench_options o = small();
   o.bytes = 256 * kMiB;
   const link_bench_result r = run_link_bench(o);
-  for (const planner::rate_summary* x : {&r.h2d, &r.d2h, &r.both_sum}) {
+  for (const stash::rate_summary* x : {&r.h2d, &r.d2h, &r.both_sum}) {
     EXPECT_GT(x->median_gbps, 1.0);
     EXPECT_LT(x->median_gbps, 2000.0);
     EXPECT_LE(x->min_gbps, x->median_gbps);

@@ -5,6 +5,7 @@
 #include "planner/planner.h"
 
 using namespace stash::planner;
+using stash::input_error;
 
 TEST(ParseBudget, BytesAndUnitsPassThrough) {
   const step_profile p = stash::planner::testing::llama_like(4, 1);

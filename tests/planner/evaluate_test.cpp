@@ -6,6 +6,7 @@
 #include "planner/plan.h"
 
 using namespace stash::planner;
+using stash::input_error;
 
 namespace {
 

@@ -9,6 +9,7 @@
 #include "planner/profile.h"
 
 using namespace stash::planner;
+using stash::input_error;
 using nlohmann::json;
 
 namespace {

@@ -17,10 +17,11 @@
 #include <vector>
 
 #include "planner/planner.h"
-#include "planner/stats.h"
+#include "core/stats.h"
 #include "plan_fixtures.h"
 
 using namespace stash::planner;
+using stash::median;
 using stash::planner::testing::llama_like;
 using stash::planner::testing::random_profile;
 

@@ -12,6 +12,7 @@
 #include "planner/planner.h"
 
 using namespace stash::planner;
+using stash::input_error;
 using namespace stash::planner::testing;
 
 namespace {

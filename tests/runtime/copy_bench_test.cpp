@@ -9,7 +9,7 @@
 
 #include "copy_bench.h"
 #include "double_api.h"
-#include "planner/error.h"
+#include "core/error.h"
 
 namespace stash::test {
 namespace {

@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
-#include "planner/json_file.h"
+#include "core/json_file.h"
 #include "planner/profile.h"
 #include "runtime/engine/copy_bench.h"
-#include "planner/error.h"
+#include "core/error.h"
 #include "runtime/measure/link_bench.h"
 #include "cuda_prim.h"
 #include "runtime/measure/profile_fill.h"
@@ -36,11 +36,11 @@ struct bench_link_args {
 // Replaces the link section of an existing profile in place, keeping every other key
 // (including ones the planner does not read), and validates the result first.
 void merge_into_profile(const std::string& path, const nlohmann::json& link) {
-  nlohmann::json j = planner::read_json_file(path);
-  if (!j.is_object()) throw planner::input_error(path + ": expected a stash.profile/1 object");
+  nlohmann::json j = stash::read_json_file(path);
+  if (!j.is_object()) throw stash::input_error(path + ": expected a stash.profile/1 object");
   j["link"] = link;
   (void)planner::profile_from_json(j);
-  planner::write_json_file(path, j);
+  stash::write_json_file(path, j);
 }
 
 void run_bench_link(const bench_link_args& a) {
@@ -59,7 +59,7 @@ void run_bench_link(const bench_link_args& a) {
   measure::link_bench_result r;
   try {
     r = measure::run_link_bench(o);
-  } catch (const planner::input_error&) {
+  } catch (const stash::input_error&) {
     throw;  // bad options: main() reports them (exit 2)
   } catch (const measure::measure_error& e) {
     std::fprintf(stderr, "stash bench link: %s\n", e.what());
@@ -105,7 +105,7 @@ void run_bench_copy(const bench_copy_args& a) {
   }
   std::printf("%s", engine::format_copy_table(r).c_str());
   if (!a.json_out.empty()) {
-    planner::write_json_file(a.json_out, engine::copy_bench_to_json(r));
+    stash::write_json_file(a.json_out, engine::copy_bench_to_json(r));
     std::printf("wrote %s\n", a.json_out.c_str());
   }
 }

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "command.h"
-#include "planner/json_file.h"
+#include "core/json_file.h"
 #include "planner/pareto.h"
 #include "planner/planner.h"
 

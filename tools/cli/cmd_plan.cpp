@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
-#include "planner/json_file.h"
+#include "core/json_file.h"
 #include "planner/planner.h"
 
 namespace stash::cli {

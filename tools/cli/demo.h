@@ -16,7 +16,7 @@
 namespace stash::cli::demo {
 
 using planner::format_bytes;
-using planner::input_error;
+using stash::input_error;
 
 constexpr const char* kDefaultProfile = "llama3-8b_h200_b4_s4096.json";
 

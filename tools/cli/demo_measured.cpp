@@ -21,10 +21,10 @@
 #include "tools/workload/session.h"
 #include "tools/workload/skeleton.h"
 #include "tools/workload/virtual_cost.h"
-#include "planner/json_file.h"
+#include "core/json_file.h"
 #include "planner/memory_svg.h"
 #include "planner/planner.h"
-#include "planner/stats.h"
+#include "core/stats.h"
 #include "runtime/measure/link_bench.h"
 #include "runtime/measure/profile_fill.h"
 
@@ -89,7 +89,7 @@ run_outcome run_plan(const workload::model_config& c, workload::backend_kind kin
     if (i > 0) times.push_back(ms);
   }
   // The upper middle of an even count, as the profile's scope times (scope_timer.h).
-  o.step_ms = planner::median(std::move(times), planner::even_median::upper_middle);
+  o.step_ms = stash::median(std::move(times), stash::even_median::upper_middle);
   o.peak = m.peaks().held_bytes;
   o.in_use_peak = m.peaks().in_use_bytes;
   o.grads = m.read_gradients();
@@ -127,7 +127,7 @@ planner::step_profile profile_workload(const workload::model_config& c, workload
     st = stash_profiler_stop(skel_path.c_str(), prof_path.c_str());
     if (st != STASH_OK)
       throw std::runtime_error(std::string("stash_profiler_stop: ") + stash_last_error());
-    const nlohmann::json measured = planner::read_json_file(prof_path);
+    const nlohmann::json measured = stash::read_json_file(prof_path);
     const nlohmann::json notes = measured.value("measurement", nlohmann::json::object())
                                      .value("notes", nlohmann::json::array());
     if (notes.empty()) return planner::load_profile(prof_path);  // errors name the file
@@ -165,7 +165,7 @@ planner::step_profile profile_workload(const workload::model_config& c, workload
                       {"statistic", "median"},
                       {"step_overhead",
                        "events around each step minus its layer scopes, per micro-batch"}};
-  planner::write_json_file(prof_path, j);
+  stash::write_json_file(prof_path, j);
   return p;
 }
 
@@ -175,14 +175,14 @@ planner::step_profile profile_workload(const workload::model_config& c, workload
 void write_memory_plot(const planner::step_profile& p, const row& r, const std::string& trace_path,
                        const std::string& svg_path, const std::string& device) {
   const planner::trace_writer measured =
-      planner::trace_from_json(planner::read_json_file(trace_path));
+      planner::trace_from_json(stash::read_json_file(trace_path));
   const planner::sim_result sim = planner::simulate(p, r.plan.decisions(), demo_sim_options(p));
   const std::vector<planner::memory_series> series = {
       {"predicted (stash simulate)", "#1f5fbf", planner::step_memory(sim)},
       {"measured (engine trace, last pass)", "#e07000",
        planner::last_pass(measured, planner::kDeviceBytesCounter)}};
   const std::string title = "stash demo: device memory at " + r.label + " of the keep-all peak";
-  planner::write_text_file(svg_path, planner::memory_svg(series, r.budget, title, device));
+  stash::write_text_file(svg_path, planner::memory_svg(series, r.budget, title, device));
 }
 
 // Note [The demo's targets]
@@ -274,7 +274,7 @@ int run_measured(const demo_args& a, workload::backend_kind kind, bool on_double
     const measure::link_bench_result lr = measure::run_link_bench(lo);
     so.link = lr.link();
     link_measured = true;
-    planner::write_json_file(a.out + "/link.json", measure::link_bench_to_json(lr));
+    stash::write_json_file(a.out + "/link.json", measure::link_bench_to_json(lr));
     progress("link: %s GB/s h2d, %s GB/s d2h", fmt("%.1f", so.link->h2d_gbps),
              fmt("%.1f", so.link->d2h_gbps));
   } catch (const std::exception& e) {
@@ -284,7 +284,7 @@ int run_measured(const demo_args& a, workload::backend_kind kind, bool on_double
                  e.what());
   }
   const planner::step_profile skeleton = workload::make_skeleton(c, kind, so);
-  planner::write_json_file(a.out + "/skeleton.json",
+  stash::write_json_file(a.out + "/skeleton.json",
                            workload::skeleton_json(skeleton, c, kind, link_measured));
 
   // 2. Profile, 3. plan.

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "demo.h"
-#include "planner/json_file.h"
+#include "core/json_file.h"
 #include "planner/memory_svg.h"
 #include "planner/pareto.h"
 #include "planner/planner.h"
@@ -113,7 +113,7 @@ void write_plans_and_pareto(const planner::step_profile& p, std::vector<row>& ro
                             const demo_args& a, const std::string& title) {
   for (const row& r : rows) {
     if (!r.feasible) continue;
-    planner::write_json_file(a.out + "/plan-" + r.file + ".json", planner::plan_to_json(r.plan));
+    stash::write_json_file(a.out + "/plan-" + r.file + ".json", planner::plan_to_json(r.plan));
   }
   planner::pareto_options po;
   po.plan.solver = planner::solver_from_string(a.solver);
@@ -124,8 +124,8 @@ void write_plans_and_pareto(const planner::step_profile& p, std::vector<row>& ro
                  format_bytes(budget).c_str(), step_ms);
   };
   const planner::pareto_curve c = planner::pareto_sweep(p, po);
-  planner::write_text_file(a.out + "/pareto.csv", planner::pareto_csv(c));
-  planner::write_text_file(a.out + "/pareto.svg", planner::pareto_svg(c, title));
+  stash::write_text_file(a.out + "/pareto.csv", planner::pareto_csv(c));
+  stash::write_text_file(a.out + "/pareto.svg", planner::pareto_svg(c, title));
 }
 
 // ---- without a GPU: plan and simulate a shipped profile ------------------------------------
@@ -147,10 +147,10 @@ void run_predicted(const demo_args& a, const std::string& why) {
         {"predicted (stash simulate; no GPU found)", "#1f5fbf", planner::step_memory(s)}};
     const std::string title =
         "stash demo: device memory at " + r.label + " of the keep-all peak (predicted)";
-    planner::write_text_file(a.out + "/memory-" + r.file + ".svg",
+    stash::write_text_file(a.out + "/memory-" + r.file + ".svg",
                              planner::memory_svg(series, r.budget, title, p.device_name));
   }
-  planner::write_json_file(a.out + "/profile.json", planner::profile_to_json(p));
+  stash::write_json_file(a.out + "/profile.json", planner::profile_to_json(p));
   write_plans_and_pareto(p, rows, a, "stash demo, " + label + ": " + p.device_name);
   std::printf("stash demo: %s\n", label.c_str());
   std::printf(

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const cli::exit_status& s) {
     return s.code;
-  } catch (const planner::input_error& e) {
+  } catch (const stash::input_error& e) {
     std::fprintf(stderr, "stash: error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {

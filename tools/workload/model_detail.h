@@ -6,7 +6,7 @@
 #include <cstddef>
 
 #include "cuda_prim.h"
-#include "planner/error.h"
+#include "core/error.h"
 #include "tools/workload/scope_timer.h"
 #include "stash.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "tools/workload/model_detail.h"
-#include "planner/stats.h"
+#include "core/stats.h"
 
 namespace stash::workload {
 
@@ -97,13 +97,13 @@ void scope_timer::harvest() {
 
 double scope_timer::step_overhead_median_ms() const {
   if (step_overhead_.empty()) return -1;
-  return planner::median(step_overhead_, planner::even_median::upper_middle);
+  return stash::median(step_overhead_, stash::even_median::upper_middle);
 }
 
 double scope_timer::median_ms(stash_scope_kind_t kind, int layer, int tensor) const {
   auto it = samples_.find({kind, layer, tensor});
   if (it == samples_.end() || it->second.empty()) return -1;
-  return planner::median(it->second, planner::even_median::upper_middle);
+  return stash::median(it->second, stash::even_median::upper_middle);
 }
 
 std::size_t scope_timer::sample_count(stash_scope_kind_t kind, int layer, int tensor) const {

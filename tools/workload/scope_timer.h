@@ -58,7 +58,7 @@ class scope_timer {
   // Reads every completed pair into the samples (call after synchronizing the stream).
   void harvest();
   // Median of the samples of a scope in ms; -1 when none. An even count takes the upper
-  // middle sample (planner::even_median::upper_middle), a time one instance really took.
+  // middle sample (stash::even_median::upper_middle), a time one instance really took.
   double median_ms(stash_scope_kind_t kind, int layer, int tensor) const;
   std::size_t sample_count(stash_scope_kind_t kind, int layer, int tensor) const;
   // Note [Event timing of the step overhead]: the median per-pass time outside the layer

@@ -1,15 +1,16 @@
 // json_file.h: reading and writing the JSON files stash's tools exchange (profiles, plans,
-// link sections), with the error conventions of the planner: every failure is an
-// input_error naming the path.
+// link sections, benchmark results): every failure is an input_error naming the path, and
+// a write replaces the file whole or not at all. In core/ because the planner, the
+// runtime's measurement and the CLI all read and write such files; it knows no schema.
 #pragma once
 
 #include <string>
 
 #include <nlohmann/json.hpp>
 
-#include "profile.h"
+#include "core/error.h"
 
-namespace stash::planner {
+namespace stash {
 
 // Parses the file. Errors: "<path>: cannot open" and "<path>: not valid JSON: <what>", where
 // <what> carries nlohmann's line and column.
@@ -23,4 +24,4 @@ void write_text_file(const std::string& path, const std::string& text);
 // write_text_file of j, indented, with a final newline.
 void write_json_file(const std::string& path, const nlohmann::json& j);
 
-}  // namespace stash::planner
+}  // namespace stash

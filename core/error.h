@@ -8,15 +8,17 @@
 //    a `status` and never throw, allocate or log. Their message goes into a fixed
 //    thread-local buffer (1 KiB, no heap), read back with last_error(); fail() writes it.
 //  - Cold paths (constructors, loaders, solvers, benchmarks) throw stash::error, which
-//    carries a status. The planner's input_error and infeasible_budget derive from it, and
-//    so does everything else stash throws on purpose; the C API (bindings/api_boundary.h)
-//    turns any of them into that status at its boundary.
-// This file sits in planner/, the lowest folder (the top-level CMakeLists.txt: each folder
-// depends only on those above it, and planner/ is first), as its own library stash_error
-// with no dependencies: the planner's errors must derive from stash::error, so nothing
-// above planner/ can own it. It is plain C++ with no CUDA; the CUDA half of the error model (the
-// check macros that turn a cudaError_t into a status or a stash::error) is
-// allocator/cuda_prim.h, in the lowest folder that may include the CUDA runtime.
+//    carries a status. input_error (below) and the planner's infeasible_budget derive from
+//    it, and so does everything else stash throws on purpose; the C API
+//    (bindings/api_boundary.h) turns any of them into that status at its boundary.
+// This file sits in core/, the bottom folder (the top-level CMakeLists.txt: each folder
+// depends only on those above it, and core/ is first), in the library stash_core, which
+// has no dependency a lower layer would mind: the allocator's CPU core and the preload
+// library link it without GLPK, and the planner's errors derive from stash::error without
+// the allocator ever including the planner. It is plain C++ with no CUDA; the CUDA half of
+// the error model (the check macros that turn a cudaError_t into a status or a
+// stash::error) is allocator/cuda_prim.h, in the lowest folder that may include the CUDA
+// runtime.
 //
 // Note [The status table]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -98,6 +100,17 @@ class error : public std::runtime_error {
 
  private:
   status code_;
+};
+
+// Thrown for malformed input anywhere (profiles, plans, budgets, byte counts, options, JSON
+// files): what() names the offending field or file, with a JSON path such as
+// "layers[3].tensors[0].bytes" where there is one. A stash::error with status
+// invalid_argument; the C API's planner entry points report it as STASH_ERROR_BAD_PROFILE
+// or STASH_ERROR_BAD_PLAN, naming which input was bad, and the CLI exits 2 on it.
+class input_error : public error {
+ public:
+  explicit input_error(const std::string& what) : error(status::invalid_argument, what) {}
+  explicit input_error(const char* what) : error(status::invalid_argument, what) {}
 };
 
 // Throws stash::error carrying this thread's current error text.

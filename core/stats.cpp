@@ -1,8 +1,9 @@
-#include "planner/stats.h"
+// stats.cpp: the summary statistics of repeated measurements (stats.h).
+#include "core/stats.h"
 
 #include <algorithm>
 
-namespace stash::planner {
+namespace stash {
 
 double median(std::vector<double> v, even_median even) {
   if (v.empty()) return 0;
@@ -26,4 +27,4 @@ rate_summary summarize_rates(const std::vector<double>& gbps) {
   return r;
 }
 
-}  // namespace stash::planner
+}  // namespace stash

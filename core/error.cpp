@@ -1,5 +1,5 @@
 // error.cpp: Note [One error model at the bottom] (error.h).
-#include "planner/error.h"
+#include "core/error.h"
 
 #include <cstdarg>
 #include <cstdio>

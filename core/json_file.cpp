@@ -1,4 +1,5 @@
-#include "planner/json_file.h"
+// json_file.cpp: the JSON files stash exchanges (json_file.h).
+#include "core/json_file.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -7,7 +8,7 @@
 
 #include <unistd.h>
 
-namespace stash::planner {
+namespace stash {
 
 nlohmann::json read_json_file(const std::string& path) {
   std::ifstream in(path);
@@ -43,4 +44,4 @@ void write_text_file(const std::string& path, const std::string& text) {
   }
 }
 
-}  // namespace stash::planner
+}  // namespace stash

@@ -6,11 +6,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "planner/json_file.h"
+#include "core/json_file.h"
 
-using stash::planner::input_error;
-using stash::planner::read_json_file;
-using stash::planner::write_json_file;
+using stash::input_error;
+using stash::read_json_file;
+using stash::write_json_file;
 
 namespace {
 std::string temp_path(const char* name) {

@@ -3,13 +3,13 @@
 //
 // One implementation for every folder that measures: the profiler's per-scope times
 // (runtime/measure), the link and copy benchmarks (runtime/measure, runtime/engine), the
-// workload's event timer (tools/workload) and the CLI. planner/ is the lowest
-// folder all of them may depend on, and the statistics are plain C++.
+// workload's event timer (tools/workload) and the CLI. They are plain C++ and know nothing
+// of stash's domain, so they sit in core/, below every folder that measures.
 #pragma once
 
 #include <vector>
 
-namespace stash::planner {
+namespace stash {
 
 // Which value an even count of samples takes as its median.
 enum class even_median {
@@ -29,4 +29,4 @@ struct rate_summary {
 // The median (mean of the middle two for an even count), min and max; all 0 when empty.
 rate_summary summarize_rates(const std::vector<double>& gbps);
 
-}  // namespace stash::planner
+}  // namespace stash

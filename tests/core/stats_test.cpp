@@ -1,10 +1,10 @@
-// The shared median and rate summary (planner/stats.h): the figures the profiler, the link
+// The shared median and rate summary (core/stats.h): the figures the profiler, the link
 // and copy benchmarks and the workload's event timer report.
 #include <gtest/gtest.h>
 
-#include "planner/stats.h"
+#include "core/stats.h"
 
-using namespace stash::planner;
+using namespace stash;
 
 namespace {
 
