@@ -152,22 +152,20 @@ import torch
 from .._engine import KEEP, OFFLOAD
 from .._lib import StashError
 from .._link import cached_link
-from .._planner import InfeasibleBudget
 from .._profiler import FORWARD, Profiler
 from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, ReplaySpan, Span, StepRecord,
-                           _actions_of, _allocator_state, _checked_blocks, _Clock,
+                           _allocator_state, _checked_blocks, _Clock,
                            _DerivedLayer, _gib, _is_kv_cache, _MeasureLayer, _model_digest,
                            _optimizer_state_bytes, _optimizer_state_estimate, _signature,
                            _tensor_bytes)
 from ._fit_options import Budget, FitOptions
+from ._fit_shape_plans import ShapePlans
 from ._fit_shapes import shape_family, shape_tokens
-from ._fit_cache import Entry, ShapeCache
-from ._fit_plan import (BudgetRefused, budget_of, link_section, plan_derived,
-                        plan_measured)
+from ._fit_cache import ShapeCache
+from ._fit_plan import link_section
 from ._fit_measure import (MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda,
                            measured_profile)
-from ._fit_ranks import (Ranks, cached_plan_agreed, combine_measured, link_across_ranks,
-                         optimizer_state_delta, publish_plan, published_plan)
+from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
 from ._fit_report import fit_report, format_report
 from ._offload import OffloadHandle
 from ._cpu_meter import window as cpu_window
@@ -201,18 +199,15 @@ class BudgetHandle(OffloadHandle):
                 f"parameters and gradients alone ({_gib(params + grads)}); no plan can meet it")
         # State before OffloadHandle.__init__, which calls _initial_actions.
         self._mode = "measure"
-        self._key = None
-        self._cache = ShapeCache(options.cache_dir, self._digest, self.budget, options.solver)
-        self._entry = None          # the cache entry of the current key (planned steps)
-        self._measured_for = {}     # key -> steps measured so far
-        self._shapes: Dict[str, Tuple[str, Optional[int]]] = {}  # key -> (family, tokens)
-        self._underivable: Set[str] = set()  # keys whose derived plan failed its check
         self._records: List[StepRecord] = []
         self._step = None
         self._opt_state_counted = None
         self._finish_ms = 0.0
         # Note [Agreeing on a plan across ranks]: None outside torch.distributed.
         self._ranks = Ranks.current(options.dist_timeout_s)
+        self._plans = ShapePlans(
+            ShapeCache(options.cache_dir, self._digest, self.budget, options.solver),
+            self.budget, options, self._ranks, self._fail, self._fixed_counted)
         super().__init__(blocks, None, **options.engine_kwargs())
         self._clock = _Clock(self._cuda)
         self._cupti = Profiler()
@@ -302,8 +297,9 @@ class BudgetHandle(OffloadHandle):
             return
         training = self.blocks[0].training
         key = _signature(args, kwargs, training)
-        if key not in self._shapes:
-            self._shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
+        shapes = self._plans.shapes
+        if key not in shapes:
+            shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
         self._begin_record(key, tensors_in((args, kwargs)))
 
     def _step_aborted(self, step, reason):
@@ -435,10 +431,7 @@ class BudgetHandle(OffloadHandle):
                                                   counted, missing)
         else:
             doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted)
-        entry: Entry = {"profile": doc, "measured_peak_bytes": rec.peak_bytes}
-        self._cache[rec.key] = entry
-        self._entry = entry
-        self._cache.store_profile(rec.key, doc)
+        self._plans.measured(rec.key, {"profile": doc, "measured_peak_bytes": rec.peak_bytes})
 
     def _cupti_summary(self, fwd: List[Dict[str, Any]]) -> Dict[str, Any]:
         """Note [The measuring step]: CUPTI's forward kernel time beside the events' span,
@@ -483,7 +476,7 @@ class BudgetHandle(OffloadHandle):
         # The step starts after its planning: that time belongs to no step (report()'s
         # planning_ms says how much it was).
         rec = StepRecord(len(self._records), mode, key, self._clock.mark())
-        entry = self._entry
+        entry = self._plans.entry
         if mode == "plan" and entry is not None:
             rec.plan_source = ("derived" if entry.get("derived") else
                                "cache_dir" if entry.get("from_disk") else "measured")
@@ -532,7 +525,8 @@ class BudgetHandle(OffloadHandle):
         rec.peak_bytes = rec.meter_peak
         rec.exposed_ms = max(0.0, self._exposed_total() - rec.exposed_before)
         rec.step_ms = self._clock.ms(rec.start, rec.end)
-        entry = self._cache.get(rec.key)
+        plans = self._plans
+        entry = plans.cache.get(rec.key)
         if rec.mode == "plan" and entry is not None:
             rec.predicted_peak = int(entry["figures"]["predicted_peak_bytes"])
             over = entry["profile"].get("step_overhead_ms", 0.0)
@@ -542,13 +536,12 @@ class BudgetHandle(OffloadHandle):
             rec.predicted_peak = None
             rec.predicted_step = None
         if rec.mode == "measure":
-            self._measured_for[rec.key] = self._measured_for.get(rec.key, 0) + 1
             self._record_profile(rec)
-        rec.budget_bytes = self._budget_for(rec.key)
+        rec.budget_bytes = plans.budget_for(rec.key)
         if rec.checking:
-            self._check_derived(rec, entry)
+            plans.check_derived(rec, entry)
         elif rec.mode == "plan" and entry is not None and not entry.get("corrected"):
-            self._correct_fixed(rec, entry)
+            plans.correct_fixed(rec, entry)
         if rec.over_budget:
             warnings.warn(
                 f"stash.torch.fit: step {rec.index} ({rec.mode}) peaked at "
@@ -558,28 +551,20 @@ class BudgetHandle(OffloadHandle):
     # --- measuring -> profile -> plan -------------------------------------------------------
 
     def _choose(self, key: str) -> str:
-        """The mode of a step with this shape key (Note [Re-planning and the cache])."""
-        if key != self._key:
-            self._key = key
-            self._entry = self._cache.get(key) or self._load_cached(key)
-            if self._ranks is not None:
-                self._entry = self._agree_cached(key, self._entry)
-        entry = self._entry
-        if entry is not None and "plan" in entry:
-            self._switch(entry["actions"], "plan")
-            return "plan"
-        if self._measured_for.get(key, 0) >= self.options.measure_steps:
-            entry = self._plan_from_measurement(key)
-            self._switch(entry["actions"], "plan")
-            return "plan"
-        entry = self._plan_derived(key)
+        """The mode of a step with this shape key (_fit_shape_plans.ShapePlans.choose)."""
+        entry = self._plans.choose(key)
         if entry is not None:
-            self._entry = entry
             self._switch(entry["actions"], "plan")
             return "plan"
         self._recorder.measure(key)
         self._switch([_MeasureLayer() for _ in self.blocks], "measure")
         return "measure"
+
+    @property
+    def budget_bytes(self) -> Optional[int]:
+        """The budget in bytes of the current shape: as given, or a share resolved once the
+        shape has a plan (Note [What a share budget means])."""
+        return self._plans.budget_bytes
 
     # --- planning (_fit_plan.py's functions, handed what they need) ----------------------
 
@@ -598,111 +583,6 @@ class BudgetHandle(OffloadHandle):
             self._ranks.local_world if self._ranks is not None else 1))
         self.link_cached = link.pop("cached", False)
         return link
-
-    @property
-    def budget_bytes(self) -> Optional[int]:
-        """The budget in bytes of the current shape: as given, or a share resolved once the
-        shape has a plan (Note [What a share budget means])."""
-        if not self.budget.is_share:
-            return self.budget.nbytes
-        entry = self._entry
-        return int(entry["figures"]["budget_bytes"]) if entry and "figures" in entry else None
-
-    def _budget_for(self, key: str) -> Optional[int]:
-        """The budget in bytes of the shape `key` (None: a share not resolved yet)."""
-        return budget_of(self.budget, self._cache.get(key))
-
-    def _plan_from_measurement(self, key: str) -> Entry:
-        if self._ranks is not None:
-            return self._plan_across_ranks(key)
-        return self._plan_locally(key)
-
-    def _plan_across_ranks(self, key: str) -> Entry:
-        """Note [Agreeing on a plan across ranks]: the ranks' profiles combined, rank 0's
-        plan of them run everywhere."""
-        ranks, entry = self._ranks, self._cache[key]
-        try:
-            own = combine_measured(ranks, entry)
-            self._cache.store_profile(key, entry["profile"])
-            if ranks.rank == 0:
-                entry = self._plan_locally(key)
-                publish_plan(ranks, own, entry["plan"], entry["figures"])
-                return entry
-            plan, figures = published_plan(ranks, own)
-        except StashError as e:
-            self._fail(e)
-        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
-        self._cache.store_plan(key, plan)
-        return entry
-
-    def _agree_cached(self, key: str, entry: Optional[Entry]) -> Optional[Entry]:
-        """A new input shape under torch.distributed: the cached plan only if every rank
-        has the same one; where another rank lacks it, every rank measures again."""
-        if cached_plan_agreed(self._ranks, entry):
-            return entry
-        if entry is not None and "plan" in entry:
-            self._cache.pop(key, None)
-            self._measured_for[key] = 0
-            return None
-        return entry
-
-    def _plan_locally(self, key: str) -> Entry:
-        entry = self._cache[key]
-        try:
-            plan, figures = plan_measured(entry["profile"], entry.get("measured_peak_bytes"),
-                                          self.budget, self.options.solver)
-        except BudgetRefused as e:
-            self._fail(e)
-        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
-        self._cache.store_plan(key, plan)
-        return entry
-
-    def _plan_derived(self, key: str) -> Optional[Entry]:
-        """A plan for a shape never measured (_fit_plan.plan_derived), from the measured
-        shapes of its family; None: the shape is measured."""
-        if self._ranks is not None or key in self._underivable:
-            return None
-        family, tokens = self._shapes.get(key, (None, None))
-        if tokens is None:
-            return None
-        counted = self._fixed_counted()
-        bases = [(self._shapes[k][1], e["profile"], counted) for k, e in self._cache.items()
-                 if k != key and self._shapes.get(k, (None,))[0] == family
-                 and not e.get("derived") and "profile" in e and self._shapes[k][1]]
-        try:
-            made = plan_derived(bases, tokens, self.budget, self.options.solver)
-        except InfeasibleBudget:
-            self._underivable.add(key)
-            return None
-        if made is None:
-            return None
-        doc, plan, figures = made
-        entry: Entry = {"profile": doc, "derived": True, "measured_peak_bytes": None,
-                        "plan": plan, "figures": figures,
-                        "actions": [_DerivedLayer(a) for a in _actions_of(plan)]}
-        self._cache[key] = entry
-        return entry
-
-    def _load_cached(self, key: str) -> Optional[Entry]:
-        """The entry of a shape cache_dir holds (Note [Re-planning and the cache]): planned
-        from its cached plan, or from its cached profile where no plan for this budget and
-        solver is there. Under torch.distributed ranks agree on cached plans, not profiles
-        (_agree_cached): a profile alone is measured again."""
-        found = self._cache.read(key)
-        if found is None:
-            return None
-        doc, plan, figures = found
-        if plan is None and self._ranks is not None:
-            return None
-        entry: Entry = {"profile": doc, "from_disk": True}
-        self._cache[key] = entry
-        if plan is None:
-            entry["measured_peak_bytes"] = None
-            self._measured_for[key] = self.options.measure_steps
-            self._entry = entry
-            return self._plan_from_measurement(key)
-        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
-        return entry
 
     def _step_peak(self, rec: StepRecord) -> None:
         """The step's peak on the meter (Note [What the budget counts]), read once, when the
@@ -744,42 +624,6 @@ class BudgetHandle(OffloadHandle):
                 x for b in self.blocks for x in b.buffers()])
         return self._resident_bytes + self._state_bytes() + _tensor_bytes(inputs)
 
-    def _correct_fixed(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
-        """Note [What the budget counts]: a measured plan's first run peaking above its
-        prediction on the meter puts the difference into the shape's fixed bytes, once;
-        the next step plans again with them."""
-        entry["corrected"] = True
-        over = rec.peak_bytes - int(entry["figures"]["predicted_peak_bytes"])
-        # Any number of passes: the fixed bytes hold every gradient already, so a step of
-        # several micro-batches peaks as one does, plus what the plan leaves alive.
-        if over > 0 and "profile" in entry:
-            entry["profile"]["fixed_bytes"] += over
-            entry.setdefault("corrections", []).append(over)
-            self._cache.store_profile(rec.key, entry["profile"])
-            entry.pop("plan", None)
-
-    def _check_derived(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
-        """Note [A derived plan's first run]."""
-        layers = entry["profile"]["layers"]
-        if rec.check is None:
-            for i, layer in enumerate(layers):
-                if rec.saved_counts.get(i, 0) != len(layer["tensors"]):
-                    rec.check = (f"block {i} saved {rec.saved_counts.get(i, 0)} tensors, the "
-                                 f"derived skeleton lists {len(layer['tensors'])}")
-                    break
-        if rec.check is None and rec.budget_bytes is not None and rec.over_budget:
-            rec.check = (f"peaked at {_gib(rec.peak_bytes)}, over the budget of "
-                         f"{_gib(rec.budget_bytes)}")
-        if rec.check is None:
-            rec.check = "passed"
-            entry["checked"] = True
-            return
-        # Measured the next time this shape comes.
-        self._underivable.add(rec.key)
-        self._cache.pop(rec.key, None)
-        if self._key == rec.key:
-            self._key, self._entry = None, None
-
     def _switch(self, actions, mode):
         if mode == self._mode and actions is self.actions:
             return
@@ -815,9 +659,9 @@ class BudgetHandle(OffloadHandle):
             self._sample("optimizer step", after=("opt",))
             self._step_peak(rec)
         # Note [What the budget counts]: the optimizer's real state, once it exists.
-        if self._opt_state_counted is None or self._entry is None:
+        entry = self._plans.entry
+        if self._opt_state_counted is None or entry is None:
             return
-        entry = self._entry
         if self._ranks is not None:
             # Every rank re-plans with the largest difference any rank saw, once.
             if entry.get("opt_checked") or "profile" not in entry:
@@ -831,9 +675,7 @@ class BudgetHandle(OffloadHandle):
             real = _optimizer_state_bytes(opt)
             delta = real - self._opt_state_counted
         self._opt_state_counted = real
-        if delta:
-            entry["profile"]["fixed_bytes"] += delta
-            entry.pop("plan", None)  # the next step plans again (_choose)
+        self._plans.optimizer_state_changed(delta)
 
     # --- public ---------------------------------------------------------------------------
 
@@ -854,8 +696,8 @@ class BudgetHandle(OffloadHandle):
         self._settle()
         for rec in self._records:  # a share resolved after the step ran (its plan came later)
             if rec.finished and rec.budget_bytes is None and rec.aborted is None:
-                rec.budget_bytes = self._budget_for(rec.key)
-        return fit_report(self._records, self._entry, self.budget, self.budget_bytes,
+                rec.budget_bytes = self._plans.budget_for(rec.key)
+        return fit_report(self._records, self._plans.entry, self.budget, self.budget_bytes,
                           timing=self._timing_kind(), meter=self._meter_name(),
                           ranks=self._ranks)
 
@@ -877,14 +719,14 @@ class BudgetHandle(OffloadHandle):
     def plan(self) -> Optional[Dict[str, Any]]:
         """The stash.plan/1 document for the current shape (None until one was made)."""
         self._settle()
-        e = self._entry
+        e = self._plans.entry
         return e.get("plan") if e else None
 
     @property
     def profile(self) -> Optional[Dict[str, Any]]:
         """The stash.profile/1 measured (or read from cache_dir) for the current shape."""
         self._settle()
-        e = self._entry
+        e = self._plans.entry
         return e.get("profile") if e else None
 
     def close(self):

@@ -1,0 +1,217 @@
+"""stash.torch.fit's plans by shape: the part of the handle that keeps, for every shape
+of block 0's inputs it has seen, its profile and plan (ShapeCache), and decides a step's
+plan: a cached one, one made from the shape's measurement (on this rank, or agreed
+across ranks), one derived from the measured shapes of its family, or none (the step
+measures). It corrects a plan from its first run and checks a derived plan's (Notes
+[Re-planning and the cache], [What the budget counts] and [A derived plan's first run]
+in _fit.py). Handed the budget, the options, the ranks, fail (restores the blocks and
+raises) and fixed_counted (fit's count of the bytes that are not activations)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, NoReturn, Optional, Set, Tuple
+
+from .._lib import StashError
+from .._planner import InfeasibleBudget
+from ._fit_cache import Entry, ShapeCache
+from ._fit_options import Budget, FitOptions
+from ._fit_plan import BudgetRefused, budget_of, plan_derived, plan_measured
+from ._fit_ranks import (Ranks, cached_plan_agreed, combine_measured, publish_plan,
+                         published_plan)
+from ._fit_support import StepRecord, _actions_of, _DerivedLayer, _gib
+
+
+class ShapePlans:
+    """Every shape's entry (cache), the current shape's (key, entry), and the planning
+    decisions between steps."""
+
+    def __init__(self, cache: ShapeCache, budget: Budget, options: FitOptions,
+                 ranks: Optional[Ranks], fail: Callable[[StashError], NoReturn],
+                 fixed_counted: Callable[[], int]):
+        self.cache = cache
+        self.budget = budget
+        self.options = options
+        self.ranks = ranks
+        self._fail = fail
+        self._fixed_counted = fixed_counted
+        self.key: Optional[str] = None
+        self.entry: Optional[Entry] = None   # the current shape's (planned steps)
+        self.measured_for: Dict[str, int] = {}  # key -> steps measured so far
+        self.shapes: Dict[str, Tuple[str, Optional[int]]] = {}  # key -> (family, tokens)
+        self.underivable: Set[str] = set()  # keys whose derived plan failed its check
+
+    def choose(self, key: str) -> Optional[Entry]:
+        """The entry whose plan a step of shape `key` runs (Note [Re-planning and the
+        cache]); None: the step measures."""
+        if key != self.key:
+            self.key = key
+            self.entry = self.cache.get(key) or self._load_cached(key)
+            if self.ranks is not None:
+                self.entry = self._agree_cached(key, self.entry)
+        entry = self.entry
+        if entry is not None and "plan" in entry:
+            return entry
+        if self.measured_for.get(key, 0) >= self.options.measure_steps:
+            return self.plan_from_measurement(key)
+        entry = self._plan_derived(key)
+        if entry is not None:
+            self.entry = entry
+        return entry
+
+    def measured(self, key: str, entry: Entry) -> None:
+        """A measuring step of shape `key` ended with this entry (its profile)."""
+        self.measured_for[key] = self.measured_for.get(key, 0) + 1
+        self.cache[key] = entry
+        self.entry = entry
+        self.cache.store_profile(key, entry["profile"])
+
+    def optimizer_state_changed(self, delta: int) -> None:
+        """The optimizer's real state differs from what the current shape's fixed bytes
+        count by `delta`: the next step plans again with it."""
+        if delta and self.entry is not None and "profile" in self.entry:
+            self.entry["profile"]["fixed_bytes"] += delta
+            self.entry.pop("plan", None)
+
+    @property
+    def budget_bytes(self) -> Optional[int]:
+        """The budget in bytes of the current shape: as given, or a share resolved once the
+        shape has a plan (Note [What a share budget means])."""
+        if not self.budget.is_share:
+            return self.budget.nbytes
+        entry = self.entry
+        return int(entry["figures"]["budget_bytes"]) if entry and "figures" in entry else None
+
+    def budget_for(self, key: str) -> Optional[int]:
+        """The budget in bytes of the shape `key` (None: a share not resolved yet)."""
+        return budget_of(self.budget, self.cache.get(key))
+
+    def plan_from_measurement(self, key: str) -> Entry:
+        if self.ranks is not None:
+            return self._plan_across_ranks(key)
+        return self._plan_locally(key)
+
+    def _plan_across_ranks(self, key: str) -> Entry:
+        """Note [Agreeing on a plan across ranks]: the ranks' profiles combined, rank 0's
+        plan of them run everywhere."""
+        ranks, entry = self.ranks, self.cache[key]
+        try:
+            own = combine_measured(ranks, entry)
+        except StashError as e:
+            self._fail(e)
+        self.cache.store_profile(key, entry["profile"])
+        if ranks.rank == 0:
+            entry = self._plan_locally(key)  # a refusal fails every rank from there
+            publish_plan(ranks, own, entry["plan"], entry["figures"])
+            return entry
+        try:
+            plan, figures = published_plan(ranks, own)
+        except StashError as e:
+            self._fail(e)
+        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
+        self.cache.store_plan(key, plan)
+        return entry
+
+    def _agree_cached(self, key: str, entry: Optional[Entry]) -> Optional[Entry]:
+        """A new input shape under torch.distributed: the cached plan only if every rank
+        has the same one; where another rank lacks it, every rank measures again."""
+        if cached_plan_agreed(self.ranks, entry):
+            return entry
+        if entry is not None and "plan" in entry:
+            self.cache.pop(key, None)
+            self.measured_for[key] = 0
+            return None
+        return entry
+
+    def _plan_locally(self, key: str) -> Entry:
+        entry = self.cache[key]
+        try:
+            plan, figures = plan_measured(entry["profile"], entry.get("measured_peak_bytes"),
+                                          self.budget, self.options.solver)
+        except BudgetRefused as e:
+            self._fail(e)
+        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
+        self.cache.store_plan(key, plan)
+        return entry
+
+    def _plan_derived(self, key: str) -> Optional[Entry]:
+        """A plan for a shape never measured (_fit_plan.plan_derived), from the measured
+        shapes of its family; None: the shape is measured."""
+        if self.ranks is not None or key in self.underivable:
+            return None
+        family, tokens = self.shapes.get(key, (None, None))
+        if tokens is None:
+            return None
+        counted = self._fixed_counted()
+        bases = [(self.shapes[k][1], e["profile"], counted) for k, e in self.cache.items()
+                 if k != key and self.shapes.get(k, (None,))[0] == family
+                 and not e.get("derived") and "profile" in e and self.shapes[k][1]]
+        try:
+            made = plan_derived(bases, tokens, self.budget, self.options.solver)
+        except InfeasibleBudget:
+            self.underivable.add(key)
+            return None
+        if made is None:
+            return None
+        doc, plan, figures = made
+        entry: Entry = {"profile": doc, "derived": True, "measured_peak_bytes": None,
+                        "plan": plan, "figures": figures,
+                        "actions": [_DerivedLayer(a) for a in _actions_of(plan)]}
+        self.cache[key] = entry
+        return entry
+
+    def _load_cached(self, key: str) -> Optional[Entry]:
+        """The entry of a shape cache_dir holds (Note [Re-planning and the cache]): planned
+        from its cached plan, or from its cached profile where no plan for this budget and
+        solver is there. Under torch.distributed ranks agree on cached plans, not profiles
+        (_agree_cached): a profile alone is measured again."""
+        found = self.cache.read(key)
+        if found is None:
+            return None
+        doc, plan, figures = found
+        if plan is None and self.ranks is not None:
+            return None
+        entry: Entry = {"profile": doc, "from_disk": True}
+        self.cache[key] = entry
+        if plan is None:
+            entry["measured_peak_bytes"] = None
+            self.measured_for[key] = self.options.measure_steps
+            self.entry = entry
+            return self.plan_from_measurement(key)
+        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
+        return entry
+
+    def correct_fixed(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
+        """Note [What the budget counts]: a measured plan's first run peaking above its
+        prediction on the meter puts the difference into the shape's fixed bytes, once;
+        the next step plans again with them."""
+        entry["corrected"] = True
+        over = rec.peak_bytes - int(entry["figures"]["predicted_peak_bytes"])
+        # Any number of passes: the fixed bytes hold every gradient already, so a step of
+        # several micro-batches peaks as one does, plus what the plan leaves alive.
+        if over > 0 and "profile" in entry:
+            entry["profile"]["fixed_bytes"] += over
+            entry.setdefault("corrections", []).append(over)
+            self.cache.store_profile(rec.key, entry["profile"])
+            entry.pop("plan", None)
+
+    def check_derived(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
+        """Note [A derived plan's first run]."""
+        layers = entry["profile"]["layers"]
+        if rec.check is None:
+            for i, layer in enumerate(layers):
+                if rec.saved_counts.get(i, 0) != len(layer["tensors"]):
+                    rec.check = (f"block {i} saved {rec.saved_counts.get(i, 0)} tensors, the "
+                                 f"derived skeleton lists {len(layer['tensors'])}")
+                    break
+        if rec.check is None and rec.budget_bytes is not None and rec.over_budget:
+            rec.check = (f"peaked at {_gib(rec.peak_bytes)}, over the budget of "
+                         f"{_gib(rec.budget_bytes)}")
+        if rec.check is None:
+            rec.check = "passed"
+            entry["checked"] = True
+            return
+        # Measured the next time this shape comes.
+        self.underivable.add(rec.key)
+        self.cache.pop(rec.key, None)
+        if self.key == rec.key:
+            self.key, self.entry = None, None
