@@ -1,5 +1,6 @@
 """stash.integrations: fit in Hugging Face's Trainer (Note [fit in a Trainer]), and on a
-peft LoRA model, on the CPU test double. Bitwise against the same training without stash."""
+peft LoRA model, on the CPU test double. Bitwise against the same training without stash.
+TRL's SFTTrainer: test_integrations_trl.py; Lightning: test_integrations_lightning.py."""
 
 import pytest
 import torch
@@ -85,6 +86,10 @@ def test_a_wrong_argument_fails_before_training():
         StashCallback("70")
     with pytest.raises(stash.StashError, match="solver"):
         StashCallback("70%", solver="fast")
+    with pytest.raises(stash.StashError, match="measure_step"):
+        StashCallback("70%", measure_step=2)  # fit's option is measure_steps
+    with pytest.raises(stash.StashError, match="drop optimizer="):
+        StashCallback("70%", optimizer=torch.optim.SGD([torch.zeros(1)], lr=0.1))
 
 
 def test_peft_lora_trains_bitwise():

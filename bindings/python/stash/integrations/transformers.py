@@ -1,20 +1,26 @@
-"""stash in Hugging Face's Trainer (TRL's trainers subclass it; they are not tested here).
+"""stash in Hugging Face's Trainer, and in TRL's trainers (they subclass it).
 
     from stash.integrations.transformers import StashCallback
     trainer = Trainer(model=model, args=args, train_dataset=ds,
                       callbacks=[StashCallback(budget="70%")])
 
 Note [fit in a Trainer]
-At on_train_begin the callback finds the model's decoder layers (find_blocks; blocks=
-for other models), turns the model's key/value cache off for training (as the Trainer
-does under gradient checkpointing), and enters stash.torch.fit with the Trainer's own
+Construction checks the budget and every fit() keyword (_callbacks), so that a wrong
+argument fails before the Trainer is built. At on_train_begin (after the Trainer has
+turned on activation checkpointing, where it does) the callback finds the model's decoder
+layers (find_blocks; blocks= for other models), turns the model's key/value cache off for
+training (as the Trainer does under gradient checkpointing), turns activation
+checkpointing off with a warning (fit chooses what each block recomputes, and a
+checkpointed block saves only its input, leaving it nothing to choose; TRL's configs turn
+it on by default), and enters stash.torch.fit with the Trainer's own
 optimizer (the torch optimizer inside accelerate's wrapper, so that fit ends each step at
 its step() and counts its state). Gradient accumulation needs nothing: the Trainer runs
 gradient_accumulation_steps forwards and backwards of micro-batch 0 per optimizer step,
 which fit prices as one step of that many passes. Evaluation runs in eval mode, which fit
 lets through. cache_dir defaults to <output_dir>/stash, so a run resumed from a checkpoint
 in the same output_dir starts planned. At on_train_end the blocks are restored;
-``callback.handle`` keeps the report.
+``callback.handle`` keeps the report. TRL's SFTTrainer, with its defaults (activation
+checkpointing on), is tested like the Trainer (tests/python/test_integrations_trl.py).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from transformers import TrainerCallback
 
 from .. import torch as stash_torch
 from ._blocks import _unwrapped, find_blocks
+from ._callbacks import (checked_fit_arguments, turn_activation_checkpointing_off,
+                         turn_kv_cache_off)
 
 __all__ = ["StashCallback"]
 
@@ -38,12 +46,9 @@ class StashCallback(TrainerCallback):
 
     def __init__(self, budget: Union[int, str], *,
                  blocks: Optional[Sequence[torch.nn.Module]] = None,
-                 cache_dir: Optional[str] = None, **fit_options: Any):
-        # Checked now, so that a wrong argument fails before the Trainer starts.
-        from ..torch._fit_options import Budget, FitOptions
-
-        Budget.parse(budget)
-        FitOptions(**fit_options)
+                 cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
+                 **fit_options: Any):
+        checked_fit_arguments("StashCallback", budget, cache_dir, fit_options)
         self.budget = budget
         self.blocks = blocks
         self.cache_dir = cache_dir
@@ -54,12 +59,12 @@ class StashCallback(TrainerCallback):
         if model is None:
             return
         inner = _unwrapped(model)
-        config = getattr(inner, "config", None)
-        if getattr(config, "use_cache", False):
-            config.use_cache = False
+        turn_kv_cache_off(inner)
+        turn_activation_checkpointing_off(inner, "StashCallback")
         blocks = self.blocks if self.blocks is not None else find_blocks(model)
         opt = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer
-        cache_dir = self.cache_dir or os.path.join(args.output_dir, "stash")
+        cache_dir = (self.cache_dir if self.cache_dir is not None
+                     else os.path.join(args.output_dir, "stash"))
         self.handle = stash_torch.fit(blocks, self.budget, optimizer=opt, cache_dir=cache_dir,
                                       **self.fit_options)
 
