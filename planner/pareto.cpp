@@ -8,6 +8,8 @@
 #include <map>
 #include <set>
 
+#include "core/bytes.h"
+
 namespace stash::planner {
 
 namespace {

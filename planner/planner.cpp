@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <limits>
 
+#include "core/budget.h"
+#include "core/bytes.h"
 #include "planner/exact_mip.h"
 #include "planner/inner_solver.h"
 #include "planner/outer_lp.h"
@@ -236,18 +238,10 @@ step_plan make_plan(const step_profile& p, std::uint64_t budget, const plan_opti
 }
 
 std::uint64_t parse_budget(const std::string& text, const step_profile& p) {
-  std::size_t end = text.find_last_not_of(" \t");
-  if (end == std::string::npos || text[end] != '%') return parse_bytes(text);
-  const std::string num = text.substr(0, end);
-  char* stop = nullptr;
-  const double pct = std::strtod(num.c_str(), &stop);
-  const bool only_number =
-      stop != num.c_str() && num.find_first_not_of(" \t", stop - num.c_str()) == std::string::npos;
-  if (!only_number || !(pct > 0) || !(pct <= 1000)) {
-    throw input_error("budget \"" + text + "\": expected a share of the keep-all peak in (0, 1000]%, e.g. 70%");
-  }
+  const budget_spec b = parse_budget_spec(text);
+  if (!b.is_share) return b.bytes;
   const std::uint64_t peak = evaluate(p, keep_all(p), UINT64_MAX).peak_bytes;
-  return static_cast<std::uint64_t>(static_cast<long double>(peak) * pct / 100.0L);
+  return static_cast<std::uint64_t>(static_cast<long double>(peak) * b.percent / 100.0L);
 }
 
 }  // namespace stash::planner

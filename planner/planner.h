@@ -41,9 +41,9 @@ class infeasible_budget : public error {  // status::infeasible_budget
 // Throws input_error when budget < fixed_bytes, infeasible_budget when no valid plan
 // exists. The returned plan is valid under evaluate() (checked before returning) and
 // carries lower_bound_ms (the whole model's LP relaxation) and gap.
-// A budget as a user writes it: a byte count with units (parse_bytes: "80GiB", "85.9GB",
-// "123456"), or a share of the profile's keep-all peak ("70%"), the way PyTorch's memory
-// budget takes a ratio. Throws input_error naming the text.
+// A budget as a user writes it (the syntax: parse_budget_spec in core/budget.h): a byte
+// count ("80GiB", "85.9GB", "123456"), or a share of the profile's keep-all peak ("70%").
+// Throws input_error naming the text.
 std::uint64_t parse_budget(const std::string& text, const step_profile& p);
 
 step_plan make_plan(const step_profile& p, std::uint64_t budget_bytes,

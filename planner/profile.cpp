@@ -5,11 +5,9 @@
 #include "planner/profile.h"
 #include "core/json_file.h"
 
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <set>
 #include <sstream>
 
@@ -259,81 +257,6 @@ std::string profile_sha256(const step_profile& p) {
     out += hex[md[i] & 15];
   }
   return out;
-}
-
-std::uint64_t parse_bytes(const std::string& text) {
-  const auto bad = [&](const std::string& why) -> std::uint64_t {
-    throw input_error("budget \"" + text + "\": " + why);
-  };
-  std::size_t i = 0;
-  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
-  const std::size_t num_start = i;
-  bool dot = false;
-  while (i < text.size() &&
-         (std::isdigit(static_cast<unsigned char>(text[i])) || (text[i] == '.' && !dot))) {
-    dot = dot || text[i] == '.';
-    ++i;
-  }
-  const std::string num = text.substr(num_start, i - num_start);
-  if (num.empty() || num == ".") return bad("expected a number of bytes, e.g. 80GiB or 85.9GB");
-  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
-  std::string unit;
-  for (; i < text.size(); ++i) {
-    if (std::isspace(static_cast<unsigned char>(text[i]))) break;
-    unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
-  }
-  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
-  if (i != text.size()) return bad("trailing characters");
-  long double mult = 1;
-  if (unit.empty() || unit == "b") {
-    mult = 1;
-  } else if (unit == "kib") {
-    mult = 1024.0L;
-  } else if (unit == "mib") {
-    mult = 1024.0L * 1024;
-  } else if (unit == "gib") {
-    mult = 1024.0L * 1024 * 1024;
-  } else if (unit == "tib") {
-    mult = 1024.0L * 1024 * 1024 * 1024;
-  } else if (unit == "kb") {
-    mult = 1e3L;
-  } else if (unit == "mb") {
-    mult = 1e6L;
-  } else if (unit == "gb") {
-    mult = 1e9L;
-  } else if (unit == "tb") {
-    mult = 1e12L;
-  } else {
-    return bad("unknown unit \"" + unit + "\" (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)");
-  }
-  if (unit.empty() && dot) return bad("a bare byte count must be an integer");
-  long double v = 0;
-  try {
-    v = std::stold(num);
-  } catch (const std::exception&) {
-    return bad("not a number");
-  }
-  v *= mult;
-  if (v > static_cast<long double>(std::numeric_limits<std::uint64_t>::max() / 2)) {
-    return bad("too large");
-  }
-  // A fractional GB figure ("85.9GB") rounds to the nearest byte.
-  return static_cast<std::uint64_t>(std::llround(v));
-}
-
-std::string format_bytes(std::uint64_t bytes) {
-  char buf[64];
-  const double gib = static_cast<double>(bytes) / (1024.0 * 1024 * 1024);
-  if (bytes >= (std::uint64_t{1} << 30)) {
-    std::snprintf(buf, sizeof buf, "%.2f GiB", gib);
-  } else if (bytes >= (std::uint64_t{1} << 20)) {
-    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024));
-  } else if (bytes >= 1024) {
-    std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(bytes) / 1024.0);
-  } else {
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-  }
-  return buf;
 }
 
 }  // namespace stash::planner

@@ -84,11 +84,4 @@ step_profile load_profile(const std::string& path);
 // Lowercase hex SHA-256 of the canonical serialization (profile_to_json(p).dump()).
 std::string profile_sha256(const step_profile& p);
 
-// Parses a byte count: a bare integer ("123456"), or a number with a unit, binary
-// (KiB MiB GiB TiB) or decimal (B KB MB GB TB), case-insensitive, optional space:
-// "80GiB", "85.9GB", "1.5 TiB". Throws input_error quoting the text.
-std::uint64_t parse_bytes(const std::string& text);
-// "80.00 GiB"-style rendering for messages.
-std::string format_bytes(std::uint64_t bytes);
-
 }  // namespace stash::planner

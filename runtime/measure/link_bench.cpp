@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/bytes.h"
 #include "cuda_prim.h"
 #include "host_memory.h"
 #include "pinned_pool.h"
@@ -127,7 +128,7 @@ link_bench_result run_link_bench(const link_bench_options& o) {
   if (o.warmups < 0) throw stash::input_error("--warmups: must not be negative");
   if (o.sharers < 0) throw stash::input_error("--sharers: must not be negative");
   if (o.bytes < kMinLinkBytes) {
-    throw stash::input_error("--bytes: " + planner::format_bytes(o.bytes) +
+    throw stash::input_error("--bytes: " + stash::format_bytes(o.bytes) +
                                " is below the 64 MiB minimum (Note [Link buffer size])");
   }
   link_bench_result r;
@@ -149,7 +150,7 @@ link_bench_result run_link_bench(const link_bench_options& o) {
   r.buffer_bytes = link_buffer_bytes(o.bytes, free_bytes);
   if (r.buffer_bytes == 0) {
     throw stash::input_error(
-        "device " + std::to_string(o.device) + " has " + planner::format_bytes(free_bytes) +
+        "device " + std::to_string(o.device) + " has " + stash::format_bytes(free_bytes) +
         " free: the two device buffers would be below the 64 MiB minimum (Note [Link buffer "
         "size])");
   }
@@ -172,7 +173,7 @@ link_bench_result run_link_bench(const link_bench_options& o) {
   for (pinned_block* blk : {&host_src, &host_dst}) {
     if (pool.allocate(b, &blk->p) != status::ok) {
       throw error(status::cuda_error, std::string("pinned buffer of ") +
-                                          planner::format_bytes(b) + ": " + last_error());
+                                          stash::format_bytes(b) + ": " + last_error());
     }
   }
   std::memset(host_src.p, 0x5a, b);
@@ -251,9 +252,9 @@ std::string format_link_table(const link_bench_result& r) {
   s += buf;
   std::snprintf(buf, sizeof buf,
                 "buffer %s (asked %s, %s free), %d warm-ups, median of %d samples; GB/s = 1e9 B/s\n\n",
-                planner::format_bytes(r.buffer_bytes).c_str(),
-                planner::format_bytes(r.requested_bytes).c_str(),
-                planner::format_bytes(r.free_bytes).c_str(), r.warmups, r.samples);
+                stash::format_bytes(r.buffer_bytes).c_str(),
+                stash::format_bytes(r.requested_bytes).c_str(),
+                stash::format_bytes(r.free_bytes).c_str(), r.warmups, r.samples);
   s += buf;
   std::snprintf(buf, sizeof buf, "  %-30s %9s %9s %9s\n", "copy (GB/s)", "median", "min", "max");
   s += buf;

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/budget.h"
 #include "planner/plan.h"
 #include "planner/profile.h"
 
@@ -26,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   using stash::input_error;
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
-    (void)parse_bytes(text);
+    (void)stash::parse_budget_spec(text);
   } catch (const input_error&) {
   }
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);

@@ -1,4 +1,5 @@
-// parse_budget: bytes with units, or a share of the keep-all peak.
+// parse_budget: bytes with units, or a share of the keep-all peak (the syntax alone:
+// tests/core/budget_test.cpp).
 #include <gtest/gtest.h>
 
 #include "plan_fixtures.h"
@@ -9,7 +10,7 @@ using stash::input_error;
 
 TEST(ParseBudget, BytesAndUnitsPassThrough) {
   const step_profile p = stash::planner::testing::llama_like(4, 1);
-  EXPECT_EQ(parse_bytes("80GiB"), parse_budget("80GiB", p));
+  EXPECT_EQ(80ull << 30, parse_budget("80GiB", p));
   EXPECT_EQ(123456u, parse_budget("123456", p));
 }
 

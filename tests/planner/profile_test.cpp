@@ -238,29 +238,3 @@ TEST(Profile, LoadReportsBadJsonWithPosition) {
   }
   EXPECT_THROW(load_profile(path + ".missing"), input_error);
 }
-
-TEST(Units, ParseBytes) {
-  EXPECT_EQ(parse_bytes("123456"), 123456u);
-  EXPECT_EQ(parse_bytes("80GiB"), 80ull << 30);
-  EXPECT_EQ(parse_bytes("80 gib"), 80ull << 30);
-  EXPECT_EQ(parse_bytes("85.9GB"), 85900000000ull);
-  EXPECT_EQ(parse_bytes("1.5 TiB"), 3ull << 39);
-  EXPECT_EQ(parse_bytes("512MiB"), 512ull << 20);
-  EXPECT_EQ(parse_bytes("4KB"), 4000u);
-  EXPECT_EQ(parse_bytes("7B"), 7u);
-  for (const char* bad : {"", "GiB", "-5GB", "12XB", "1.5", "80GiB extra", "1..5GB", "abc"}) {
-    EXPECT_THROW(parse_bytes(bad), input_error) << bad;
-  }
-  try {
-    parse_bytes("12XB");
-  } catch (const input_error& e) {
-    EXPECT_NE(std::string(e.what()).find("\"12XB\""), std::string::npos);
-  }
-}
-
-TEST(Units, FormatBytes) {
-  EXPECT_EQ(format_bytes(80ull << 30), "80.00 GiB");
-  EXPECT_EQ(format_bytes(3ull << 20), "3.00 MiB");
-  EXPECT_EQ(format_bytes(2048), "2.00 KiB");
-  EXPECT_EQ(format_bytes(17), "17 B");
-}

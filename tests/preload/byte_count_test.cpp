@@ -1,5 +1,6 @@
-// The preload library's allocation-free byte-count parser (bindings/preload/byte_count.h),
-// which must accept what the planner's parse_bytes accepts.
+// The preload library's options from the environment (bindings/preload/byte_count.h): byte
+// counts in stash's one syntax (Note [One byte-count syntax] in core/bytes.h; the syntax's
+// own test is tests/core/bytes_test.cpp), and NULL, as getenv answers for an unset name.
 #include <gtest/gtest.h>
 
 #include "byte_count.h"

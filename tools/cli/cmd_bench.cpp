@@ -12,10 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "core/bytes.h"
+#include "core/error.h"
 #include "core/json_file.h"
 #include "planner/profile.h"
 #include "runtime/engine/copy_bench.h"
-#include "core/error.h"
 #include "runtime/measure/link_bench.h"
 #include "cuda_prim.h"
 #include "runtime/measure/profile_fill.h"
@@ -45,7 +46,7 @@ void merge_into_profile(const std::string& path, const nlohmann::json& link) {
 
 void run_bench_link(const bench_link_args& a) {
   measure::link_bench_options o;
-  o.bytes = planner::parse_bytes(a.bytes);
+  o.bytes = stash::parse_bytes(a.bytes);
   o.samples = a.samples;
   o.warmups = a.warmups;
   o.sharers = a.sharers;
@@ -88,7 +89,7 @@ struct bench_copy_args {
 
 void run_bench_copy(const bench_copy_args& a) {
   engine::copy_bench_options o;
-  for (const std::string& s : a.sizes) o.sizes.push_back(planner::parse_bytes(s));
+  for (const std::string& s : a.sizes) o.sizes.push_back(stash::parse_bytes(s));
   o.samples = a.samples;
   o.warmups = a.warmups;
   const std::string problem = prim::device_problem();

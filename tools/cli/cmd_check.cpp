@@ -7,6 +7,7 @@
 #include <string>
 
 #include "command.h"
+#include "core/bytes.h"
 #include "planner/plan.h"
 
 namespace stash::cli {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "command.h"
+#include "core/bytes.h"
 #include "core/json_file.h"
 #include "planner/pareto.h"
 #include "planner/planner.h"

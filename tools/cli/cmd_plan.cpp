@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "core/bytes.h"
 #include "core/json_file.h"
 #include "planner/planner.h"
 

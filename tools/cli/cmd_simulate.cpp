@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "command.h"
+#include "core/bytes.h"
 #include "core/json_file.h"
 #include "planner/memory_svg.h"
 #include "planner/simulator.h"

@@ -9,13 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "core/bytes.h"
 #include "tools/workload/model.h"
 #include "planner/planner.h"
 #include "planner/simulator.h"
 
 namespace stash::cli::demo {
 
-using planner::format_bytes;
+using stash::format_bytes;
 using stash::input_error;
 
 constexpr const char* kDefaultProfile = "llama3-8b_h200_b4_s4096.json";
