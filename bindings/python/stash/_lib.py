@@ -3,6 +3,7 @@
 import ctypes
 import os
 import re
+from typing import Dict, Union
 
 __all__ = ["StashError", "PoolStats", "cudart", "find_library", "load", "parse_bytes",
            "status_string", "version"]
@@ -11,7 +12,7 @@ __all__ = ["StashError", "PoolStats", "cudart", "find_library", "load", "parse_b
 class StashError(RuntimeError):
     """A stash call failed. ``status`` is the stash_status_t number (0 when not from C)."""
 
-    def __init__(self, message, status=0):
+    def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
         self.status = status
 
@@ -34,7 +35,7 @@ def find_library(filename):
     return filename
 
 
-_loaded = {}
+_loaded: Dict[str, ctypes.CDLL] = {}
 _CUDART_ENV = "STASH_CUDART"
 
 
@@ -191,7 +192,7 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 _BYTES_RE = re.compile(r"^\s*(\d+)(?:\.(\d+))?\s*([A-Za-z]*)\s*$")
 
 
-def parse_bytes(value):
+def parse_bytes(value: Union[int, str]) -> int:
     """A byte count from an int or a string in the planner's syntax: "123456", "8GiB",
     "1.5 TB" (B KB MB GB TB KiB MiB GiB TiB, case-insensitive). ValueError otherwise."""
     if isinstance(value, bool):

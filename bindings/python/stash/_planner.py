@@ -40,7 +40,7 @@ class PlanResult(ctypes.Structure):
                 ("predicted_step_ms", ctypes.c_double)]
 
     def as_dict(self) -> Dict[str, Any]:
-        return {name: getattr(self, name) for name, _ in self._fields_[1:]}
+        return {f[0]: getattr(self, f[0]) for f in self._fields_[1:]}
 
 
 class InfeasibleBudget(StashError):
@@ -111,7 +111,7 @@ def make_plan(profile: Union[str, Mapping[str, Any]], budget: Union[int, str], *
             raise InfeasibleBudget(text, status, res.as_dict())
         raise StashError(text, status)
     try:
-        plan = json.loads(ctypes.string_at(out.value).decode())
+        plan = json.loads(ctypes.string_at(out.value or 0).decode())
     finally:
         lib.stash_free(out)
     return plan, res.as_dict()

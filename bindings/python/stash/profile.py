@@ -8,13 +8,14 @@ to load in ``stash plan`` / ``stash profile --skeleton`` before it gets there.
 import json
 import math
 import os
+from typing import Any, Dict, Union
 
 SCHEMA = "stash.profile/1"
 
 __all__ = ["SCHEMA", "validate", "write_json", "ProfileError"]
 
 
-def write_json(path, doc):
+def write_json(path: Union[str, "os.PathLike[str]"], doc: Any) -> None:
     """Writes `doc` as JSON to `path` whole or not at all (a temporary file, then a rename;
     the folder is made if missing), as planner::write_json_file does for the CLI."""
     path = os.fspath(path)
@@ -69,7 +70,7 @@ def _bool(obj, path, key):
     return obj[key]
 
 
-def validate(doc):
+def validate(doc: Dict[str, Any]) -> Dict[str, Any]:
     """Raises ProfileError unless ``doc`` (a dict) is structurally valid stash.profile/1:
     every field the planner requires, of the right type and range, at least one layer,
     unique tensor names per layer. Returns ``doc``."""
@@ -95,7 +96,7 @@ def validate(doc):
         _size(doc, "", "optimizer_bytes")
     layers = doc.get("layers")
     _require(isinstance(layers, list) and layers, "layers", "must list at least one layer")
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(layers or []):
         lp = f"layers[{i}]"
         _require(isinstance(layer, dict), lp, "must be an object")
         _string(layer, lp, "name")

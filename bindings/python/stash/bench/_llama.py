@@ -30,8 +30,8 @@ def model(size: Dict[str, Any], seed: int, device):
         vocab_size=size["vocab"], hidden_size=size["hidden"],
         intermediate_size=size["ffn"], num_hidden_layers=size["layers"],
         num_attention_heads=size["heads"], num_key_value_heads=size["kv"],
-        max_position_embeddings=size["seq"], use_cache=False, attn_implementation="sdpa",
-        torch_dtype=getattr(torch, size["dtype"]))
+        max_position_embeddings=size["seq"], use_cache=False,
+        **{"attn_implementation": "sdpa", "torch_dtype": getattr(torch, size["dtype"])})
     with torch.device(device):
         m = transformers.LlamaForCausalLM(cfg).to(getattr(torch, size["dtype"]))
     m.train()

@@ -76,7 +76,8 @@ def pareto_front(points: Sequence[Tuple[float, float]]) -> List[Tuple[float, flo
 def knee(points: Sequence[Tuple[float, float]]) -> Optional[Tuple[float, float]]:
     """The knee of stash's points (Note [The knee of stash's curve])."""
     front = pareto_front(points)
-    return front[_kneedle(front)] if len(front) >= 3 and _kneedle(front) is not None else None
+    at = _kneedle(front) if len(front) >= 3 else None
+    return front[at] if at is not None else None
 
 
 def _kneedle(points: Sequence[Tuple[float, float]]) -> Optional[int]:

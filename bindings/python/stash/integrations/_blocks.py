@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import Iterable, List, cast
 
 import torch
 
@@ -40,4 +40,4 @@ def find_blocks(model: torch.nn.Module) -> List[torch.nn.Module]:
         raise StashError(f"stash: no repeated blocks found in {type(inner).__name__} (no "
                          "ModuleList of two or more modules of one class); pass blocks=")
     found = inner if name == "(the module itself)" else inner.get_submodule(name)
-    return list(found)
+    return list(cast(Iterable[torch.nn.Module], found))  # a ModuleList or Sequential

@@ -31,7 +31,8 @@ def checked_fit_arguments(who: str, budget: Union[int, str],
         raise StashError(f"stash: {who} got {', '.join(map(repr, unknown))}, which "
                          f"stash.torch.fit does not take (its options: "
                          f"{', '.join(sorted(known))}; and blocks=, cache_dir=)")
-    FitOptions(cache_dir=cache_dir, **fit_options)
+    FitOptions(cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+               **fit_options)
 
 
 def turn_kv_cache_off(model: torch.nn.Module) -> None:
@@ -41,7 +42,7 @@ def turn_kv_cache_off(model: torch.nn.Module) -> None:
     with a warning (Note [The loops fit lives in] in stash/torch/_fit.py)."""
     for module in model.modules():
         config = getattr(module, "config", None)
-        if getattr(config, "use_cache", False):
+        if config is not None and getattr(config, "use_cache", False):
             config.use_cache = False
 
 

@@ -193,15 +193,16 @@ class BudgetHandle(OffloadHandle):
         self._digest = _model_digest(blocks)
         params = _tensor_bytes(p for b in blocks for p in b.parameters())
         grads = _tensor_bytes(p for b in blocks for p in b.parameters() if p.requires_grad)
-        if not self.budget.is_share and self.budget.nbytes < params + grads:
+        nbytes = self.budget.nbytes
+        if nbytes is not None and nbytes < params + grads:
             raise StashError(
-                f"stash.torch.fit: budget {_gib(self.budget.nbytes)} is below the blocks' "
+                f"stash.torch.fit: budget {_gib(nbytes)} is below the blocks' "
                 f"parameters and gradients alone ({_gib(params + grads)}); no plan can meet it")
         # State before OffloadHandle.__init__, which calls _initial_actions.
         self._mode = "measure"
         self._records: List[StepRecord] = []
-        self._step = None
-        self._opt_state_counted = None
+        self._step: Optional[StepRecord] = None
+        self._opt_state_counted: Optional[int] = None
         self._finish_ms = 0.0
         # Note [Agreeing on a plan across ranks]: None outside torch.distributed.
         self._ranks = Ranks.current(options.dist_timeout_s)
@@ -216,7 +217,7 @@ class BudgetHandle(OffloadHandle):
         self._counting = None if self._cuda else cpu_window()
         self._recorder = MeasuringRecorder(self._n, self._counting, self._state_bytes)
         self._resident_bytes: Optional[int] = None  # parameters and buffers (_alive_bytes)
-        self._cupti_used = None  # None: not tried (CPU); else (used, reason)
+        self._cupti_used: Optional[Tuple[bool, Optional[str]]] = None  # None: not tried (CPU); else (used, reason)
         self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
         self._opt_hook = None
         self.link_cached = False
@@ -522,7 +523,7 @@ class BudgetHandle(OffloadHandle):
             return
         rec.cupti = self._cupti.stop() if rec.mode == "measure" else None
         self._step_peak(rec)
-        rec.peak_bytes = rec.meter_peak
+        rec.peak_bytes = rec.meter_peak if rec.meter_peak is not None else 0
         rec.exposed_ms = max(0.0, self._exposed_total() - rec.exposed_before)
         rec.step_ms = self._clock.ms(rec.start, rec.end)
         plans = self._plans
@@ -538,14 +539,14 @@ class BudgetHandle(OffloadHandle):
         if rec.mode == "measure":
             self._record_profile(rec)
         rec.budget_bytes = plans.budget_for(rec.key)
-        if rec.checking:
+        if rec.checking and entry is not None:
             plans.check_derived(rec, entry)
         elif rec.mode == "plan" and entry is not None and not entry.get("corrected"):
             plans.correct_fixed(rec, entry)
         if rec.over_budget:
             warnings.warn(
                 f"stash.torch.fit: step {rec.index} ({rec.mode}) peaked at "
-                f"{_gib(rec.peak_bytes)}, OVER the budget of {_gib(rec.budget_bytes)}",
+                f"{_gib(rec.peak_bytes)}, OVER the budget of {_gib(rec.budget_bytes or 0)}",
                 stacklevel=3)
 
     # --- measuring -> profile -> plan -------------------------------------------------------
@@ -642,12 +643,13 @@ class BudgetHandle(OffloadHandle):
 
     def _fail(self, error: StashError) -> NoReturn:
         self._failed = error
-        if getattr(self, "_ranks", None) is not None:
-            self._ranks.fail(str(error))  # every other rank raises with it
+        ranks = getattr(self, "_ranks", None)
+        if ranks is not None:
+            ranks.fail(str(error))  # every other rank raises with it
         self.close()
         raise error
 
-    def _before_optimizer_step(self, opt, *_):
+    def _before_optimizer_step(self, opt: torch.optim.Optimizer, *_: Any) -> None:
         rec = self._step
         if rec is not None and rec.backward_done:
             rec.optimizer_began = True
@@ -781,7 +783,8 @@ def fit(blocks: Sequence[torch.nn.Module], budget: Union[int, str], *,
     and, at the first planned step and before anything is planned, for a budget the
     least-memory mode itself does not meet (with the measured peak and the smallest
     feasible budget); the blocks are restored then."""
-    options = FitOptions(solver=solver, cache_dir=cache_dir, measure_steps=measure_steps,
+    options = FitOptions(solver=solver,
+                         cache_dir=os.fspath(cache_dir) if cache_dir is not None else None, measure_steps=measure_steps,
                          lookahead=lookahead, max_in_flight_bytes=max_in_flight_bytes,
                          pinned_cap=pinned_cap, max_micro_batches=max_micro_batches,
                          device=device, link=link, timing=timing,

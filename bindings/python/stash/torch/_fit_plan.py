@@ -73,7 +73,7 @@ def budget_of(budget: Budget, entry: Optional[Entry]) -> Optional[int]:
         doc = entry["profile"]
         keep = _plan_doc(doc, [["keep"] * len(layer["tensors"]) for layer in doc["layers"]])
         peak = evaluate(doc, keep, 1 << 62, strict=False)["predicted_peak_bytes"]
-        entry["share_budget_bytes"] = int(budget.share / 100 * peak)
+        entry["share_budget_bytes"] = int((budget.share or 0.0) / 100 * peak)
     return entry.get("share_budget_bytes")
 
 

@@ -122,7 +122,8 @@ def combine_profiles(docs: List[Dict[str, Any]]) -> Dict[str, Any]:
 class Ranks:
     """The ranks of the default process group, as fit's posts see them."""
 
-    def __init__(self, store, rank: int, world: int, local_world: int, timeout_s: float):
+    def __init__(self, store: Any, rank: int, world: int, local_world: int,
+                 timeout_s: float) -> None:
         self.store = store
         self.rank = rank
         self.world = world
@@ -297,4 +298,4 @@ def published_plan(ranks: Ranks, own: str) -> Tuple[Dict[str, Any], Dict[str, An
 def optimizer_state_delta(ranks: Ranks, delta: int) -> int:
     """The first optimizer step after a plan: the largest difference any rank saw between
     its optimizer's real state and the estimate."""
-    return max(ranks.exchange("optimizer-state", int(delta)))
+    return max(int(d) for d in ranks.exchange("optimizer-state", int(delta)))

@@ -94,6 +94,7 @@ class ShapePlans:
         """Note [Agreeing on a plan across ranks]: the ranks' profiles combined, rank 0's
         plan of them run everywhere."""
         ranks, entry = self.ranks, self.cache[key]
+        assert ranks is not None
         try:
             own = combine_measured(ranks, entry)
         except StashError as e:
@@ -114,6 +115,7 @@ class ShapePlans:
     def _agree_cached(self, key: str, entry: Optional[Entry]) -> Optional[Entry]:
         """A new input shape under torch.distributed: the cached plan only if every rank
         has the same one; where another rank lacks it, every rank measures again."""
+        assert self.ranks is not None
         if cached_plan_agreed(self.ranks, entry):
             return entry
         if entry is not None and "plan" in entry:
@@ -142,7 +144,8 @@ class ShapePlans:
         if tokens is None:
             return None
         counted = self._fixed_counted()
-        bases = [(self.shapes[k][1], e["profile"], counted) for k, e in self.cache.items()
+        bases = [(int(self.shapes[k][1] or 0), e["profile"], counted)
+                 for k, e in self.cache.items()
                  if k != key and self.shapes.get(k, (None,))[0] == family
                  and not e.get("derived") and "profile" in e and self.shapes[k][1]]
         try:

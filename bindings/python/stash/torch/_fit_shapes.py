@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._fit_support import _autocast_state
 from ._saved import tensors_in
@@ -85,7 +85,7 @@ def _power(points: Sequence[Tuple[float, float]], tokens: float,
     e = min(max(e, exponents[0]), exponents[1])
     # Anchored at the nearest point, so a shape measured before derives to itself.
     t0, v0 = min(positive, key=lambda p: abs(math.log(p[0] / tokens)))
-    return v0 * (tokens / t0) ** e
+    return float(v0 * (tokens / t0) ** e)
 
 
 def derive_profile(bases: Sequence[Tuple[int, Dict[str, Any], int]],
@@ -100,7 +100,8 @@ def derive_profile(bases: Sequence[Tuple[int, Dict[str, Any], int]],
     bases = [b for b in bases if skeleton(b[1]) == shape]
     doc = json.loads(json.dumps(nearest[1]))  # a deep copy of plain JSON
 
-    def power(get, exponents=_BYTES_EXPONENTS) -> float:
+    def power(get: Callable[[Dict[str, Any], int], float],
+              exponents: Tuple[float, float] = _BYTES_EXPONENTS) -> float:
         return _power([(float(t), float(get(p, counted))) for t, p, counted in bases], tokens,
                       exponents)
 
@@ -122,4 +123,4 @@ def derive_profile(bases: Sequence[Tuple[int, Dict[str, Any], int]],
     doc["fixed_bytes"] = int(counted + power(lambda p, c: p["fixed_bytes"] - c))
     doc.setdefault("measurement", {})["derived"] = {
         "tokens": tokens, "from_tokens": sorted(b[0] for b in bases)}
-    return doc
+    return dict(doc)

@@ -51,7 +51,7 @@ class _DerivedLayer(list):
 
     exact = False
 
-    def __getitem__(self, j):  # type: ignore[override]
+    def __getitem__(self, j):
         return list.__getitem__(self, j) if j < list.__len__(self) else KEEP
 
     def __len__(self) -> int:
@@ -280,11 +280,11 @@ class StepRecord:
 class _LayerRecord:
     """What a measuring step learned about one block's saved tensors (per index)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.entries: List[Dict[str, Any]] = []
 
 
-def _weak(t):
+def _weak(t: torch.Tensor) -> Any:
     try:
         from torch.multiprocessing.reductions import StorageWeakRef
         return StorageWeakRef(t.untyped_storage())
@@ -313,7 +313,7 @@ def _actions_of(plan) -> List[List[int]]:
     return plan_actions(plan)
 
 
-def _cupti_fwd(cupti, i):
+def _cupti_fwd(cupti: Optional[Dict[str, Any]], i: int) -> Optional[float]:
     """Layer i's forward kernel time from a CUPTI run's per-layer output, if measured."""
     if not cupti:
         return None

@@ -2,10 +2,12 @@
 and the offload hooks, so that a plan made from a recorded profile names the same tensors
 the hooks see (Note [What the record pass counts] in _record.py)."""
 
+from typing import Any, Iterator, Tuple
+
 import torch
 
 
-def storage_of(t):
+def storage_of(t: torch.Tensor) -> Tuple[int, int]:
     """(key, nbytes) of a tensor's storage. The key is the storage's data pointer: views of
     one storage share it. A DTensor (FSDP2's sharded parameters) counts the shard this
     rank holds."""
@@ -15,7 +17,7 @@ def storage_of(t):
     return s.data_ptr(), s.nbytes()
 
 
-def tensors_in(x):
+def tensors_in(x: Any) -> Iterator[torch.Tensor]:
     """The tensors in x: a tensor, or tuples, lists and dict values of them, in order."""
     if isinstance(x, torch.Tensor):
         yield x
