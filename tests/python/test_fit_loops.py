@@ -339,6 +339,42 @@ def test_accumulation_by_hand_is_priced_per_forward():
     got[2].close()
 
 
+def test_a_step_with_a_closure_and_accumulation_is_one_step():
+    """optimizer.step(closure) whose closure runs the last micro-batch's forward and
+    backward (Lightning does this under accumulate_grad_batches): that forward belongs
+    to the step, not a sign that the step raised. Each step is one step of two passes,
+    planned after the first, bitwise; it was split into an aborted step and a step of one
+    pass, and the shape measured again."""
+    data = batches(8)
+
+    def go(budget):
+        model, blocks = mistral()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+        losses = []
+
+        def pass_of(ids):
+            loss = model(input_ids=ids, labels=ids).loss / 2
+            loss.backward()
+            losses.append(loss.detach().clone())
+            return loss
+
+        for k in range(0, len(data), 2):
+            pass_of(data[k])
+            opt.step(lambda ids=data[k + 1]: pass_of(ids))
+            opt.zero_grad()
+        return losses, [p.detach().clone() for p in model.parameters()], h
+
+    expected = go(None)
+    got = go("85%")
+    same(got, expected)
+    steps = got[2].report()["steps"]
+    assert [s["aborted"] for s in steps] == [None] * 4, steps
+    assert [s["micro_batches"] for s in steps] == [2] * 4, steps
+    assert [s["mode"] for s in steps] == ["measure", "plan", "plan", "plan"], steps
+    got[2].close()
+
+
 LENGTHS = [32, 128, 48, 96, 40, 112, 56, 80, 64, 120, 36, 100, 72, 88, 44, 104, 60, 124]
 
 

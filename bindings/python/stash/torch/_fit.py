@@ -649,9 +649,14 @@ class BudgetHandle(OffloadHandle):
         self.close()
         raise error
 
-    def _before_optimizer_step(self, opt: torch.optim.Optimizer, *_: Any) -> None:
+    def _before_optimizer_step(self, opt: torch.optim.Optimizer, args: Tuple[Any, ...],
+                               kwargs: Dict[str, Any]) -> None:
         rec = self._step
-        if rec is not None and rec.backward_done:
+        # step(closure): the closure runs a forward and backward inside step() (Lightning
+        # does so for every step), so a forward from here on is the step's, not a sign
+        # that the step raised (Note [A step that ends early]).
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: opt
+        if rec is not None and rec.backward_done and closure is None:
             rec.optimizer_began = True
 
     def _after_optimizer_step(self, opt, *_):
