@@ -6,7 +6,8 @@
 // Every C++ reader of a byte count calls parse_byte_count: budgets (core/budget.h, hence
 // the planner, the CLI and the C API's budget parsing), the CLI's size options
 // (parse_bytes), the preload library's environment options and the PyTorch allocator's
-// (bindings/preload/byte_count.h). The text is:
+// (bindings/preload/byte_count.h), and the C API's stash_parse_bytes (bindings/bytes_api.cpp),
+// which Python's stash.parse_bytes calls: no binding keeps a parser of its own. The text is:
 //   [space] digits [ "." digits ] [space] [unit] [space]
 // where space is any run of " \t\n\v\f\r" and the unit is B, KB, MB, GB, TB (powers of
 // 1000) or KiB, MiB, GiB, TiB (powers of 1024), in any case. No sign, no leading or

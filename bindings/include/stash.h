@@ -108,6 +108,35 @@ STASH_API const char* stash_status_string(stash_status_t status);
  * do not clear it. */
 STASH_API const char* stash_last_error(void);
 
+/* ---------------------------------------------------------------------------------------
+ * Byte counts (since 0.3.0)
+ *
+ * The one syntax every stash reader of a byte count takes (the planner's budgets, the
+ * CLI's size options, the preload library's environment, stash.parse_bytes in Python):
+ * optional space, digits, an optional "." and digits, optional space, an optional unit,
+ * optional space. Units: B, KB, MB, GB, TB (powers of 1000) and KiB, MiB, GiB, TiB
+ * (powers of 1024), in any case. No sign, no exponent, no bare-letter units ("8G"); a
+ * fraction needs a unit ("1.5" is not a count). The value is truncated to whole bytes,
+ * never rounded up; "0.1GB" is exactly 100000000. At most 2^64 - 1.
+ *
+ * Thread-safe: no shared state; neither function reads the locale.
+ * ------------------------------------------------------------------------------------- */
+
+/* *bytes = the count `text` (NUL-terminated) says: "85899345920", "80GiB", "85.9GB",
+ * " 1.5 tib ". Text that is not a count (also one of 2^64 bytes or more):
+ * STASH_ERROR_INVALID_ARGUMENT, and stash_last_error() quotes the text and says what is
+ * wrong ("unknown unit \"G\" (use B, KB, ...)"). text or bytes NULL:
+ * STASH_ERROR_INVALID_ARGUMENT. On failure *bytes (when not NULL) is 0. */
+STASH_API stash_status_t stash_parse_bytes(const char* text, uint64_t* bytes);
+
+/* Writes `bytes` as stash's messages print it, NUL-terminated, into buf[0..size): two
+ * decimals in the largest binary unit the count reaches ("80.00 GiB", "1.50 KiB"), whole
+ * bytes below 1 KiB ("17 B"). The text never exceeds STASH_FORMAT_BYTES_SIZE - 1
+ * characters. buf NULL or size too small for the text: STASH_ERROR_INVALID_ARGUMENT
+ * (then buf, when not NULL and size > 0, holds ""). */
+#define STASH_FORMAT_BYTES_SIZE 32
+STASH_API stash_status_t stash_format_bytes(uint64_t bytes, char* buf, size_t size);
+
 /* A CUDA stream. This is the CUDA runtime's cudaStream_t; pass one directly. NULL is the
  * legacy default stream. */
 typedef struct CUstream_st* stash_stream_t;

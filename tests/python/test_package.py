@@ -92,6 +92,27 @@ def test_planner_through_the_c_api():
         _planner.make_plan(text, "70%", solver="magic")
 
 
+def test_parse_bytes_is_libstashs():
+    # libstash owns the syntax (stash_parse_bytes); Python passes ints and the C message.
+    assert stash.parse_bytes("0.1GB") == 100_000_000  # exact, not a float
+    assert stash.parse_bytes(" 1.5 tib ") == 3 << 39
+    assert stash.parse_bytes("1.0005KiB") == 1024  # truncated, never rounded up
+    assert stash.parse_bytes("18446744073709551615") == 2**64 - 1
+    assert stash.parse_bytes(2**70) == 2**70  # an int is not the C function's to judge
+    assert stash.parse_bytes(0) == 0
+    with pytest.raises(ValueError, match=r'^stash_parse_bytes: byte count "8G": unknown unit '
+                       r'"G" \(use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB\)$'):
+        stash.parse_bytes("8G")
+    for bad, why in (("1.5", "a bare byte count must be an integer"),
+                     ("18446744073709551616", "too large"), ("8 GiB x", "trailing"),
+                     ("", "expected a number"), ("1e9", "unknown unit")):
+        with pytest.raises(ValueError, match=why):
+            stash.parse_bytes(bad)
+    for bad in (True, False, -1, "8GiB\0junk", 1.5, None):
+        with pytest.raises(ValueError, match="byte count"):
+            stash.parse_bytes(bad)  # type: ignore[arg-type]
+
+
 def test_plans_are_read_by_the_library(tmp_path):
     # Note [One plan reader]: plan_actions reads through stash_plan_read_actions, the
     # engine's reader, and takes the action numbers from the library.

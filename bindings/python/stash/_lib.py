@@ -2,7 +2,6 @@
 
 import ctypes
 import os
-import re
 from typing import Dict, Union
 
 __all__ = ["StashError", "PoolStats", "cudart", "find_library", "load", "parse_bytes",
@@ -187,31 +186,33 @@ def status_string(status):
     return _libstash().stash_status_string(int(status)).decode()
 
 
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_BYTES_RE = re.compile(r"^\s*(\d+)(?:\.(\d+))?\s*([A-Za-z]*)\s*$")
+def _libstash_bytes() -> ctypes.CDLL:
+    lib = _libstash()
+    if not getattr(lib, "_stash_bytes_typed", False):
+        lib.stash_parse_bytes.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)]
+        lib.stash_parse_bytes.restype = ctypes.c_int
+        lib.stash_last_error.argtypes = []
+        lib.stash_last_error.restype = ctypes.c_char_p
+        lib._stash_bytes_typed = True
+    return lib
 
 
 def parse_bytes(value: Union[int, str]) -> int:
-    """A byte count from an int or a string in the planner's syntax: "123456", "8GiB",
-    "1.5 TB" (B KB MB GB TB KiB MiB GiB TiB, case-insensitive). ValueError otherwise."""
+    """A byte count from an int, or from a string in stash's one byte-count syntax, which
+    libstash's stash_parse_bytes reads (stash.h, "Byte counts"): "123456", "8GiB", "1.5 TB"
+    (B KB MB GB TB KiB MiB GiB TiB, case-insensitive). An int passes through (a bool or a
+    negative one is refused). ValueError otherwise, with libstash's message."""
     if isinstance(value, bool):
         raise ValueError(f"not a byte count: {value!r}")
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"a byte count cannot be negative: {value}")
         return value
-    m = _BYTES_RE.match(str(value))
-    if not m:
-        raise ValueError(f"not a byte count: {value!r} (e.g. 8GiB, 512MiB, 1000000)")
-    whole, frac, unit = m.groups()
-    if not unit and frac:
-        raise ValueError(f"a fraction needs a unit: {value!r}")
-    mult = _UNITS.get(unit.lower(), None) if unit else 1
-    if mult is None:
-        raise ValueError(f"unknown unit {unit!r} in {value!r} (use B, KB, MB, GB, TB, KiB, "
-                         "MiB, GiB or TiB)")
-    n = int(whole) * mult
-    if frac:
-        n += int(frac) * mult // 10 ** len(frac)
-    return n
+    text = str(value)
+    if "\0" in text:  # a C string would end there
+        raise ValueError(f"not a byte count: {value!r}")
+    lib = _libstash_bytes()
+    out = ctypes.c_uint64()
+    if lib.stash_parse_bytes(text.encode(), ctypes.byref(out)) != 0:
+        raise ValueError(lib.stash_last_error().decode(errors="replace"))
+    return int(out.value)
