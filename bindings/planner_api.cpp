@@ -137,6 +137,21 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
   });
 }
 
+STASH_API stash_status_t stash_profile_validate(const char* profile_json) {
+  static const char* fn = "stash_profile_validate";
+  return api_call(fn, [&]() -> status {
+    if (!profile_json) return fail(status::invalid_argument, "%s: profile_json is NULL", fn);
+    try {
+      pl::profile_from_json(nlohmann::json::parse(profile_json));
+    } catch (const nlohmann::json::parse_error& e) {
+      return fail(status::bad_profile, "%s: the profile is not JSON: %s", fn, e.what());
+    } catch (const stash::input_error& e) {
+      return fail(status::bad_profile, "%s: %s", fn, e.what());
+    }
+    return status::ok;
+  });
+}
+
 STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const char* plan_json,
                                              uint64_t budget_bytes, stash_plan_result_t* result) {
   static const char* fn = "stash_plan_evaluate";

@@ -400,6 +400,14 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
 STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const char* plan_json,
                                              uint64_t budget_bytes, stash_plan_result_t* result);
 
+/* Checks `profile_json` (NUL-terminated text) as stash_plan_make and `stash plan` read it,
+ * without planning: STASH_OK when it is valid stash.profile/1; else
+ * STASH_ERROR_BAD_PROFILE, and stash_last_error() names the first bad field by its JSON
+ * path ("stash_profile_validate: layers[0].tensors[1].name: duplicate tensor name ...")
+ * or says where the text stops being JSON. profile_json NULL:
+ * STASH_ERROR_INVALID_ARGUMENT. Since 0.3.0. */
+STASH_API stash_status_t stash_profile_validate(const char* profile_json);
+
 /* Frees memory the library allocated for the caller (stash_plan_make's plan text);
  * NULL is a no-op. */
 STASH_API void stash_free(void* ptr);

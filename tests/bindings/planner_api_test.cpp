@@ -182,6 +182,47 @@ TEST(PlannerApi, BadInputNamesTheProblem) {
   stash_plan_result_init(nullptr);
 }
 
+TEST(PlannerApi, ValidateAcceptsWhatThePlannerReads) {
+  EXPECT_EQ(stash_profile_validate(llama_profile().c_str()), STASH_OK) << stash_last_error();
+  EXPECT_EQ(stash_profile_validate(tiny_profile().c_str()), STASH_OK) << stash_last_error();
+}
+
+TEST(PlannerApi, ValidateNamesTheFirstBadField) {
+  const auto expect_bad = [](const nlohmann::json& doc, const std::string& message) {
+    const std::string text = doc.dump();
+    EXPECT_EQ(stash_profile_validate(text.c_str()), STASH_ERROR_BAD_PROFILE) << message;
+    EXPECT_EQ(std::string(stash_last_error()), "stash_profile_validate: " + message);
+    // The planner refuses the same text with the same words.
+    char* out = nullptr;
+    EXPECT_EQ(stash_plan_make(text.c_str(), "1GiB", nullptr, &out, nullptr),
+              STASH_ERROR_BAD_PROFILE);
+    EXPECT_NE(std::string(stash_last_error()).find(message), std::string::npos)
+        << stash_last_error();
+  };
+  const nlohmann::json good = nlohmann::json::parse(tiny_profile());
+  nlohmann::json bad = good;
+  bad["layers"][0]["tensors"][1]["name"] = "input";
+  expect_bad(bad, "layers[0].tensors[1].name: duplicate tensor name \"input\" in layer");
+  bad = good;
+  bad["link"].erase("h2d_gbps");
+  expect_bad(bad, "link.h2d_gbps: missing required field");
+  bad = good;
+  bad["layers"][2]["tensors"][0]["bytes"] = -1;
+  expect_bad(bad, "layers[2].tensors[0].bytes: must be a non-negative integer, got -1");
+  bad = good;
+  bad["layers"] = nlohmann::json::array();
+  expect_bad(bad, "layers: must list at least one layer");
+  expect_bad(nlohmann::json::array(), "<root>: expected an object, got array");
+}
+
+TEST(PlannerApi, ValidateRefusesTextThatIsNotJsonAndNull) {
+  EXPECT_EQ(stash_profile_validate("{not json"), STASH_ERROR_BAD_PROFILE);
+  EXPECT_EQ(std::string(stash_last_error()).rfind("stash_profile_validate: the profile is not "
+                                                  "JSON: ", 0), 0u) << stash_last_error();
+  EXPECT_EQ(stash_profile_validate(nullptr), STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_STREQ(stash_last_error(), "stash_profile_validate: profile_json is NULL");
+}
+
 TEST(PlannerApi, OptionsOfAnUnknownSizeOrVersionAreRefused) {
   const std::string text = tiny_profile();
   stash_plan_options_t o;

@@ -113,6 +113,34 @@ def test_parse_bytes_is_libstashs():
             stash.parse_bytes(bad)  # type: ignore[arg-type]
 
 
+def test_profile_validate_is_the_planners():
+    # libstash's reader (stash_profile_validate) judges the profile; Python adds no rule.
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "..", "..", "tools", "profiles", "llama3-8b_h200_b4_s4096.json")
+    with open(path) as f:
+        doc = json.load(f)
+    assert stash.profile.validate(doc) is doc
+    bad = json.loads(json.dumps(doc))
+    bad["layers"][0]["tensors"][0]["bytes"] = 1.5  # the planner's rule: whole bytes
+    with pytest.raises(stash.profile.ProfileError, match=r"^stash_profile_validate: "
+                       r"layers\[0\]\.tensors\[0\]\.bytes: must be a non-negative integer"):
+        stash.profile.validate(bad)
+    bad = json.loads(json.dumps(doc))
+    bad["fixed_bytes"] = 2**60  # the planner's rule too: sizes stay below 2^53
+    with pytest.raises(stash.profile.ProfileError, match=r"fixed_bytes: exceeds 2\^53"):
+        stash.profile.validate(bad)
+    bad = json.loads(json.dumps(doc))
+    bad["layers"][0]["fwd_ms"] = float("nan")
+    with pytest.raises(stash.profile.ProfileError, match="not JSON"):
+        stash.profile.validate(bad)
+    bad["layers"][0]["fwd_ms"] = object()
+    with pytest.raises(stash.profile.ProfileError, match="not JSON"):
+        stash.profile.validate(bad)
+    with pytest.raises(stash.profile.ProfileError, match="a profile is a JSON object"):
+        stash.profile.validate([doc])  # type: ignore[arg-type]
+    assert issubclass(stash.profile.ProfileError, ValueError)
+
+
 def test_plans_are_read_by_the_library(tmp_path):
     # Note [One plan reader]: plan_actions reads through stash_plan_read_actions, the
     # engine's reader, and takes the action numbers from the library.
