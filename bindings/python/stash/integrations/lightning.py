@@ -28,26 +28,19 @@ several optimizers is refused, since fit ends a step at one optimizer's step().
 
 Lightning calls optimizer.step(closure=...) with the training step, its backward, the
 on_before_optimizer_step hooks and gradient clipping inside the closure, which step()
-evaluates first thing. fit takes step() as the end of the step's passes: its step
-pre-hook marks the optimizer step begun once a backward has run, and a forward after that
-marks the step lost (the optimizer step raised). Under accumulate_grad_batches the last
-micro-batch's forward comes inside step(), after that pre-hook, so every step would be
-split into a lost one and a step of one pass (the measuring step lost and measured again,
-every plan priced for one pass). So the callback adds a step pre-hook of its own, ahead of
-fit's, that evaluates the closure under enable_grad and hands step() a closure returning
-that result: the same calls in the same order (every torch optimizer but LBFGS evaluates
-the closure once, first thing), with every forward and backward before fit's pre-hook.
-LBFGS, which evaluates it again in its line search, keeps its closure. With that,
-accumulate_grad_batches=N is N forwards and backwards per optimizer step, which fit prices
-as one step of N passes.
+evaluates first thing. fit ends a step's passes at step(), and a forward inside
+step(closure) is the step's own (Note [A step that ends early] in
+stash/torch/_offload_hooks.py): so accumulate_grad_batches=N is N forwards and backwards
+per optimizer step, which fit prices as one step of N passes, with nothing of the
+callback's in between.
 
 Lightning's closure zeroes the gradients after the training step's forward and before its
 backward, so the last step's gradients are alive through the next step's forward. The
 measuring step, the first, has none yet, so the first planned step peaks above its
-prediction (by the gradients' bytes, in a plain loop that zeroes them there); fit's check of a plan's first run adds them to the
-fixed bytes and the plans after it meet the budget (on the test model: one step 5% over,
-17% under accumulate_grad_batches=2; none after it). A loop that zeroes them after
-step() does not see this.
+prediction (by the gradients' bytes, in a plain loop that zeroes them there); fit's
+check of a plan's first run adds them to the fixed bytes and the plans after it meet the
+budget (on the test model: one step 5% over, 17% under accumulate_grad_batches=2; none
+after it). A loop that zeroes them after step() does not see this.
 
 Validation runs in eval mode, which fit lets through. cache_dir defaults to
 <trainer.default_root_dir>/stash, beside Lightning's checkpoints, so a run resumed from
@@ -61,7 +54,7 @@ takes it; importing stash.integrations imports neither.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 
@@ -111,26 +104,6 @@ def _stepped_optimizer(trainer: Any) -> Optional[torch.optim.Optimizer]:
     return optimizer
 
 
-def _closure_evaluated_first(optimizer: torch.optim.Optimizer, args: Tuple[Any, ...],
-                              kwargs: Dict[str, Any]) -> Optional[Tuple[Tuple[Any, ...],
-                                                                       Dict[str, Any]]]:
-    """A step pre-hook: evaluates step()'s closure now and hands step() its result (Note
-    [fit in Lightning]). args[0] is the optimizer itself."""
-    positional = "closure" not in kwargs and len(args) > 1
-    closure = args[1] if positional else kwargs.get("closure")
-    if closure is None:
-        return None
-    with torch.enable_grad():  # as step() evaluates it
-        result = closure()
-
-    def evaluated() -> Any:
-        return result
-
-    if positional:
-        return (args[0], evaluated) + tuple(args[2:]), kwargs
-    return args, {**kwargs, "closure": evaluated}
-
-
 class StashCallback(*_callback_bases()):  # type: ignore[misc]
     """Trains under :func:`stash.torch.fit` at `budget` (bytes, "40GiB" or "70%"). blocks:
     the model's repeated blocks (default: found, Note [fit in Lightning]); cache_dir:
@@ -147,7 +120,6 @@ class StashCallback(*_callback_bases()):  # type: ignore[misc]
         self.cache_dir = cache_dir
         self.fit_options = fit_options
         self.handle: Optional[stash_torch.BudgetHandle] = None
-        self._closure_hook: Optional[Any] = None  # torch's RemovableHandle
 
     def on_train_start(self, trainer: Any, pl_module: torch.nn.Module) -> None:
         self._close()  # a handle left by an earlier trainer.fit() with this callback
@@ -155,9 +127,6 @@ class StashCallback(*_callback_bases()):  # type: ignore[misc]
         turn_activation_checkpointing_off(pl_module, "StashCallback")
         blocks = self.blocks if self.blocks is not None else find_blocks(pl_module)
         optimizer = _stepped_optimizer(trainer)
-        if optimizer is not None and not isinstance(optimizer, torch.optim.LBFGS):
-            # Registered before fit() registers its own, so that it runs first.
-            self._closure_hook = optimizer.register_step_pre_hook(_closure_evaluated_first)
         cache_dir = (self.cache_dir if self.cache_dir is not None
                      else os.path.join(trainer.default_root_dir, "stash"))
         try:
@@ -175,9 +144,6 @@ class StashCallback(*_callback_bases()):  # type: ignore[misc]
         self._close()
 
     def _close(self) -> None:
-        if self._closure_hook is not None:
-            self._closure_hook.remove()
-            self._closure_hook = None
         # The handle stays for its report().
         if self.handle is not None and self.handle.engine is not None:
             self.handle.close()

@@ -217,7 +217,8 @@ class BudgetHandle(OffloadHandle):
         self._counting = None if self._cuda else cpu_window()
         self._recorder = MeasuringRecorder(self._n, self._counting, self._state_bytes)
         self._resident_bytes: Optional[int] = None  # parameters and buffers (_alive_bytes)
-        self._cupti_used: Optional[Tuple[bool, Optional[str]]] = None  # None: not tried (CPU); else (used, reason)
+        # None: CUPTI not tried (CPU); else (used, why not).
+        self._cupti_used: Optional[Tuple[bool, Optional[str]]] = None
         self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
         self._opt_hook = None
         self.link_cached = False
@@ -490,7 +491,8 @@ class BudgetHandle(OffloadHandle):
             self._cupti_used = self._cupti.start()
         # Note [What it costs] (planned steps): fit tracks storages only where it must,
         # in a measuring step, or on the CPU without the counting allocator.
-        self._recorder.begin_step(not self._cuda and (mode == "measure" or self._counting is None))
+        self._recorder.begin_step(tracking=not self._cuda and (
+            mode == "measure" or self._counting is None))
         if self._counting is not None:  # Note [The CPU allocator's meter] in _meter.py
             if mode == "measure":
                 rec.counted = self._fixed_counted()
