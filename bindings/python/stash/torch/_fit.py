@@ -106,8 +106,8 @@ run is a check. Its layers are not exact (_DerivedLayer): the hooks refuse no te
 a tensor past the derived skeleton is kept, and a tensor the plan recomputes that cannot
 be recomputed in this shape is kept, silently; the step trains as always. When it ends,
 the check asks two things: did every block save the tensors the skeleton lists, and did
-the step peak within its budget (on CUDA max_memory_allocated; on the CPU fit's own count,
-Note [What the budget counts])? If both hold the plan stands for the shape; otherwise the
+the step peak within its budget (on the meter: max_memory_allocated on CUDA, c10's CPU
+allocator on the CPU, Note [What the budget counts])? If both hold the plan stands for the shape; otherwise the
 record says why, the shape's derivation is dropped, and the next step of that shape is
 measured. Derived plans are not written to cache_dir; the measured profiles they come from
 are.
