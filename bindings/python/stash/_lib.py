@@ -22,7 +22,7 @@ def _search_dirs():
     return dirs
 
 
-def find_library(filename):
+def find_library(filename: str) -> str:
     """The path of ``filename`` (e.g. ``"libstash_torch.so"``): the first of the
     ``STASH_LIB_DIR`` directories, then ``stash/lib/`` next to this package, that holds
     it; else ``filename`` itself, which the dynamic loader then looks up on its default
@@ -116,7 +116,7 @@ def _ns():
     return _namespace
 
 
-def load(filename):
+def load(filename: str) -> ctypes.CDLL:
     """Loads a stash library once per process; StashError naming where it looked."""
     if filename not in _loaded:
         path = find_library(filename)
@@ -181,9 +181,9 @@ def version():
     return _libstash().stash_version_string().decode()
 
 
-def status_string(status):
+def status_string(status: int) -> str:
     """stash_status_string: the name of a stash_status_t number."""
-    return _libstash().stash_status_string(int(status)).decode()
+    return str(_libstash().stash_status_string(int(status)).decode())
 
 
 def _libstash_bytes() -> ctypes.CDLL:

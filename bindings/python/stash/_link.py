@@ -22,7 +22,7 @@ class LinkResult(ctypes.Structure):
                 ("buffer_bytes", ctypes.c_size_t), ("device_name", ctypes.c_char * 256)]
 
 
-def _lib():
+def _lib() -> ctypes.CDLL:
     lib = load("libstash.so")
     if not getattr(lib, "_stash_link_typed", False):
         lib.stash_link_result_init.argtypes = [ctypes.POINTER(LinkResult)]
@@ -31,7 +31,7 @@ def _lib():
                                            ctypes.POINTER(LinkResult)]
         lib.stash_link_measure.restype = ctypes.c_int
         lib.stash_last_error.restype = ctypes.c_char_p
-        lib._stash_link_typed = True
+        setattr(lib, "_stash_link_typed", True)
     return lib
 
 

@@ -55,7 +55,7 @@ class InfeasibleBudget(StashError):
         self.keep_all_peak_bytes = int(result["keep_all_peak_bytes"])
 
 
-def _lib():
+def _lib() -> ctypes.CDLL:
     lib = load("libstash.so")
     if not getattr(lib, "_stash_planner_typed", False):
         lib.stash_plan_options_init.argtypes = [ctypes.POINTER(PlanOptions)]
@@ -74,7 +74,7 @@ def _lib():
         lib.stash_free.restype = None
         lib.stash_last_error.argtypes = []
         lib.stash_last_error.restype = ctypes.c_char_p
-        lib._stash_planner_typed = True
+        setattr(lib, "_stash_planner_typed", True)
     return lib
 
 

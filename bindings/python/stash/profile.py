@@ -43,7 +43,7 @@ def _lib() -> ctypes.CDLL:
         lib.stash_profile_validate.restype = ctypes.c_int
         lib.stash_last_error.argtypes = []
         lib.stash_last_error.restype = ctypes.c_char_p
-        lib._stash_profile_typed = True
+        setattr(lib, "_stash_profile_typed", True)
     return lib
 
 

@@ -54,7 +54,7 @@ takes it; importing stash.integrations imports neither.
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, List, Optional, Sequence, Tuple, Type, Union, cast
 
 import torch
 
@@ -101,7 +101,7 @@ def _stepped_optimizer(trainer: Any) -> Optional[torch.optim.Optimizer]:
         inner = getattr(optimizer, attribute, None)
         if isinstance(inner, torch.optim.Optimizer):
             return inner
-    return optimizer
+    return cast(torch.optim.Optimizer, optimizer)  # a duck-typed one: fit counts its state
 
 
 class StashCallback(*_callback_bases()):  # type: ignore[misc]

@@ -55,7 +55,9 @@ class StashCallback(TrainerCallback):
         self.fit_options = fit_options
         self.handle: Optional[stash_torch.BudgetHandle] = None
 
-    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+    def on_train_begin(self, args: Any, state: Any, control: Any,
+                       model: Optional[torch.nn.Module] = None, optimizer: Any = None,
+                       **kwargs: Any) -> None:
         if model is None:
             return
         inner = _unwrapped(model)
@@ -68,6 +70,6 @@ class StashCallback(TrainerCallback):
         self.handle = stash_torch.fit(blocks, self.budget, optimizer=opt, cache_dir=cache_dir,
                                       **self.fit_options)
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.handle is not None:
             self.handle.close()

@@ -738,12 +738,15 @@ class BudgetHandle(OffloadHandle):
         e = self._plans.entry
         return e.get("profile") if e else None
 
-    def close(self):
+    def close(self) -> None:
         """Restores the blocks exactly and frees the engine (OffloadHandle.close)."""
-        if getattr(self, "_counting", None) is not None:
-            self._counting.close()
-        if getattr(self, "_opt_hook", None) is not None:
-            for hook in self._opt_hook:
+        # getattr: a handle whose __init__ stopped part-way may lack them.
+        counting = getattr(self, "_counting", None)
+        if counting is not None:
+            counting.close()
+        hooks = getattr(self, "_opt_hook", None)
+        if hooks is not None:
+            for hook in hooks:
                 hook.remove()
             self._opt_hook = None
         super().close()

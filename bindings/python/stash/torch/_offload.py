@@ -362,7 +362,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             raise StashError("stash.torch.offload: the handle was closed")
         return self.engine
 
-    def close(self):
+    def close(self) -> None:
         """Restores the blocks exactly as they were (the attribute the hooks wrapped, or
         its absence), drops live micro-batches (their graphs can no longer run backward
         through offloaded tensors) and destroys the engine."""
