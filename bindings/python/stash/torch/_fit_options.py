@@ -7,7 +7,11 @@ mean the same on every step. A share is resolved per shape: for each shape key (
 canonical model gives for that shape's profile (measured, or derived from the measured
 shapes), so a longer sequence gets a larger budget in bytes, as its keep-all peak is
 larger. report() therefore gives every step the budget in bytes of its own shape, and
-judges it against that. A unitless number that could be a share (at most 100, or a
+judges it against that. The profile's keep-all peak includes its fixed bytes, so when a
+plan's first run corrects them (Note [What the budget counts] in _fit.py) or the
+optimizer's real state replaces its estimate, the shape's share in bytes moves with them:
+the share is of the keep-all peak as fit knows it then, and each step is judged against
+the bytes its shape had when the step ran. A unitless number that could be a share (at most 100, or a
 fraction such as 0.7) is refused, naming both spellings: "50" is 50 bytes to the planner's
 syntax, and no model trains in 50 bytes.
 """
