@@ -1,18 +1,47 @@
 """What the trainer callbacks share: their fit() arguments, checked when a callback is made
 (so that a wrong argument fails before the trainer starts rather than at its first step),
-and the model made ready for fit when training starts."""
+and fit entered on the model, made ready for it, when training starts (FitArguments)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import warnings
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
 
+from .. import torch as stash_torch
 from .._lib import StashError
 from ..torch._fit_options import Budget, FitOptions
+from ._blocks import find_blocks
+
+
+@dataclasses.dataclass(frozen=True)
+class FitArguments:
+    """A callback's arguments to stash.torch.fit, checked when the callback is made."""
+
+    who: str
+    budget: Union[int, str]
+    blocks: Optional[Sequence[torch.nn.Module]]
+    cache_dir: Optional[Union[str, "os.PathLike[str]"]]
+    fit_options: Dict[str, Any]
+
+    def __post_init__(self) -> None:
+        checked_fit_arguments(self.who, self.budget, self.cache_dir, self.fit_options)
+
+    def enter(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
+              root_dir: str) -> "stash_torch.BudgetHandle":
+        """fit on `model`'s blocks (blocks=, else find_blocks) with the trainer's optimizer,
+        its key/value cache and activation checkpointing off; cache_dir defaults to
+        <root_dir>/stash, beside the trainer's checkpoints."""
+        turn_kv_cache_off(model)
+        turn_activation_checkpointing_off(model, self.who)
+        blocks = self.blocks if self.blocks is not None else find_blocks(model)
+        cache_dir = (self.cache_dir if self.cache_dir is not None
+                     else os.path.join(root_dir, "stash"))
+        return stash_torch.fit(blocks, self.budget, optimizer=optimizer, cache_dir=cache_dir,
+                               **self.fit_options)
 
 
 def checked_fit_arguments(who: str, budget: Union[int, str],

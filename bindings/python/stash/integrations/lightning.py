@@ -60,9 +60,7 @@ import torch
 
 from .. import torch as stash_torch
 from .._lib import StashError
-from ._blocks import find_blocks
-from ._callbacks import (checked_fit_arguments, turn_activation_checkpointing_off,
-                         turn_kv_cache_off)
+from ._callbacks import FitArguments
 
 __all__ = ["StashCallback"]
 
@@ -114,27 +112,13 @@ class StashCallback(*_callback_bases()):  # type: ignore[misc]
                  cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
                  **fit_options: Any):
         super().__init__()
-        checked_fit_arguments("StashCallback", budget, cache_dir, fit_options)
-        self.budget = budget
-        self.blocks = blocks
-        self.cache_dir = cache_dir
-        self.fit_options = fit_options
+        self.arguments = FitArguments("StashCallback", budget, blocks, cache_dir, fit_options)
         self.handle: Optional[stash_torch.BudgetHandle] = None
 
     def on_train_start(self, trainer: Any, pl_module: torch.nn.Module) -> None:
         self._close()  # a handle left by an earlier trainer.fit() with this callback
-        turn_kv_cache_off(pl_module)
-        turn_activation_checkpointing_off(pl_module, "StashCallback")
-        blocks = self.blocks if self.blocks is not None else find_blocks(pl_module)
-        optimizer = _stepped_optimizer(trainer)
-        cache_dir = (self.cache_dir if self.cache_dir is not None
-                     else os.path.join(trainer.default_root_dir, "stash"))
-        try:
-            self.handle = stash_torch.fit(blocks, self.budget, optimizer=optimizer,
-                                          cache_dir=cache_dir, **self.fit_options)
-        except BaseException:
-            self._close()
-            raise
+        self.handle = self.arguments.enter(pl_module, _stepped_optimizer(trainer),
+                                           trainer.default_root_dir)
 
     def on_train_end(self, trainer: Any, pl_module: torch.nn.Module) -> None:
         self._close()

@@ -32,9 +32,8 @@ import torch
 from transformers import TrainerCallback
 
 from .. import torch as stash_torch
-from ._blocks import _unwrapped, find_blocks
-from ._callbacks import (checked_fit_arguments, turn_activation_checkpointing_off,
-                         turn_kv_cache_off)
+from ._blocks import _unwrapped
+from ._callbacks import FitArguments
 
 __all__ = ["StashCallback"]
 
@@ -48,11 +47,7 @@ class StashCallback(TrainerCallback):
                  blocks: Optional[Sequence[torch.nn.Module]] = None,
                  cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
                  **fit_options: Any):
-        checked_fit_arguments("StashCallback", budget, cache_dir, fit_options)
-        self.budget = budget
-        self.blocks = blocks
-        self.cache_dir = cache_dir
-        self.fit_options = fit_options
+        self.arguments = FitArguments("StashCallback", budget, blocks, cache_dir, fit_options)
         self.handle: Optional[stash_torch.BudgetHandle] = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any,
@@ -60,15 +55,8 @@ class StashCallback(TrainerCallback):
                        **kwargs: Any) -> None:
         if model is None:
             return
-        inner = _unwrapped(model)
-        turn_kv_cache_off(inner)
-        turn_activation_checkpointing_off(inner, "StashCallback")
-        blocks = self.blocks if self.blocks is not None else find_blocks(model)
         opt = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer
-        cache_dir = (self.cache_dir if self.cache_dir is not None
-                     else os.path.join(args.output_dir, "stash"))
-        self.handle = stash_torch.fit(blocks, self.budget, optimizer=opt, cache_dir=cache_dir,
-                                      **self.fit_options)
+        self.handle = self.arguments.enter(_unwrapped(model), opt, args.output_dir)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.handle is not None:
