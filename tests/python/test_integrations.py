@@ -2,6 +2,8 @@
 peft LoRA model, on the CPU test double. Bitwise against the same training without stash.
 TRL's SFTTrainer: test_integrations_trl.py; Lightning: test_integrations_lightning.py."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -79,8 +81,12 @@ def test_a_resumed_run_starts_planned_from_cache_dir(tmp_path):
     assert steps[0]["plan_source"] == "cache_dir"
 
 
-def test_a_wrong_argument_fails_before_training():
-    from stash.integrations.transformers import StashCallback
+@pytest.mark.parametrize("trainer", ["transformers", "lightning"])
+def test_a_wrong_argument_fails_before_training(trainer):
+    """Either callback, when it is made (before the trainer starts)."""
+    if trainer == "lightning":
+        pytest.importorskip("pytorch_lightning")
+    StashCallback = importlib.import_module(f"stash.integrations.{trainer}").StashCallback
 
     with pytest.raises(stash.StashError, match="budget"):
         StashCallback("70")

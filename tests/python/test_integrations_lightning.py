@@ -6,7 +6,6 @@ import sys
 import pytest
 import torch
 
-import stash
 
 transformers = pytest.importorskip("transformers")
 pl = pytest.importorskip("pytorch_lightning")
@@ -118,19 +117,6 @@ def test_a_run_resumed_from_a_checkpoint_starts_planned(tmp_path):
     steps = again.handle.report()["steps"]
     assert [s["mode"] for s in steps] == ["plan", "plan"], steps
     assert steps[0]["plan_source"] == "cache_dir"
-
-
-def test_a_wrong_argument_fails_at_construction():
-    from stash.integrations.lightning import StashCallback
-
-    with pytest.raises(stash.StashError, match="budget"):
-        StashCallback("70")
-    with pytest.raises(stash.StashError, match="solver"):
-        StashCallback("70%", solver="fast")
-    with pytest.raises(stash.StashError, match="measure_step"):
-        StashCallback("70%", measure_step=2)  # fit's option is measure_steps
-    with pytest.raises(stash.StashError, match="drop optimizer="):
-        StashCallback("70%", optimizer=torch.optim.SGD([torch.zeros(1)], lr=0.1))
 
 
 def test_an_exception_in_training_restores_the_blocks(tmp_path):
