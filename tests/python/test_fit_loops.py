@@ -3,7 +3,7 @@
 every point a step can raise, in a measuring step and in a planned one; eval forwards;
 misuse named at fit(). Hugging Face models from small configs (random init, no hub) on
 the CPU test double; every comparison is bitwise against plain training that loses the
-same steps the same way."""
+same steps the same way. Shapes (shares per shape, new lengths): test_fit_shapes.py."""
 
 import warnings
 
@@ -32,6 +32,15 @@ def mistral(seed=0):
     return m, m.model.layers
 
 
+def trained(budget):
+    """A fresh Mistral, its blocks, AdamW over it, and fit at `budget` over its blocks
+    (None: plain training, no handle)."""
+    model, blocks = mistral()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+    return model, blocks, opt, h
+
+
 def batches(n, batch=2, seq=64, seed=1):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, VOCAB, (batch, seq), generator=g) for _ in range(n)]
@@ -39,6 +48,18 @@ def batches(n, batch=2, seq=64, seed=1):
 
 class Injected(Exception):
     pass
+
+
+def stack_steps(blocks, opt, shapes):
+    """One training step of the stack of blocks per input shape (random inputs)."""
+    g = torch.Generator().manual_seed(0)
+    for shape in shapes:
+        out = torch.randn(*shape, generator=g, requires_grad=True)
+        for b in blocks:
+            out = b(out)
+        out.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
 
 
 def _raise(kind):
@@ -73,9 +94,7 @@ def run(data, where, kind, fail_at, budget=None, check=None):
     """AdamW training that loses step `fail_at` to an injected `kind` at `where` (the loop
     catches it, zeroes the gradients and goes on); the losses of the steps that ran, the
     final parameters, and the handle (fit at `budget`, else plain training)."""
-    model, blocks = mistral()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+    model, blocks, opt, h = trained(budget)
     armed = [False]
     inject(model, blocks, opt, where, kind, armed)
     losses = []
@@ -155,9 +174,7 @@ def test_a_loss_raising_outside_the_model_warns_once_and_recovers():
     data = batches(4)
 
     def go(budget):
-        model, blocks = mistral()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+        model, blocks, opt, h = trained(budget)
         losses = []
         for i, ids in enumerate(data):
             try:
@@ -192,9 +209,7 @@ def test_eval_forwards_neither_warn_nor_measure():
     probe = batches(1, seed=7)[0]
 
     def go(budget):
-        model, blocks = mistral()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+        model, blocks, opt, h = trained(budget)
         losses, evals = [], []
         for i, ids in enumerate(data):
             loss = model(input_ids=ids, labels=ids).loss
@@ -264,24 +279,6 @@ def test_the_smallest_feasible_budget_a_refusal_names_is_accepted():
         assert [s["mode"] for s in h.report()["steps"]] == ["measure", "plan", "plan"]
 
 
-def test_a_share_budget_is_judged_per_shape():
-    """Note [What a share budget means]: each step against its own shape's bytes."""
-    model, blocks = mistral()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = batches(2, seq=32) + batches(2, seq=128) + batches(1, seq=32)
-    with stash.torch.fit(blocks, "90%", optimizer=opt, link=LINK) as h:
-        for ids in data:
-            model(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad()
-        steps = h.report()["steps"]
-    short = {s["budget_bytes"] for s in steps if s["step"] in (0, 1, 4)}
-    long = {s["budget_bytes"] for s in steps if s["step"] in (2, 3)}
-    assert len(short) == 1 and len(long) == 1 and None not in short | long, steps
-    assert long.pop() > short.pop()
-    assert steps[0]["shape"] == steps[4]["shape"] != steps[2]["shape"]
-
-
 def test_accumulation_by_hand_is_priced_per_forward():
     """Two forwards and backwards of micro-batch 0 per optimizer step, no micro_batch():
     bitwise, both counted in the step (micro_batches 2), and the predicted step is that of
@@ -290,9 +287,7 @@ def test_accumulation_by_hand_is_priced_per_forward():
     data = batches(16, seq=128)
 
     def go(budget):
-        model, blocks = mistral()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+        model, blocks, opt, h = trained(budget)
         losses = []
         for k in range(0, len(data), 2):
             for ids in data[k:k + 2]:
@@ -348,9 +343,7 @@ def test_a_step_with_a_closure_and_accumulation_is_one_step():
     data = batches(8)
 
     def go(budget):
-        model, blocks = mistral()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+        model, blocks, opt, h = trained(budget)
         losses = []
 
         def pass_of(ids):
@@ -373,84 +366,6 @@ def test_a_step_with_a_closure_and_accumulation_is_one_step():
     assert [s["micro_batches"] for s in steps] == [2] * 4, steps
     assert [s["mode"] for s in steps] == ["measure", "plan", "plan", "plan"], steps
     got[2].close()
-
-
-LENGTHS = [32, 128, 48, 96, 40, 112, 56, 80, 64, 120, 36, 100, 72, 88, 44, 104, 60, 124]
-
-
-def test_a_new_length_every_step_is_planned_from_the_measured_ones():
-    """Note [A profile derived from the measured shapes]: 18 lengths from 32 to 128 (4x),
-    every one new: two measuring steps, every other step planned from a derived profile
-    whose first run passes its check, every step within its shape's budget, bitwise."""
-    g = torch.Generator().manual_seed(3)
-    data = [torch.randint(0, VOCAB, (2, s), generator=g) for s in LENGTHS]
-
-    def go(budget):
-        model, blocks = mistral()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
-        losses = []
-        for ids in data:
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.detach().clone())
-        return losses, [p.detach().clone() for p in model.parameters()], h
-
-    expected = go(None)
-    got = go("90%")
-    same(got, expected)
-    steps = got[2].report()["steps"]
-    assert [s["mode"] for s in steps].count("measure") == 2, steps
-    derived = [s for s in steps if s["plan_source"] == "derived"]
-    assert len(derived) == len(LENGTHS) - 2, steps
-    assert all(s["check"] == "passed" for s in derived), [s["check"] for s in derived]
-    assert all(s["budget_bytes"] and not s["over_budget"] for s in steps), steps
-    # On the allocator's meter, at most the derived plan's prediction (which is
-    # conservative: the untracked bytes at worst, scaled with the tokens).
-    assert all(s["measured_peak_bytes"] <= s["predicted_peak_bytes"] for s in derived), derived
-    got[2].close()
-
-
-def stack_steps(blocks, opt, shapes):
-    """One training step of the stack of blocks per input shape (random inputs)."""
-    g = torch.Generator().manual_seed(0)
-    for shape in shapes:
-        out = torch.randn(*shape, generator=g, requires_grad=True)
-        for b in blocks:
-            out = b(out)
-        out.square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-
-
-class _Lengthy(nn.Module):
-    """A block that saves one more tensor for sequences longer than 100."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(32, 32)
-
-    def forward(self, x):
-        y = torch.tanh(self.fc(x))
-        if x.shape[1] > 100:
-            y = torch.sigmoid(y) * y
-        return x + y
-
-
-def test_a_derived_plan_that_fails_its_check_is_measured_next_time():
-    """Note [A derived plan's first run]: a shape whose blocks save what the skeleton of
-    the measured shapes does not list is measured the next time it comes."""
-    torch.manual_seed(0)
-    blocks = nn.ModuleList([_Lengthy() for _ in range(4)])
-    opt = torch.optim.SGD(blocks.parameters(), lr=0.1)
-    with stash.torch.fit(blocks, "95%", optimizer=opt, link=LINK) as h:
-        stack_steps(blocks, opt, [(8, s, 32) for s in (32, 64, 128, 128, 128)])
-        steps = h.report()["steps"]
-    assert [s["mode"] for s in steps] == ["measure", "measure", "plan", "measure", "plan"], steps
-    assert steps[2]["plan_source"] == "derived" and "saved" in steps[2]["check"], steps[2]
-    assert steps[4]["plan_source"] == "measured" and steps[4]["check"] is None
 
 
 def test_the_cpu_meter_counts_a_window():
