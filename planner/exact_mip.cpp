@@ -17,7 +17,8 @@ namespace stash::planner {
 // are continuous and defined by equality rows, which keeps each peak row at three terms.
 //
 // Peak: the canonical peak is a max over positions; "max <= budget" is exactly the set of
-// rows peak:forward[i] and peak:backward[i] <= budget (same form as Note [Outer LP]). For
+// rows peak:forward[i], peak:loss and peak:backward[i] <= budget (same form as Note [Outer
+// LP]). For
 // the minimum-peak objective a free column P replaces the budget: row - P <= 0, min P.
 //
 // Exposed copy time: max(0, O_i/d2h - fwd_{i+1}) is convex, and it appears only in the
@@ -103,6 +104,12 @@ exact_result solve_exact(const step_profile& p, std::uint64_t budget_bytes,
     const double temp = static_cast<double>(p.layers[i].bwd_temp_bytes);
     mip.add_row(idx("peak:forward", i), -kInf, (b - saved_through) / unit, row);
     mip.add_row(idx("peak:backward", i), -kInf, (b - saved_through - temp) / unit, row);
+  }
+  {  // Note [The loss's position] in plan.h: every layer's kept bytes, the last's offload.
+    std::vector<std::pair<int, double>> row{{cum[L - 1], -1}, {off[L - 1], 1}};
+    if (P >= 0) row.push_back({P, -1});
+    const double loss = static_cast<double>(p.loss_bytes);
+    mip.add_row("peak:loss", -kInf, (b - saved_through - loss) / unit, row);
   }
   std::vector<std::pair<int, double>> host;
   for (std::size_t i = 0; i < L; ++i) host.push_back({off[i], 1});

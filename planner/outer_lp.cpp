@@ -30,6 +30,9 @@ namespace stash::planner {
 //   peak:backward[i]   fixed + sum_{l<=i} A_l + bwd_temp_i
 //                        - sum_{l<i} sum_j r_lj - sum_{l<i-1} off_l              <= budget
 //                      (K_l = A_l - r_l - off_l for l < i, plus off_{i-1} still in flight)
+//   peak:loss          the same form as position L (Note [The loss's position] in plan.h):
+//                        fixed + sum_{l<L} A_l + loss_bytes - sum_{l<L} r_l
+//                        - sum_{l<L-1} off_l                                    <= budget
 //   host               sum off_i <= pinnable
 // objective: sum r_ij·c_j/b_j + sum (ed_i + eh_i) (+ the constant compute time).
 //
@@ -121,22 +124,26 @@ outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes
   }
   const int host_row = lp.add_row("host", -kInf, static_cast<double>(p.pinnable_bytes) / unit, host);
 
-  // Bound of peak:backward[i] in MiB once its constants move to the right-hand side.
-  std::vector<double> rhs(L);
+  // Bound of peak:backward[i] in MiB once its constants move to the right-hand side; row L
+  // is peak:loss.
+  std::vector<double> rhs(L + 1);
   double saved_through = static_cast<double>(p.fixed_bytes);
   for (std::size_t i = 0; i < L; ++i) {
     saved_through += static_cast<double>(p.layers[i].saved_bytes());
     rhs[i] = (static_cast<double>(budget_bytes) - saved_through -
               static_cast<double>(p.layers[i].bwd_temp_bytes)) / unit;
   }
+  rhs[L] = (static_cast<double>(budget_bytes) - saved_through -
+            static_cast<double>(p.loss_bytes)) / unit;
   // Left-hand sides of every peak:backward[i] at the current LP point, in one pass:
   // bytes freed by layers < i, less the previous layer's offload (still resident at i).
   const auto lhs_all = [&] {
-    std::vector<double> v(L);
+    std::vector<double> v(L + 1);
     double freed_r = 0, freed_o = 0, prev_o = 0;
     const double s = lp.col_value(slack);
-    for (std::size_t i = 0; i < L; ++i) {
+    for (std::size_t i = 0; i <= L; ++i) {
       v[i] = -s - freed_r - freed_o;
+      if (i == L) break;
       double r = 0;
       for (int k : cols[i].r) r += lp.col_value(k);
       freed_r += r;
@@ -145,7 +152,7 @@ outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes
     }
     return v;
   };
-  std::vector<bool> in_model(L, false);
+  std::vector<bool> in_model(L + 1, false);
   const auto add_peak_row = [&](std::size_t i) {
     std::vector<std::pair<int, double>> row{{slack, -1}};
     for (std::size_t l = 0; l < i; ++l) {
@@ -155,13 +162,13 @@ outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes
         row.push_back({cols[l].oRO, -1});
       }
     }
-    lp.add_row(idx("peak:backward", i), -kInf, rhs[i], row);
+    lp.add_row(i == L ? std::string("peak:loss") : idx("peak:backward", i), -kInf, rhs[i], row);
     in_model[i] = true;
   };
   // Seed with the position that is worst when everything is kept: the row most likely
   // to bind. Others join only when the LP point violates them.
   std::size_t seed = 0;
-  for (std::size_t i = 1; i < L; ++i) {
+  for (std::size_t i = 1; i <= L; ++i) {
     if (rhs[i] < rhs[seed]) seed = i;
   }
   add_peak_row(seed);
@@ -185,7 +192,7 @@ outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes
     bool added = false;
     const double tol = 1e-7 * (1.0 + std::fabs(static_cast<double>(budget_bytes)) / unit);
     const std::vector<double> lhs = lhs_all();
-    for (std::size_t i = 0; i < L; ++i) {
+    for (std::size_t i = 0; i <= L; ++i) {
       if (!in_model[i] && lhs[i] > rhs[i] + tol) {
         add_peak_row(i);
         added = true;

@@ -101,7 +101,8 @@ evaluation evaluate(const step_profile& p, const decision_table& d, std::uint64_
   ev.step_overhead_ms = p.step_overhead_ms;
   ev.step_ms = ev.layer_ms + ev.step_overhead_ms;
 
-  // Positions in time order: forward 0..L-1, then backward L-1..0. The first position
+  // Positions in time order: forward 0..L-1, the loss, then backward L-1..0 and the
+  // optimizer. The first position
   // that reaches the maximum is reported as peak_at.
   std::vector<std::uint64_t> fwd(L), bwd(L);
   std::uint64_t kept_before = 0;
@@ -121,6 +122,13 @@ evaluation evaluate(const step_profile& p, const decision_table& d, std::uint64_
     }
   };
   for (std::size_t i = 0; i < L; ++i) visit(fwd[i], "forward", i);
+  // Note [The loss's position] in plan.h: after the last forward, before any backward.
+  const std::uint64_t loss = p.fixed_bytes + kept_before + (L > 0 ? O[L - 1] : 0) + p.loss_bytes;
+  if (loss > ev.peak_bytes) {
+    ev.peak_bytes = loss;
+    ev.peak_at = "loss";
+  }
+  if (loss > budget_bytes) ev.violations.push_back("peak:loss");
   for (std::size_t i = L; i-- > 0;) visit(bwd[i], "backward", i);
   // Note [The optimizer's position] in plan.h.
   if (p.optimizer_bytes > ev.peak_bytes) {

@@ -60,7 +60,21 @@ struct evaluation {
 // compute span at the loss turn, after the turn barrier, simulator.h).
 //   forward_i  = fixed + sum_{l<i} K_l + O_{i-1} + A_i
 //   backward_i = fixed + sum_{l<i} K_l + A_i + O_{i-1} + bwd_temp_i
-//   peak = max(max_i max(forward_i, backward_i), optimizer);  host: sum O_i <= pinnable_bytes.
+//   loss       = fixed + sum_{l<L} K_l + O_{L-1} + loss_bytes
+//   peak = max(max_i max(forward_i, backward_i), loss, optimizer);
+//   host: sum O_i <= pinnable_bytes.
+// Note [The loss's position]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// loss is the position between the last layer's forward and its backward: the head, the
+// loss and their backward run with every layer's kept tensors alive and none of the last
+// layer's recomputed ones (its replay starts with its backward). Its loss_bytes (0 when
+// absent) are what they hold above that. Counting them as the last layer's bwd_temp_bytes
+// instead would put them beside the last layer's replayed activations, which they never
+// meet: a model whose head is large next to a layer (logits over a big vocabulary) would
+// be refused budgets that full checkpointing trains in. As position L it has the shape of
+// every other (the layers' kept bytes before it, the previous layer's offload still in
+// flight), so the solvers take it as one more peak row (peak:loss). With loss_bytes 0 it
+// never binds: backward[L-1] holds at least as much. peak_at names it "loss".
 // Note [The optimizer's position]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // optimizer is the profile's optimizer_bytes (0 when absent): what the step holds after

@@ -178,6 +178,10 @@ step_profile profile_from_json(const json& j) {
     if (p.optimizer_bytes > (std::uint64_t{1} << 53))
       fail("optimizer_bytes", "exceeds 2^53 bytes");
   }
+  if (j.contains("loss_bytes")) {
+    p.loss_bytes = get_size(j, "", "loss_bytes");
+    if (p.loss_bytes > (std::uint64_t{1} << 53)) fail("loss_bytes", "exceeds 2^53 bytes");
+  }
 
   const json& layers = field(j, "", "layers");
   if (!layers.is_array()) fail("layers", "must be an array, got " + type_name(layers));
@@ -226,6 +230,7 @@ json profile_to_json(const step_profile& p) {
   // keep their serialization and profile_sha256.
   if (p.step_overhead_ms != 0) j["step_overhead_ms"] = p.step_overhead_ms;
   if (p.optimizer_bytes != 0) j["optimizer_bytes"] = p.optimizer_bytes;
+  if (p.loss_bytes != 0) j["loss_bytes"] = p.loss_bytes;
   return j;
 }
 

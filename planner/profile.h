@@ -64,6 +64,12 @@ struct step_profile {
   // optimizer's state and its temporaries. A position of its own that no decision moves
   // (Note [The optimizer's position] in plan.h).
   std::uint64_t optimizer_bytes = 0;
+  // What the step holds above the fixed bytes and the kept activations between the last
+  // layer's forward and its backward (optional "loss_bytes", default 0): the head, the loss
+  // and their backward until the last layer's backward begins. A position of its own,
+  // after the forwards and before the backwards, that decisions move through what they
+  // keep (Note [The loss's position] in plan.h).
+  std::uint64_t loss_bytes = 0;
   std::vector<layer_profile> layers;
 
   // Bandwidths in bytes per millisecond, as the cost model uses them.

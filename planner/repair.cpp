@@ -52,7 +52,8 @@ struct aggregates {
     }
   }
 
-  // The worst position: value and layer; kind 0 forward, 1 backward. Backward dominates
+  // The worst position: value and layer (L: the loss's position); kind 0 forward, 1
+  // backward. Backward dominates
   // forward at the same layer (temporaries are non-negative), so only backward is scanned,
   // then reported as forward when the temporaries are zero (the earlier position in time).
   std::uint64_t worst(std::size_t* layer) const {
@@ -66,6 +67,13 @@ struct aggregates {
         *layer = i;
       }
       kept += K[i];
+    }
+    // Note [The loss's position] in plan.h, as position L: every layer's tensors can help.
+    const std::size_t L = K.size();
+    const std::uint64_t loss = p.fixed_bytes + kept + (L > 0 ? O[L - 1] : 0) + p.loss_bytes;
+    if (loss > best) {
+      best = loss;
+      *layer = L;
     }
     return best;
   }

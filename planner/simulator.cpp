@@ -14,7 +14,8 @@ namespace {
 
 using schedule::layer_span;
 
-// step_overhead: the profile's time outside the layers, at the turn (layer -1).
+// step_overhead: the profile's time outside the layers, at the turn (layer -1); it holds the
+// profile's loss_bytes while it runs (Note [The loss's position] in plan.h).
 enum class op_kind { forward, recompute, backward, step_overhead };
 
 struct compute_op {
@@ -115,7 +116,8 @@ replay::replay(const step_profile& p, const decision_table& d, const sim_options
   if (offloads && (p.link.d2h_gbps <= 0 || p.link.h2d_gbps <= 0))
     throw input_error("simulate: the plan offloads but link.d2h_gbps / link.h2d_gbps is not positive");
   for (int i = 0; i < L_; ++i) ops_.push_back({op_kind::forward, i, p.layers[i].fwd_ms});
-  if (p.step_overhead_ms > 0) ops_.push_back({op_kind::step_overhead, -1, p.step_overhead_ms});
+  if (p.step_overhead_ms > 0 || p.loss_bytes > 0)
+    ops_.push_back({op_kind::step_overhead, -1, p.step_overhead_ms});
   for (int i = L_ - 1; i >= 0; --i) {
     if (layers_[i].recompute_ms > 0 || layers_[i].recomputed > 0)
       ops_.push_back({op_kind::recompute, i, layers_[i].recompute_ms});
@@ -175,6 +177,7 @@ void replay::start_op(double t) {
                         span_kind::wait, prev_end_, wait, layer);
   }
   if (op.kind == op_kind::step_overhead) {
+    alloc(p_.loss_bytes, "loss", t);
     r_.step_overhead_ms += op.dur_ms;
     if (opt_.record_trace)
       r_.trace.add_span(kComputeTrack, kStepOverheadSpan, span_kind::step_overhead, t, op.dur_ms);
@@ -217,6 +220,7 @@ void replay::start_op(double t) {
 void replay::finish_op(double t) {
   const compute_op& op = ops_[next_op_];
   if (op.kind == op_kind::step_overhead) {
+    free(p_.loss_bytes, t);
     busy_ = false;
     prev_end_ = t;
     ++next_op_;

@@ -184,6 +184,33 @@ TEST(Evaluate, SingleLayerNeverOffloads) {
   EXPECT_EQ(e.exposed_copy_ms, 0.0);
 }
 
+// Note [The loss's position]: after the last forward, before any backward, every layer's
+// kept bytes and none of the last layer's replayed ones. d keeps 0 + 4 + 6 MiB, so the loss
+// holds 110 MiB + loss_bytes; backward[0] (116 MiB) is the peak without it.
+TEST(Evaluate, TheLossPositionHoldsWhatEveryLayerKeeps) {
+  step_profile p = three_layers();
+  const decision_table d = {{O, R}, {K, R}, {K, K}};
+  const evaluation without = evaluate(p, d, 116 * MiB);
+  ASSERT_EQ(without.peak_bytes, 116 * MiB);
+  ASSERT_EQ(without.peak_at, "backward[0]");
+  p.loss_bytes = 5 * MiB;  // 115 MiB: below backward[0]
+  const evaluation below = evaluate(p, d, 116 * MiB);
+  EXPECT_EQ(below.peak_bytes, without.peak_bytes);
+  EXPECT_EQ(below.peak_at, without.peak_at);
+  EXPECT_TRUE(below.valid);
+  p.loss_bytes = 6 * MiB;  // a tie: the loss comes first in time
+  EXPECT_EQ(evaluate(p, d, 116 * MiB).peak_at, "loss");
+  p.loss_bytes = 10 * MiB;
+  const evaluation above = evaluate(p, d, 116 * MiB);
+  EXPECT_EQ(above.peak_bytes, 120 * MiB);
+  EXPECT_EQ(above.peak_at, "loss");
+  EXPECT_EQ(above.violations, std::vector<std::string>{"peak:loss"});
+  EXPECT_EQ(above.step_ms, without.step_ms);
+  // Decisions move it: recompute layer 2's b and the loss holds 2 MiB less.
+  const decision_table d2 = {{O, R}, {K, R}, {K, R}};
+  EXPECT_EQ(evaluate(p, d2, 1ull << 40).peak_bytes, 118 * MiB);
+}
+
 // Note [The optimizer's position]: a position after the last backward that no decision
 // moves. Below every other position it changes nothing; above them it is the peak.
 TEST(Evaluate, TheOptimizersPositionIsAPeakNoDecisionMoves) {

@@ -316,6 +316,8 @@ step_profile random_profile(std::mt19937_64& rng) {
     }
     p.layers.push_back(l);
   }
+  // Note [The loss's position] in plan.h: the replay holds it at the turn.
+  if (coin(rng) == 0) p.loss_bytes = bytes(rng) * 2;
   return p;
 }
 

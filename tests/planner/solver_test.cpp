@@ -69,6 +69,45 @@ TEST(Exact, EqualsBruteForceOptimum) {
   EXPECT_GT(infeasible, 5);
 }
 
+// Note [The loss's position] in plan.h: a position decisions move. Every solver's row for
+// it is checked against brute force (exact), against the exact relaxation (the outer LP),
+// and by evaluate (greedy and ilp, whose repair must know it).
+TEST(Exact, EqualsBruteForceWithALossPosition) {
+  std::mt19937 rng(20261203);
+  std::uniform_real_distribution<double> u(0, 1);
+  int feasible = 0, loss_binds = 0;
+  for (int k = 0; k < 80; ++k) {
+    step_profile p = random_profile(rng, 3, 3);
+    p.loss_bytes = static_cast<std::uint64_t>(u(rng) * 96 * 1048576.0);
+    const std::uint64_t hi = keep_all_peak(p);
+    const std::uint64_t lo = brute_force(p, UINT64_MAX).min_peak;
+    const std::uint64_t budget = lo + static_cast<std::uint64_t>(u(rng) * (hi - lo));
+    const brute_force_result bf = brute_force(p, budget);
+    if (!bf.any_valid) {  // host cap: no decision fits
+      EXPECT_THROW(make_plan(p, budget, with(solver_kind::exact)), infeasible_budget);
+      continue;
+    }
+    ++feasible;
+    const step_plan plan = make_plan(p, budget, with(solver_kind::exact));
+    EXPECT_NEAR(plan.predicted.step_ms, bf.best_step, 1e-9 * bf.best_step) << "case " << k;
+    EXPECT_EQ(min_feasible_budget(p), lo) << "case " << k;
+    loss_binds += plan.predicted.peak_at == "loss";
+    for (solver_kind s : {solver_kind::greedy, solver_kind::ilp}) {
+      const step_plan q = make_plan(p, budget, with(s));
+      EXPECT_TRUE(evaluate(p, q.decisions(), budget).valid) << to_string(s) << " case " << k;
+      EXPECT_LE(q.predicted.lower_bound_ms, bf.best_step * (1 + 1e-9)) << "case " << k;
+    }
+    exact_options eo;
+    eo.relax = true;
+    const exact_result rel = solve_exact(p, budget, eo);
+    const outer_lp_result lp = solve_outer_lp(p, budget);
+    ASSERT_TRUE(lp.feasible) << "case " << k;
+    EXPECT_NEAR(lp.step_lower_bound_ms, rel.objective, 1e-7 * rel.objective) << "case " << k;
+  }
+  EXPECT_GT(feasible, 50);
+  EXPECT_GT(loss_binds, 5);  // the instances do exercise the new row
+}
+
 // The outer LP is the projection of the exact MIP's relaxation (Note [Outer LP]); the two
 // are built independently, so equal optima cross-check both formulations.
 TEST(LowerBound, OuterLpEqualsExactRelaxation) {
@@ -163,13 +202,27 @@ TEST(Planner, GenerousBudgetKeepsEverything) {
   EXPECT_TRUE(plan.binding_constraints.empty());
 }
 
-TEST(Planner, BudgetBelowFixedIsAnInputError) {
+// Note [A budget too small is an answer] in planner.cpp: below the fixed bytes is one more
+// infeasible budget, with the smallest feasible one named, from make_plan and the bound.
+TEST(Planner, BudgetBelowFixedIsInfeasibleWithTheSmallestNamed) {
   const step_profile p = llama_like(4, 1);
-  try {
-    make_plan(p, p.fixed_bytes - 1);
-    FAIL();
-  } catch (const input_error& e) {
-    EXPECT_NE(std::string(e.what()).find("below fixed_bytes"), std::string::npos);
+  const std::uint64_t min = min_feasible_budget(p);
+  for (const std::uint64_t budget : {p.fixed_bytes - 1, std::uint64_t{1}}) {
+    try {
+      make_plan(p, budget);
+      FAIL() << budget;
+    } catch (const infeasible_budget& e) {
+      EXPECT_EQ(e.status(), status::infeasible_budget);
+      EXPECT_EQ(e.budget(), budget);
+      EXPECT_EQ(e.min_feasible_bytes(), min);
+      EXPECT_TRUE(e.min_proved());
+      const std::string m = e.what();
+      EXPECT_NE(m.find("smallest feasible budget is " + std::to_string(min) + " bytes"),
+                std::string::npos) << m;
+      EXPECT_NE(m.find("below the profile's fixed_bytes " + std::to_string(p.fixed_bytes)),
+                std::string::npos) << m;
+    }
+    EXPECT_THROW(lower_bound_ms(p, budget), infeasible_budget);
   }
 }
 
