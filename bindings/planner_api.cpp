@@ -97,26 +97,10 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
     }
     r.budget_bytes = bytes;
     r.keep_all_peak_bytes = pl::evaluate(p, pl::keep_all(p), UINT64_MAX).peak_bytes;
-    if (bytes < p.fixed_bytes) {
-      // The planner calls this bad input (CLI exit 2); here the text parsed and the answer
-      // is "no", so it is reported like every other infeasible budget, with the smallest.
-      bool proved = true;
-      r.min_feasible_bytes = pl::min_feasible_budget(p, &proved);
-      r.min_feasible_proved = proved ? 1 : 0;
-      deliver();
-      return fail(status::infeasible_budget,
-                  "%s: budget %llu bytes (%.2f GiB) is below the profile's fixed bytes %llu "
-                  "(%.2f GiB: parameters, gradients, optimizer state); the smallest feasible "
-                  "budget is %llu bytes (%.2f GiB)",
-                  fn, static_cast<unsigned long long>(bytes), bytes / 1073741824.0,
-                  static_cast<unsigned long long>(p.fixed_bytes), p.fixed_bytes / 1073741824.0,
-                  static_cast<unsigned long long>(r.min_feasible_bytes),
-                  r.min_feasible_bytes / 1073741824.0);
-    }
     pl::step_plan plan;
     try {
       plan = pl::make_plan(p, bytes, opt);
-    } catch (const pl::infeasible_budget& e) {
+    } catch (const pl::infeasible_budget& e) {  // below the fixed bytes too: one meaning
       r.min_feasible_bytes = e.min_feasible_bytes();
       r.min_feasible_proved = e.min_proved() ? 1 : 0;
       deliver();

@@ -40,9 +40,6 @@ pareto_curve pareto_sweep(const step_profile& p, const pareto_options& opt) {
   c.recompute_all = {ra.step_ms, ra.peak_bytes};
   c.from_bytes = opt.from_bytes ? opt.from_bytes : min_feasible_budget(p);
   c.to_bytes = opt.to_bytes ? opt.to_bytes : ka.peak_bytes;
-  if (c.from_bytes < p.fixed_bytes)
-    throw input_error("pareto: --from " + format_bytes(c.from_bytes) +
-                      " is below the profile's fixed bytes " + format_bytes(p.fixed_bytes));
   if (c.from_bytes > c.to_bytes)
     throw input_error("pareto: --from " + format_bytes(c.from_bytes) + " exceeds --to " +
                       format_bytes(c.to_bytes));

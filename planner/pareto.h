@@ -73,8 +73,9 @@ struct pareto_curve {
   static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
 };
 
-// Throws input_error for from > to or a from below fixed_bytes; infeasible_budget when
-// `from` was given and no plan exists there.
+// Throws input_error for from > to; infeasible_budget when `from` was given and no plan
+// exists there, a from below fixed_bytes included (make_plan decides it, Note [A budget
+// too small is an answer] in planner.cpp).
 pareto_curve pareto_sweep(const step_profile& p, const pareto_options& opt = {});
 
 // Note [Knee]; points ascending in budget with non-increasing step time.

@@ -48,39 +48,56 @@ std::string gib_up(std::uint64_t bytes) {
   return buf;
 }
 
-std::string infeasible_message(std::uint64_t budget, std::uint64_t min, bool proved) {
+std::string infeasible_message(std::uint64_t budget, std::uint64_t min, bool proved,
+                               const std::string& why) {
   return "budget " + std::to_string(budget) + " bytes (" + format_bytes(budget) +
          ") is infeasible: the smallest " + (proved ? "" : "known ") + "feasible budget is " +
-         std::to_string(min) + " bytes (" + gib_up(min) + ")";
+         std::to_string(min) + " bytes (" + gib_up(min) + ")" + (why.empty() ? "" : "; " + why);
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-[[noreturn]] void throw_infeasible(const step_profile& p, std::uint64_t budget) {
+[[noreturn]] void throw_infeasible(const step_profile& p, std::uint64_t budget,
+                                   const std::string& why = "") {
   bool proved = true;
   const std::uint64_t min = min_feasible_budget(p, &proved);
-  throw infeasible_budget(budget, std::max(min, budget + 1), proved);
+  throw infeasible_budget(budget, std::max(min, budget + 1), proved, why);
 }
 
-// Bad input below the fixed bytes; infeasible below the optimizer's position (Note [The
-// optimizer's position] in plan.h), which no decision brings under the budget.
+// Note [A budget too small is an answer]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every position holds the profile's fixed_bytes, and the optimizer's holds its
+// optimizer_bytes (Note [The optimizer's position] in plan.h); no decision moves either. A
+// budget below them has no plan, like any budget below the least achievable peak, and it
+// means the same: the profile and the budget text were well formed and the answer is "no",
+// with the smallest budget that has a plan (infeasible_budget: `stash plan` exit 1,
+// STASH_ERROR_INFEASIBLE_BUDGET, Python's refusal). It is not malformed input: a caller
+// that measured its own fixed bytes (stash.torch.fit) asks exactly this question and needs
+// the smallest budget back. It is decided here, once, for make_plan and lower_bound_ms
+// (and pareto_sweep through them); callers pass the budget through and report what these
+// throw, with no check of their own. The message says which figure the budget is below.
 void check_budget(const step_profile& p, std::uint64_t budget) {
   if (budget < p.fixed_bytes) {
-    throw input_error("budget " + std::to_string(budget) + " bytes (" + format_bytes(budget) +
-                      ") is below fixed_bytes " + std::to_string(p.fixed_bytes) + " (" +
-                      format_bytes(p.fixed_bytes) +
-                      "): parameters, gradients and optimizer state alone do not fit");
+    throw_infeasible(p, budget,
+                     "it is below the profile's fixed_bytes " + std::to_string(p.fixed_bytes) +
+                         " (" + format_bytes(p.fixed_bytes) +
+                         "): parameters, gradients and optimizer state alone do not fit");
   }
-  if (budget < p.optimizer_bytes) throw_infeasible(p, budget);
+  if (budget < p.optimizer_bytes) {
+    throw_infeasible(p, budget,
+                     "it is below the profile's optimizer_bytes " +
+                         std::to_string(p.optimizer_bytes) + " (" +
+                         format_bytes(p.optimizer_bytes) + "), held at the optimizer step");
+  }
 }
 
 }  // namespace
 
 infeasible_budget::infeasible_budget(std::uint64_t budget, std::uint64_t min_feasible,
-                                     bool min_proved)
-    : error(status::infeasible_budget, infeasible_message(budget, min_feasible, min_proved)),
+                                     bool min_proved, const std::string& why)
+    : error(status::infeasible_budget, infeasible_message(budget, min_feasible, min_proved, why)),
       budget_(budget),
       min_(min_feasible),
       proved_(min_proved) {}

@@ -23,10 +23,13 @@ struct plan_options {
 };
 
 // No valid plan exists at the requested budget. Not an input_error: the input is fine and
-// the answer is "no" (CLI exit 1), with the smallest budget that has a valid plan.
+// the answer is "no" (CLI exit 1), with the smallest budget that has a valid plan. `why`,
+// when given, is appended to the message (a budget below what no decision moves).
+// Note [A budget too small is an answer] in planner.cpp.
 class infeasible_budget : public error {  // status::infeasible_budget
  public:
-  infeasible_budget(std::uint64_t budget, std::uint64_t min_feasible, bool min_proved);
+  infeasible_budget(std::uint64_t budget, std::uint64_t min_feasible, bool min_proved,
+                    const std::string& why = "");
   std::uint64_t budget() const { return budget_; }
   std::uint64_t min_feasible_bytes() const { return min_; }
   // False only when the host cap binds and the minimum-peak MIP hit its time limit: then
@@ -38,14 +41,15 @@ class infeasible_budget : public error {  // status::infeasible_budget
   bool proved_;
 };
 
-// Throws input_error when budget < fixed_bytes, infeasible_budget when no valid plan
-// exists. The returned plan is valid under evaluate() (checked before returning) and
-// carries lower_bound_ms (the whole model's LP relaxation) and gap.
 // A budget as a user writes it (the syntax: parse_budget_spec in core/budget.h): a byte
 // count ("80GiB", "85.9GB", "123456"), or a share of the profile's keep-all peak ("70%").
 // Throws input_error naming the text.
 std::uint64_t parse_budget(const std::string& text, const step_profile& p);
 
+// Throws infeasible_budget when no valid plan exists, a budget below the profile's
+// fixed_bytes included (Note [A budget too small is an answer] in planner.cpp). The
+// returned plan is valid under evaluate() (checked before returning) and carries
+// lower_bound_ms (the whole model's LP relaxation) and gap.
 step_plan make_plan(const step_profile& p, std::uint64_t budget_bytes,
                     const plan_options& opt = {});
 

@@ -378,10 +378,10 @@ STASH_API void stash_plan_result_init(stash_plan_result_t* result);
  * *plan_json is NULL and:
  *  - STASH_ERROR_BAD_PROFILE: the profile or the budget text is malformed; the message
  *    names the field (JSON path) or the text;
- *  - STASH_ERROR_INFEASIBLE_BUDGET: no valid plan exists (also when the budget is below
- *    the profile's fixed bytes, which `stash plan` calls bad input);
- *    result->min_feasible_bytes holds the smallest budget that has one, and the message
- *    says it in bytes and GiB;
+ *  - STASH_ERROR_INFEASIBLE_BUDGET: no valid plan exists, a budget below the profile's
+ *    fixed bytes included (as `stash plan` says it, exit 1): result->min_feasible_bytes
+ *    holds the smallest budget that has one, and the message says it in bytes and GiB
+ *    and, for a budget below the fixed bytes, that it is;
  *  - STASH_ERROR_INVALID_ARGUMENT: NULL profile_json, budget or plan_json, or bad
  *    options (unknown solver, non-positive time limit, negative gap);
  *  - STASH_ERROR_VERSION_MISMATCH: options or result with a struct_size (or options with a

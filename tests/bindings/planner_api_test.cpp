@@ -157,6 +157,33 @@ TEST(PlannerApi, InfeasibleBudgetGivesTheSmallestFeasibleOne) {
   EXPECT_EQ(STASH_ERROR_INFEASIBLE_BUDGET, 106);
 }
 
+// Note [A budget too small is an answer] in planner/planner.cpp: below the fixed bytes the C
+// API reports make_plan's own refusal, word for word, with its smallest feasible budget.
+TEST(PlannerApi, BelowTheFixedBytesIsThePlannersOwnRefusal) {
+  const std::string text = tiny_profile();
+  const pl::step_profile p = pl::profile_from_json(nlohmann::json::parse(text));
+  const std::uint64_t budget = p.fixed_bytes - 1;
+  std::string planner_says;
+  try {
+    pl::make_plan(p, budget);
+  } catch (const pl::infeasible_budget& e) {
+    planner_says = e.what();
+  }
+  ASSERT_NE(planner_says.find("below the profile's fixed_bytes"), std::string::npos)
+      << planner_says;
+  PlanText out;
+  stash_plan_result_t r;
+  stash_plan_result_init(&r);
+  ASSERT_EQ(stash_plan_make(text.c_str(), std::to_string(budget).c_str(), nullptr, &out.text, &r),
+            STASH_ERROR_INFEASIBLE_BUDGET);
+  EXPECT_EQ(std::string(stash_last_error()), "stash_plan_make: " + planner_says);
+  EXPECT_EQ(r.budget_bytes, budget);
+  EXPECT_EQ(r.min_feasible_bytes, pl::min_feasible_budget(p));
+  EXPECT_EQ(r.min_feasible_proved, 1);
+  EXPECT_EQ(r.keep_all_peak_bytes, pl::evaluate(p, pl::keep_all(p), UINT64_MAX).peak_bytes);
+  EXPECT_EQ(r.predicted_peak_bytes, 0u);
+}
+
 TEST(PlannerApi, BadInputNamesTheProblem) {
   char* out = nullptr;
   EXPECT_EQ(stash_plan_make("{\"schema\": \"stash.profile/9\"}", "1GiB", nullptr, &out, nullptr),

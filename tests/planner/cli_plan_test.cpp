@@ -104,10 +104,14 @@ TEST_F(CliPlan, InfeasibleBudgetExitsOneWithTheSmallestBudget) {
   EXPECT_NE(r.err.find("GiB)"), std::string::npos) << r.err;
 }
 
-TEST_F(CliPlan, BudgetBelowFixedBytesIsBadInput) {
+// Note [A budget too small is an answer] in planner/planner.cpp: exit 1, the smallest named.
+TEST_F(CliPlan, BudgetBelowFixedBytesIsInfeasibleWithTheSmallestBudget) {
   const run_result r = run_stash("plan --profile " + profile_path_ + " --budget 1GiB");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("below fixed_bytes"), std::string::npos) << r.err;
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("smallest feasible budget is " + std::to_string(min_) + " bytes"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("below the profile's fixed_bytes"), std::string::npos) << r.err;
 }
 
 TEST_F(CliPlan, MalformedProfilesExitTwoNamingTheProblem) {

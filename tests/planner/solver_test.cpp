@@ -212,7 +212,7 @@ TEST(Planner, BudgetBelowFixedIsInfeasibleWithTheSmallestNamed) {
       make_plan(p, budget);
       FAIL() << budget;
     } catch (const infeasible_budget& e) {
-      EXPECT_EQ(e.status(), status::infeasible_budget);
+      EXPECT_EQ(e.code(), stash::status::infeasible_budget);
       EXPECT_EQ(e.budget(), budget);
       EXPECT_EQ(e.min_feasible_bytes(), min);
       EXPECT_TRUE(e.min_proved());
