@@ -22,6 +22,9 @@ namespace {
 static_assert(static_cast<int>(pl::tensor_action::keep) == STASH_ACTION_KEEP);
 static_assert(static_cast<int>(pl::tensor_action::recompute) == STASH_ACTION_RECOMPUTE);
 static_assert(static_cast<int>(pl::tensor_action::offload) == STASH_ACTION_OFFLOAD);
+static_assert(static_cast<int>(pl::solver_kind::greedy) == STASH_SOLVER_GREEDY);
+static_assert(static_cast<int>(pl::solver_kind::ilp) == STASH_SOLVER_ILP);
+static_assert(static_cast<int>(pl::solver_kind::exact) == STASH_SOLVER_EXACT);
 
 // The figures, as far as the caller's struct goes (result may be NULL).
 void deliver_result(const stash_plan_result_t& r, stash_plan_result_t* result) noexcept {
@@ -67,19 +70,15 @@ STASH_API stash_status_t stash_plan_make(const char* profile_json, const char* b
     stash_plan_options_t o;  // newer fields than the caller's keep their defaults
     if (const status s = api::read_config(fn, "options", options, &o); s != status::ok) return s;
     pl::plan_options opt;
-    switch (o.solver) {
-      case STASH_SOLVER_GREEDY: opt.solver = pl::solver_kind::greedy; break;
-      case STASH_SOLVER_ILP: opt.solver = pl::solver_kind::ilp; break;
-      case STASH_SOLVER_EXACT: opt.solver = pl::solver_kind::exact; break;
-      default: return fail(status::invalid_argument, "%s: unknown solver %d", fn, int(o.solver));
-    }
-    if (!(o.time_limit_s > 0)) {
-      return fail(status::invalid_argument, "%s: time_limit_s must be positive", fn);
-    }
-    if (!(o.mip_gap >= 0)) return fail(status::invalid_argument, "%s: mip_gap must be >= 0", fn);
+    opt.solver = static_cast<pl::solver_kind>(static_cast<int>(o.solver));
     opt.time_limit_s = o.time_limit_s;
     opt.mip_gap = o.mip_gap;
     opt.polish = o.polish != 0;
+    try {
+      pl::check_plan_options(opt);  // Note [One check of the plan options] in planner.h
+    } catch (const stash::input_error& e) {
+      return fail(status::invalid_argument, "%s: options: %s", fn, e.what());
+    }
 
     stash_plan_result_t r;
     stash_plan_result_init(&r);

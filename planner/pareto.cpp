@@ -31,6 +31,7 @@ bool changed(const solved_budget& a, const solved_budget& b, double tol) {
 }  // namespace
 
 pareto_curve pareto_sweep(const step_profile& p, const pareto_options& opt) {
+  check_plan_options(opt.plan);  // before the sweep's first solve; Note [One check of the plan options]
   pareto_curve c;
   c.device = p.device_name;
   c.solver = to_string(opt.plan.solver);

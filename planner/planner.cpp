@@ -33,6 +33,28 @@ solver_kind solver_from_string(const std::string& s) {
   throw input_error("unknown solver \"" + s + "\" (expected greedy, ilp or exact)");
 }
 
+void check_plan_options(const plan_options& opt) {
+  switch (opt.solver) {
+    case solver_kind::greedy:
+    case solver_kind::ilp:
+    case solver_kind::exact: break;
+    default:
+      throw input_error("unknown solver " + std::to_string(static_cast<int>(opt.solver)) +
+                        " (expected greedy, ilp or exact)");
+  }
+  char got[64];
+  if (!(opt.time_limit_s > 0)) {
+    std::snprintf(got, sizeof got, "%g", opt.time_limit_s);
+    throw input_error(std::string("the time limit (--time-limit, time_limit_s) must be a "
+                                  "positive number of seconds, got ") + got);
+  }
+  if (!(opt.mip_gap >= 0)) {
+    std::snprintf(got, sizeof got, "%g", opt.mip_gap);
+    throw input_error(std::string("the MIP gap (--mip-gap, mip_gap) must be a non-negative "
+                                  "fraction, got ") + got);
+  }
+}
+
 namespace {
 
 // Models up to this many tensors also try other starting points (see make_plan).
@@ -137,6 +159,7 @@ double lower_bound_ms(const step_profile& p, std::uint64_t budget) {
 
 step_plan make_plan(const step_profile& p, std::uint64_t budget, const plan_options& opt) {
   const auto t0 = std::chrono::steady_clock::now();
+  check_plan_options(opt);  // Note [One check of the plan options] in planner.h
   check_budget(p, budget);
   const outer_lp_result lp = solve_outer_lp(p, budget);
   if (!lp.feasible) throw_infeasible(p, budget);

@@ -10,7 +10,8 @@
 
 namespace stash::planner {
 
-enum class solver_kind { greedy, ilp, exact };
+// The numbers are the C API's STASH_SOLVER_* (static_asserts in bindings/planner_api.cpp).
+enum class solver_kind : int { greedy = 0, ilp = 1, exact = 2 };
 const char* to_string(solver_kind s);
 solver_kind solver_from_string(const std::string& s);  // throws input_error
 
@@ -21,6 +22,18 @@ struct plan_options {
   double mip_gap = 0;      // relative gap at which exact (and ilp) may stop
   bool polish = true;      // local improvement after rounding (repair.h)
 };
+
+// Note [One check of the plan options]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The options' rules and their wording live here and nowhere else: a solver that is one
+// of the three (a solver_kind made from a caller's int may be any number), a time limit
+// that is a positive number of seconds, a gap that is not negative (NaN fails both).
+// `stash plan`, `stash pareto` and stash_plan_make call this on the options they built and
+// report its message as it is (CLI exit 2, STASH_ERROR_INVALID_ARGUMENT); make_plan calls
+// it too, so no caller plans with options it did not check. The message names each option
+// by both its spellings (`--time-limit`, time_limit_s), since one text serves both.
+// Throws input_error naming the first bad option and its value.
+void check_plan_options(const plan_options& opt);
 
 // No valid plan exists at the requested budget. Not an input_error: the input is fine and
 // the answer is "no" (CLI exit 1), with the smallest budget that has a valid plan. `why`,

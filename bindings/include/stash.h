@@ -383,7 +383,8 @@ STASH_API void stash_plan_result_init(stash_plan_result_t* result);
  *    holds the smallest budget that has one, and the message says it in bytes and GiB
  *    and, for a budget below the fixed bytes, that it is;
  *  - STASH_ERROR_INVALID_ARGUMENT: NULL profile_json, budget or plan_json, or bad
- *    options (unknown solver, non-positive time limit, negative gap);
+ *    options (unknown solver, non-positive time limit, negative gap: the message is the
+ *    planner's one check of them, as `stash plan` words it, after "options: ");
  *  - STASH_ERROR_VERSION_MISMATCH: options or result with a struct_size (or options with a
  *    version) this library does not know ("Versioned structs").
  * result may be NULL. */

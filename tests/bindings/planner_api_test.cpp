@@ -2,6 +2,7 @@
 // the same messages, statuses for every failure, and versioned structs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <fstream>
@@ -124,6 +125,36 @@ TEST(PlannerApi, EverySolverAndTheOptionsTheyTake) {
   EXPECT_EQ(stash_plan_make(text.c_str(), "160MiB", &o, &out, nullptr),
             STASH_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(stash_last_error()).find("time_limit_s"), std::string::npos);
+}
+
+// Note [One check of the plan options] in planner/planner.h: the C API reports the
+// planner's check in its words, as the CLI does.
+TEST(PlannerApi, BadOptionsAreThePlannersOneCheck) {
+  const std::string text = tiny_profile();
+  auto planner_says = [](const pl::plan_options& opt) -> std::string {
+    try {
+      pl::check_plan_options(opt);
+    } catch (const stash::input_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  for (int k = 0; k < 4; ++k) {
+    stash_plan_options_t o;
+    stash_plan_options_init(&o);
+    pl::plan_options opt;
+    if (k == 0) o.solver = static_cast<stash_solver_t>(7), opt.solver = pl::solver_kind(7);
+    if (k == 1) o.time_limit_s = opt.time_limit_s = -2;
+    if (k == 2) o.mip_gap = opt.mip_gap = -0.25;
+    if (k == 3) o.time_limit_s = opt.time_limit_s = std::nan("");
+    const std::string want = planner_says(opt);
+    ASSERT_FALSE(want.empty()) << k;
+    char* out = reinterpret_cast<char*>(1);
+    EXPECT_EQ(stash_plan_make(text.c_str(), "160MiB", &o, &out, nullptr),
+              STASH_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(out, nullptr);
+    EXPECT_EQ(std::string(stash_last_error()), "stash_plan_make: options: " + want);
+  }
 }
 
 TEST(PlannerApi, InfeasibleBudgetGivesTheSmallestFeasibleOne) {

@@ -169,3 +169,34 @@ TEST_F(CliPlan, CheckNamesTheViolatedConstraints) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("plan has 5 layers, profile has 6"), std::string::npos) << r.err;
 }
+
+// Note [One check of the plan options] in planner/planner.h: plan and pareto print the
+// planner's one wording, exit 2.
+TEST_F(CliPlan, PlanAndParetoReportBadOptionsInThePlannersWords) {
+  auto says = [](const plan_options& o) -> std::string {
+    try {
+      check_plan_options(o);
+    } catch (const stash::input_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  plan_options zero_time;
+  zero_time.time_limit_s = 0;
+  plan_options negative_gap;
+  negative_gap.mip_gap = -1;
+  const std::string budget = " --budget " + std::to_string(keep_);
+  for (const char* cmd : {"plan", "pareto"}) {
+    const std::string head = std::string(cmd) + " --profile " + profile_path_;
+    run_result r = run_stash(head + (cmd[1] == 'l' ? budget : "") + " --time-limit 0");
+    EXPECT_EQ(r.code, 2) << cmd << r.err;
+    EXPECT_EQ(r.err, "stash: error: " + says(zero_time) + "\n") << cmd;
+    r = run_stash(head + (cmd[1] == 'l' ? budget : "") + " --solver magic");
+    EXPECT_EQ(r.code, 2) << cmd << r.err;
+    EXPECT_EQ(r.err, "stash: error: unknown solver \"magic\" (expected greedy, ilp or exact)\n")
+        << cmd;
+  }
+  const run_result r = run_stash("plan --profile " + profile_path_ + budget + " --mip-gap -1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err, "stash: error: " + says(negative_gap) + "\n");
+}

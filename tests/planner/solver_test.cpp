@@ -1,6 +1,7 @@
 // Solvers: exact against brute force, the LP bound, infeasibility, plan JSON.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <random>
 
@@ -9,6 +10,7 @@
 #include "plan_fixtures.h"
 #include "planner/exact_mip.h"
 #include "planner/outer_lp.h"
+#include "planner/pareto.h"
 #include "planner/planner.h"
 
 using namespace stash::planner;
@@ -223,6 +225,43 @@ TEST(Planner, BudgetBelowFixedIsInfeasibleWithTheSmallestNamed) {
                 std::string::npos) << m;
     }
     EXPECT_THROW(lower_bound_ms(p, budget), infeasible_budget);
+  }
+}
+
+// Note [One check of the plan options] in planner.h: one rule, one wording, and make_plan
+// refuses options nobody checked.
+TEST(Planner, PlanOptionsAreCheckedInOnePlace) {
+  const step_profile p = llama_like(4, 1);
+  const std::uint64_t budget = keep_all_peak(p);
+  auto message = [](const plan_options& o) -> std::string {
+    try {
+      check_plan_options(o);
+    } catch (const input_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(message(plan_options{}), "");
+  plan_options o;
+  o.time_limit_s = 0;
+  EXPECT_EQ(message(o), "the time limit (--time-limit, time_limit_s) must be a positive number "
+                        "of seconds, got 0");
+  o.time_limit_s = std::nan("");
+  EXPECT_NE(message(o), "");
+  o = {};
+  o.mip_gap = -0.5;
+  EXPECT_EQ(message(o), "the MIP gap (--mip-gap, mip_gap) must be a non-negative fraction, "
+                        "got -0.5");
+  o = {};
+  o.solver = static_cast<solver_kind>(7);
+  EXPECT_EQ(message(o), "unknown solver 7 (expected greedy, ilp or exact)");
+  for (const plan_options& bad : {[] { plan_options b; b.time_limit_s = -1; return b; }(),
+                                  [] { plan_options b; b.mip_gap = -1; return b; }(),
+                                  [] { plan_options b; b.solver = solver_kind(-1); return b; }()}) {
+    EXPECT_THROW(make_plan(p, budget, bad), input_error);
+    pareto_options po;
+    po.plan = bad;
+    EXPECT_THROW(pareto_sweep(p, po), input_error);
   }
 }
 

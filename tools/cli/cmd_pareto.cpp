@@ -25,13 +25,13 @@ struct pareto_args {
 
 void run_pareto(const pareto_args& a) {
   using namespace stash::planner;
-  const step_profile p = load_profile(a.profile);
   pareto_options opt;
+  opt.plan.solver = solver_from_string(a.solver);
+  opt.plan.time_limit_s = a.time_limit_s;
+  check_plan_options(opt.plan);  // Note [One check of the plan options] in planner.h
+  const step_profile p = load_profile(a.profile);
   if (!a.from.empty()) opt.from_bytes = parse_budget(a.from, p);
   if (!a.to.empty()) opt.to_bytes = parse_budget(a.to, p);
-  opt.plan.solver = solver_from_string(a.solver);
-  if (!(a.time_limit_s > 0)) throw input_error("--time-limit must be positive");
-  opt.plan.time_limit_s = a.time_limit_s;
   opt.max_points = a.points;
   opt.initial_points = std::min(9, a.points);
   if (!a.quiet)
@@ -87,8 +87,7 @@ const subcommand_registrar reg(70, [](CLI::App& app) {
   cmd->add_option("--profile", args->profile, "profile.json")->required();
   cmd->add_option("--from", args->from, "smallest budget (default: the smallest feasible)");
   cmd->add_option("--to", args->to, "largest budget (default: the keep-all peak)");
-  cmd->add_option("--solver", args->solver, "greedy (default), ilp or exact")
-      ->check(CLI::IsMember({"greedy", "ilp", "exact"}));
+  cmd->add_option("--solver", args->solver, "greedy (default), ilp or exact");
   cmd->add_option("-o,--output", args->csv, "write the curve as CSV here");
   cmd->add_option("--svg", args->svg, "write an SVG plot here");
   cmd->add_option("--title", args->title, "the plot's title");

@@ -29,15 +29,14 @@ std::string pct(double x) {
 
 void run_plan(const plan_args& a) {
   using namespace stash::planner;
-  const step_profile p = load_profile(a.profile);
-  const std::uint64_t budget = parse_budget(a.budget, p);
   plan_options opt;
   opt.solver = solver_from_string(a.solver);
-  if (!(a.time_limit_s > 0)) throw input_error("--time-limit must be positive");
-  if (!(a.mip_gap >= 0)) throw input_error("--mip-gap must be non-negative");
   opt.time_limit_s = a.time_limit_s;
   opt.mip_gap = a.mip_gap;
   opt.polish = !a.no_polish;
+  check_plan_options(opt);  // Note [One check of the plan options] in planner.h
+  const step_profile p = load_profile(a.profile);
+  const std::uint64_t budget = parse_budget(a.budget, p);
   step_plan plan;
   try {
     plan = make_plan(p, budget, opt);
@@ -91,8 +90,7 @@ const subcommand_registrar reg(40, [](CLI::App& app) {
   cmd->add_option("--profile", args->profile, "profile.json (schema stash.profile/1)")->required();
   cmd->add_option("--budget", args->budget, "device memory budget: bytes, 80GiB, 85.9GB, ... or 70% (of the keep-all peak)")
       ->required();
-  cmd->add_option("--solver", args->solver, "greedy (default), ilp or exact")
-      ->check(CLI::IsMember({"greedy", "ilp", "exact"}));
+  cmd->add_option("--solver", args->solver, "greedy (default), ilp or exact");
   cmd->add_option("-o,--output", args->out, "write plan.json here");
   cmd->add_option("--time-limit", args->time_limit_s,
                   "seconds: exact's whole MIP, ilp's per-layer problems (default 60)");
