@@ -1,0 +1,243 @@
+"""stash.torch.fit under whole-model torch.compile: what a joint graph saves per block, as
+a stash.profile/1, and a plan as the partitioner's tags (Note [Planning the compiled
+graph] in _compiled.py). Functions of fx graphs and documents; no handle state."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import torch
+import torch.fx as fx
+
+Doc = Dict[str, Any]
+Partition = Callable[..., Tuple[fx.GraphModule, fx.GraphModule]]
+
+# The matmul-like ops whose cost is their FLOPs; any other op costs its output's bytes
+# (Note [Recompute cost in a compiled block] in _compiled.py).
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm"}
+_ATTENTION = ("_scaled_dot_product", "scaled_dot_product")
+
+
+@dataclass
+class SavedValue:
+    """One value the partitioner saves for backward at keep-all, in block `block`."""
+
+    name: str
+    nbytes: int
+    recomputable: bool  # False: the block's input (recompute starts from it)
+    cost: float         # relative cost of recomputing it (its chain), within its block
+
+
+@dataclass
+class GraphBlocks:
+    """A joint graph's forward, cut into fit's blocks by the tick nodes."""
+
+    ticks: Dict[int, fx.Node] = field(default_factory=dict)        # block (n: the end) -> tick
+    region: Dict[fx.Node, int] = field(default_factory=dict)       # forward node -> block
+    boundary: Set[fx.Node] = field(default_factory=set)            # the ticks and their add
+    weight: Dict[int, float] = field(default_factory=dict)         # block -> total cost
+
+
+def _is_tick(node: fx.Node, tick: Any) -> bool:
+    return node.op == "call_function" and node.target is tick
+
+
+def _val_bytes(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return int(val.numel()) * int(val.element_size())
+    return 0
+
+
+def _cost(node: fx.Node) -> float:
+    """Note [Recompute cost in a compiled block]: FLOPs of a matmul or attention, bytes of
+    anything else."""
+    name = getattr(node.target, "__name__", str(node.target))
+    base = name.split(".")[0]
+    val = node.meta.get("val")
+    out = val[0] if isinstance(val, (tuple, list)) and val else val
+    if not isinstance(out, torch.Tensor):
+        return 0.0
+    if base in _MATMULS and node.args:
+        a = node.args[1] if base in ("addmm", "baddbmm") else node.args[0]
+        av = a.meta.get("val") if isinstance(a, fx.Node) else None
+        k = int(av.shape[-1]) if isinstance(av, torch.Tensor) and av.dim() else 1
+        return 2.0 * float(out.numel()) * k
+    if base.startswith(_ATTENTION) and node.args:
+        q = node.args[0]
+        qv = q.meta.get("val") if isinstance(q, fx.Node) else None
+        if isinstance(qv, torch.Tensor) and qv.dim() >= 2:
+            return 4.0 * float(qv.numel()) * int(qv.shape[-2])
+    return float(out.numel() * out.element_size())
+
+
+def _backward_nodes(graph: fx.Graph) -> Set[fx.Node]:
+    """The nodes that depend on a tangent: the joint graph's backward."""
+    bwd: Set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder" and node.name.startswith("tangents"):
+            bwd.add(node)
+        elif any(a in bwd for a in node.all_input_nodes):
+            bwd.add(node)
+    return bwd
+
+
+def cut_blocks(graph: fx.Graph, tick: Any, handle_id: int, n_blocks: int
+               ) -> Optional[GraphBlocks]:
+    """The blocks of handle `handle_id` in a joint graph, by its ticks (None: none here).
+    A forward node belongs to the block whose tick precedes it in graph order (the trace's
+    order); nodes before the first tick (the embedding) or after the end tick (block
+    n_blocks: the head and the loss) belong to none."""
+    bwd = _backward_nodes(graph)
+    cut = GraphBlocks()
+    current: Optional[int] = None
+    for node in graph.nodes:
+        if node.op != "call_function" or node in bwd:
+            continue
+        if _is_tick(node, tick) and node.args[1] == handle_id:
+            block = int(node.args[2])
+            cut.ticks[block] = node
+            cut.boundary.add(node)
+            for mul in node.users:  # x + 0 * tick: the block's input as it runs
+                cut.boundary.add(mul)
+                cut.boundary.update(mul.users)
+            current = block if block < n_blocks else None
+            continue
+        if current is not None:
+            cut.region[node] = current
+            cut.weight[current] = cut.weight.get(current, 0.0) + _cost(node)
+    return cut if cut.ticks else None
+
+
+def saved_at_keep_all(gm: fx.GraphModule, joint_inputs: Sequence[Any], partition: Partition,
+                      kwargs: Dict[str, Any]) -> List[str]:
+    """The names of the values the partitioner saves when nothing is tagged (what the
+    compiled model without stash saves), from a partition of a copy of the graph."""
+    graph = copy.deepcopy(gm.graph)
+    for node in graph.nodes:
+        node.meta.pop("recompute", None)
+        node.meta.pop("ac_graph_id", None)
+    probe = fx.GraphModule(gm, graph)
+    _, bw = partition(probe, joint_inputs, **dict(kwargs))
+    return [n.name for n in bw.graph.nodes
+            if n.op == "placeholder" and not n.name.startswith("tangents")]
+
+
+def saved_by_block(gm: fx.GraphModule, cut: GraphBlocks, saved: Sequence[str]
+                   ) -> Dict[int, List[SavedValue]]:
+    """Per block, the saved values produced in it, in graph order, with their bytes and
+    recompute cost (their chain back to other saved values and the block's input)."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    saved_nodes = {by_name[s] for s in saved if s in by_name}
+    out: Dict[int, List[SavedValue]] = {}
+    for node in gm.graph.nodes:
+        if node not in saved_nodes or node not in cut.region:
+            continue
+        block = cut.region[node]
+        boundary = node in cut.boundary
+        chain: Set[fx.Node] = set()
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n in chain:
+                continue
+            chain.add(n)
+            for a in n.all_input_nodes:
+                if (cut.region.get(a) == block and a not in saved_nodes
+                        and a not in cut.boundary):
+                    stack.append(a)
+        cost = 0.0 if boundary else sum(_cost(n) for n in chain)
+        out.setdefault(block, []).append(SavedValue(node.name, _val_bytes(node),
+                                                    not boundary, cost))
+    return out
+
+
+def layer_doc(name: str, kind: str, values: Sequence[SavedValue], fwd_ms: float,
+              bwd_ms: float, weight: float) -> Doc:
+    """A profile layer: the block's saved values as tensors, each recomputable one priced
+    at its share of the block's measured forward (Note [Recompute cost in a compiled
+    block] in _compiled.py). Nothing is offloadable (this slice plans keep and recompute)."""
+    tensors = []
+    seen_input = False
+    for j, v in enumerate(values):
+        is_input = not v.recomputable
+        tname = "input" if is_input and not seen_input else f"saved.{j}"
+        seen_input = seen_input or is_input
+        tensors.append({
+            "name": tname, "bytes": int(v.nbytes),
+            "recompute_ms": float(fwd_ms * v.cost / weight) if weight > 0 and v.recomputable
+            else 0.0,
+            "offloadable": False, "recomputable": v.recomputable,
+            "must_keep": not v.recomputable})
+    digest = hashlib.sha256(json.dumps(
+        [(t["bytes"], t["recomputable"]) for t in tensors]).encode()).hexdigest()[:16]
+    return {"name": name, "signature": f"{kind}:compiled:{digest}", "fwd_ms": float(fwd_ms),
+            "bwd_ms": float(bwd_ms), "bwd_temp_bytes": 0, "tensors": tensors}
+
+
+def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]],
+        actions: Optional[Sequence[Sequence[str]]]) -> None:
+    """Tags the joint graph's forward nodes in fit's blocks for the min-cut partitioner
+    (Note [Planning the compiled graph] in _compiled.py): the ticks MUST_SAVE (never run
+    again); with `actions` (per block, per saved value: "keep" or "recompute") the kept
+    values MUST_SAVE and every other node of the block MUST_RECOMPUTE; without, every
+    node of the blocks MUST_RECOMPUTE (least memory: each block recomputed from its
+    input). Each block is an AC region of its own (ac_graph_id), so the partitioner saves
+    the boundary between two blocks, as it does for checkpointed blocks."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    keep: Set[str] = set()
+    if actions is not None:
+        for b, values in saved.items():
+            acts = actions[b] if b < len(actions) else []
+            for j, v in enumerate(values):
+                if j >= len(acts) or acts[j] != "recompute":
+                    keep.add(v.name)
+    for node, b in cut.region.items():
+        node.meta["ac_graph_id"] = b + 1
+        if node.name in keep:
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        else:
+            node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+    for node in cut.ticks.values():
+        node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        node.meta.pop("ac_graph_id", None)
+
+
+def compiled_profile(layers: Sequence[Doc], *, device: Doc, link: Doc, host: Doc) -> Doc:
+    """The stash.profile/1 of a compiled measuring step, fixed_bytes 0."""
+    from .. import profile as _profile
+    return {"schema": _profile.SCHEMA, "source": "measured", "device": device,
+            "link": dict(link), "host": host, "fixed_bytes": 0, "step_overhead_ms": 0.0,
+            "layers": list(layers),
+            "measurement": {"timing": "host-clock", "passes": 1,
+                            "cupti": {"used": False, "reason": "compiled step: the ticks "
+                                      "time each block"},
+                            "notes": ["fit: compiled measuring step (every block "
+                                      "recomputed from its input)"]}}
+
+
+def least_memory_actions(doc: Doc) -> List[List[str]]:
+    """Every recomputable value recomputed, the rest kept: the measuring step's partition."""
+    return [["recompute" if t["recomputable"] else "keep" for t in layer["tensors"]]
+            for layer in doc["layers"]]
+
+
+def calibrated_fixed_bytes(doc: Doc, measured_peak: int, counted: int, missing: int) -> int:
+    """Note [Planning the compiled graph]: the measured peak less the canonical model's
+    activation peak for least memory, plus the optimizer state that did not exist yet;
+    at least what fit counts (parameters, gradients, buffers, optimizer state)."""
+    from .._planner import evaluate
+    from ._fit_support import _plan_doc
+    probe = dict(doc, fixed_bytes=0)
+    act = evaluate(probe, _plan_doc(probe, least_memory_actions(probe)), 1 << 62,
+                   strict=False)["predicted_peak_bytes"]
+    return int(max(measured_peak - int(act) + missing, counted))
+
+
+def plan_actions_of(plan: Doc) -> List[List[str]]:
+    return [[str(t["action"]) for t in layer["tensors"]] for layer in plan["layers"]]

@@ -1,0 +1,474 @@
+"""stash.torch.fit and offload under whole-model torch.compile.
+
+Note [Planning the compiled graph]
+When the model around fit's blocks is compiled whole (torch.compile(model), before or
+after fit), Dynamo traces the blocks' wrappers: stash's saved-tensor hooks cannot run
+inside the graph, and the saved values are the partitioner's, not the eager ops'. The
+wrapper then traces no hook; it marks the block (a tick, below) and calls the block's
+forward, and stash plans what the joint graph saves, through the min-cut partitioner:
+- The tick: stash::tick(x, handle, block, serial) is an opaque custom op on the block's
+  first input x, returning a 0-d zero that the block's input becomes x + 0 * tick (exact:
+  x + 0.0 is x), so everything the block computes depends on it, and its backward
+  (stash::tick_back, whose zero gradient is broadcast into x's) runs once the block's
+  input gradient is complete. A tick after the last block's output marks their end. At
+  run time, the ticks are fit's clock (block i's forward from tick i to tick i+1, its
+  backward between the backward ticks) and its step boundaries (tick 0 starts a step;
+  the backward tick of block 0 ends its blocks' backward, where the step's peak on the
+  meter is read). In the joint graph, they cut the forward into blocks (graph order is
+  the trace's order) and are tagged MUST_SAVE, so that they never run again in backward.
+- stash's partitioner (torch._inductor.config.custom_partitioner_fn while a fit handle
+  that saw a trace is open; graphs without its ticks go to min-cut as they are) first
+  partitions a copy of the joint graph untagged: the values it saves are what compile
+  saves at keep-all. Each saved value produced in a block is a tensor of that layer
+  (bytes from its node's meta "val"; recomputable unless it is the block's input);
+  values outside the blocks (the embedding, the head, the loss) are fixed bytes.
+- The first step of a shape is the measuring step: every block recomputed from its input
+  (all its nodes MUST_RECOMPUTE, each block an AC region of its own, as full activation
+  checkpointing tags them), its times taken from the ticks and its peak from the meter.
+  At the next step's tick 0 the profile (Note [Recompute cost in a compiled block]) is
+  planned by the same planner (stash_plan_make), under the same budget, with the same
+  refusal (BudgetRefused, raised from that forward); the measured peak less the
+  canonical model's activation peak for least memory is the profile's fixed bytes, as
+  on CUDA in eager mode (Note [What the budget counts] in _fit.py), the optimizer's
+  state added when it did not exist yet. The plan takes effect at the next compile:
+  the wrapper's trace reads the plan's serial, so Dynamo's guard on it recompiles the
+  graph, and the partitioner tags the kept values MUST_SAVE and every other node of the
+  blocks MUST_RECOMPUTE, so that a recomputed value is rebuilt from kept values and the
+  block's input, as the planner priced it. The step that planned still runs the
+  measuring graph; the plan runs from the step after it.
+- Identical blocks have one signature and are solved once, as in eager mode.
+- Where fit cannot plan (a torch without custom_partitioner_fn, another partitioner
+  installed, a backend other than inductor, whose partition stash never sees), or for
+  an offload() handle (an explicit eager plan cannot name a graph's values), the tick
+  raises StashError at run time naming why and what works: per-block compile (Note
+  [Compiled blocks] in _offload.py) or eager. The tick's fake kernel marks the handle as
+  traced, so that where Dynamo gives up on the trace and runs the blocks eagerly inside
+  a compiled model (whose inner frames it compiles, inside the hooks), the eager
+  wrapper raises the same error instead of training on a half-compiled replay.
+
+Note [Recompute cost in a compiled block]
+The ticks time each block's forward and backward on a measured run of the compiled
+step (the host clock on the CPU; the measuring step's backward recomputes the whole
+block, so its backward less its forward is the backward proper). A compiled block's
+kernels cannot be timed one by one from Python, so a saved value's recompute_ms is the
+block's measured forward split by cost: its chain (the nodes of the block it needs that
+are neither saved nor the block's input) over the whole block's, costing a matmul or
+attention node its FLOPs and any other node its output's bytes. The planner's total is
+then the measured forward, and a value that shares a chain with another is priced as if
+recomputed alone (an upper bound).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.fx as fx
+
+from .._lib import StashError
+from ._compile_plan import (GraphBlocks, SavedValue, cut_blocks, layer_doc, saved_at_keep_all,
+                            saved_by_block, tag)
+
+__all__ = ["CompiledState", "compiled_wrapper"]
+
+_WHAT_WORKS = ("compile each block instead (torch.compile(block) or block.compile(), "
+               "Note [Compiled blocks] in stash/torch/_offload.py), or train eagerly")
+
+# A handle's id is random, not a count: it is a constant of the traced graph, and a graph
+# with another process's ids must not be found in Inductor's and AOTAutograd's caches
+# (which would skip stash's partitioner for it).
+def _new_id() -> int:
+    return secrets.randbits(52) + 1
+_states: "weakref.WeakValueDictionary[int, CompiledState]" = weakref.WeakValueDictionary()
+_lock = threading.Lock()
+
+
+# --- the tick ops ------------------------------------------------------------------------
+
+@torch.library.custom_op("stash::tick", mutates_args=())
+def _tick(x: torch.Tensor, handle: int, block: int, serial: str) -> torch.Tensor:
+    state = _states.get(handle)
+    if state is not None:
+        state.forward_tick(block, int(serial), x)
+    return torch.zeros((), dtype=torch.float32, device=x.device)
+
+
+@_tick.register_fake
+def _tick_fake(x: torch.Tensor, handle: int, block: int, serial: str) -> torch.Tensor:
+    # Runs as Python at trace time (Dynamo does not trace a fake kernel).
+    state = _states.get(handle)
+    if state is not None:
+        state.was_traced()
+    return torch.empty((), dtype=torch.float32, device=x.device)
+
+
+@torch.library.custom_op("stash::tick_back", mutates_args=())
+def _tick_back(g: torch.Tensor, handle: int, block: int) -> torch.Tensor:
+    state = _states.get(handle)
+    if state is not None:
+        state.backward_tick(block)
+    return torch.zeros((), dtype=g.dtype, device=g.device)
+
+
+@_tick_back.register_fake
+def _tick_back_fake(g: torch.Tensor, handle: int, block: int) -> torch.Tensor:
+    return torch.empty((), dtype=g.dtype, device=g.device)
+
+
+def _tick_setup(ctx: Any, inputs: Tuple[Any, ...], output: torch.Tensor) -> None:
+    x, handle, block, _ = inputs
+    ctx.handle, ctx.block = handle, block
+    ctx.shape, ctx.dtype = x.shape, x.dtype
+
+
+def _tick_backward(ctx: Any, g: torch.Tensor) -> Tuple[Any, ...]:
+    zero = torch.ops.stash.tick_back(g, ctx.handle, ctx.block)
+    return zero.to(ctx.dtype).expand(ctx.shape), None, None, None
+
+
+_tick.register_autograd(_tick_backward, setup_context=_tick_setup)
+
+
+def _ticked(x: torch.Tensor, handle: int, block: int, serial: str) -> torch.Tensor:
+    t: torch.Tensor = torch.ops.stash.tick(x, handle, block, serial)
+    return x + t * 0
+
+
+# --- the partitioner -----------------------------------------------------------------------
+
+def _min_cut() -> Callable[..., Tuple[fx.GraphModule, fx.GraphModule]]:
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    return min_cut_rematerialization_partition
+
+
+def _partitioner_base() -> Optional[type]:
+    try:
+        from torch._inductor.custom_graph_pass import CustomPartitionerFn
+    except ImportError:
+        return None
+    import torch._inductor.config as inductor_config
+    if not hasattr(inductor_config, "custom_partitioner_fn"):
+        return None
+    return CustomPartitionerFn
+
+
+class _Installed:
+    """The one partitioner stash installs, shared by every open handle that saw a trace."""
+
+    fn: Any = None
+    users = 0
+
+
+def _partition(gm: fx.GraphModule, joint_inputs: Sequence[Any],
+               **kwargs: Any) -> Tuple[fx.GraphModule, fx.GraphModule]:
+    """Note [Planning the compiled graph]: graphs with a fit handle's ticks are tagged by
+    its plan, then min-cut partitions them; others go to min-cut as they are."""
+    partition = _min_cut()
+    for state in list(_states.values()):
+        cut = cut_blocks(gm.graph, torch.ops.stash.tick.default, state.id, state.n)
+        if cut is not None:
+            state.partitioning(gm, cut, joint_inputs, partition, kwargs)
+    return partition(gm, joint_inputs, **kwargs)
+
+
+_BASE = _partitioner_base()
+if _BASE is not None:
+    class StashPartitioner(_BASE):  # type: ignore[misc, valid-type]
+        """Inductor's custom partitioner: _partition. Module-level, so that Inductor can
+        pickle it into its cache key (uuid None: the plan is not in that key, so Inductor
+        does not cache these graphs)."""
+
+        def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[Any],
+                     **kwargs: Any) -> Tuple[fx.GraphModule, fx.GraphModule]:
+            return _partition(gm, joint_inputs, **kwargs)
+
+        def uuid(self) -> Optional[Any]:
+            return None
+
+
+def _make_partitioner() -> Any:
+    return StashPartitioner() if _BASE is not None else None
+
+
+def _install() -> Optional[str]:
+    """Installs stash's partitioner; None, or why it cannot be."""
+    with _lock:
+        if _Installed.fn is None:
+            fn = _make_partitioner()
+            if fn is None:
+                return (f"this torch ({torch.__version__}) has no "
+                        "torch._inductor.config.custom_partitioner_fn")
+            import torch._inductor.config as inductor_config
+            current = inductor_config.custom_partitioner_fn
+            if current is not None:
+                return (f"another partitioner is installed "
+                        f"(torch._inductor.config.custom_partitioner_fn = {current!r})")
+            inductor_config.custom_partitioner_fn = fn
+            _Installed.fn = fn
+        _Installed.users += 1
+        return None
+
+
+def _uninstall() -> None:
+    with _lock:
+        if _Installed.fn is None:
+            return
+        _Installed.users -= 1
+        if _Installed.users <= 0:
+            import torch._inductor.config as inductor_config
+            if inductor_config.custom_partitioner_fn is _Installed.fn:
+                inductor_config.custom_partitioner_fn = None
+            _Installed.fn = None
+            _Installed.users = 0
+
+
+# --- a handle's compiled state -----------------------------------------------------------
+
+class StepTimes:
+    """One compiled step's ticks (host clock, seconds) and peak on the meter."""
+
+    def __init__(self, serial: int, n: int) -> None:
+        self.serial = serial
+        self.fwd: List[Optional[float]] = [None] * (n + 1)
+        self.bwd: List[Optional[float]] = [None] * (n + 1)
+        self.peak: Optional[int] = None
+        self.base = 0
+        self.missing = 0  # optimizer state that did not exist when it began
+
+    def fwd_ms(self, i: int) -> Optional[float]:
+        a, b = self.fwd[i], self.fwd[i + 1]
+        return None if a is None or b is None else (b - a) * 1e3
+
+    def bwd_ms(self, i: int) -> Optional[float]:
+        a, b = self.bwd[i + 1], self.bwd[i]
+        return None if a is None or b is None else (b - a) * 1e3
+
+
+class CompiledState:
+    """What a handle knows of the compiled graphs of its blocks (Note [Planning the
+    compiled graph]). planner: the handle's planning step, handed the measured layers
+    and peak, returning the plan's actions per layer (or raising BudgetRefused); meter:
+    (open the window at a step's start and return the bytes alive then, read the peak
+    since); refusal: why this handle cannot plan a compiled graph (None: it can)."""
+
+    def __init__(self, n: int, names: Sequence[str], kinds: Sequence[str],
+                 planner: Optional[Callable[["CompiledState"], List[List[str]]]],
+                 meter: Tuple[Callable[[torch.Tensor], int], Callable[[], int]],
+                 refusal: Optional[str], missing: Callable[[], int] = lambda: 0) -> None:
+        self.id = _new_id()
+        self.n = n
+        self.names, self.kinds = list(names), list(kinds)
+        self._planner = planner
+        self._meter_open, self._meter_peak = meter
+        self._missing = missing
+        self.profile: Optional[Dict[str, Any]] = None
+        self.plan: Optional[Dict[str, Any]] = None
+        self.figures: Optional[Dict[str, Any]] = None
+        self.refusal = refusal
+        self.traced = False
+        self.serial = 0          # 0: measuring; k > 0: the k-th plan
+        self.saved: Dict[int, List[SavedValue]] = {}
+        self.weights: Dict[int, float] = {}
+        self.partitioned: Dict[int, int] = {}   # serial -> graphs partitioned with it
+        self.actions: Optional[List[List[str]]] = None
+        self.steps: List[StepTimes] = []
+        self.installed = False
+        self.error: Optional[StashError] = None
+        _states[self.id] = self
+
+    # --- trace time ----------------------------------------------------------------------
+
+    def trace_block(self, i: int, forward: Callable[..., Any], args: Tuple[Any, ...],
+                    kwargs: Dict[str, Any]) -> Any:
+        """The wrapper of block i while Dynamo traces it (the only code of stash it
+        traces): the tick on the block's first input, the block, and the end tick."""
+        # A string: Dynamo guards on it by value (Note [Planning the compiled graph]).
+        serial = "-1" if self.refusal is not None else str(self.serial)
+        if not args or not isinstance(args[0], torch.Tensor):
+            self.refusal = self.refusal or (
+                f"block {i}'s first positional argument is not a tensor (the hidden "
+                "state stash marks each block by)")
+            return forward(*args, **kwargs)
+        x = _ticked(args[0], self.id, i, serial)
+        out = forward(x, *args[1:], **kwargs)
+        if i == self.n - 1:
+            if isinstance(out, torch.Tensor):
+                out = _ticked(out, self.id, self.n, serial)
+            elif isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+                out = (_ticked(out[0], self.id, self.n, serial),) + out[1:]
+        return out
+
+    def was_traced(self) -> None:
+        """A tick of this handle is being traced: stash's partitioner must see its graph."""
+        self.traced = True
+        if self.refusal is None and not self.installed and self._planner is not None:
+            why = _install()
+            if why is None:
+                self.installed = True
+            else:
+                self.refusal = why
+
+    def partitioning(self, gm: fx.GraphModule, cut: GraphBlocks, joint_inputs: Sequence[Any],
+                     partition: Callable[..., Tuple[fx.GraphModule, fx.GraphModule]],
+                     kwargs: Dict[str, Any]) -> None:
+        """The partitioner met a joint graph with this handle's ticks: record what it
+        saves at keep-all and tag it for the measuring step or the plan."""
+        serials = {int(t.args[3]) for t in cut.ticks.values()}  # type: ignore[arg-type]
+        serial = max(serials)
+        if serial < 0:
+            return
+        names = saved_at_keep_all(gm, joint_inputs, partition, kwargs)
+        saved = saved_by_block(gm, cut, names)
+        actions = self.actions if serial > 0 else None
+        if serial == 0:
+            for b, values in saved.items():
+                self.saved[b] = values
+                self.weights[b] = cut.weight.get(b, 0.0)
+        elif actions is not None and any(
+                len(saved.get(b, [])) != len(self.saved.get(b, [])) for b in saved):
+            # The recompiled graph saves other values than the measured one: keep all.
+            actions = [["keep"] * len(self.saved.get(b, [])) for b in range(self.n)]
+        tag(gm, cut, saved, actions)
+        self.partitioned[serial] = self.partitioned.get(serial, 0) + 1
+
+    # --- run time --------------------------------------------------------------------------
+
+    def forward_tick(self, block: int, serial: int, x: torch.Tensor) -> None:
+        if serial < 0 or self.error is not None or self.refusal is not None:
+            raise self.refused()
+        if block == 0:
+            self._step_begins(serial, x)
+        if self.steps:
+            self.steps[-1].fwd[block] = time.perf_counter()
+
+    def backward_tick(self, block: int) -> None:
+        if not self.steps:
+            return
+        step = self.steps[-1]
+        step.bwd[block] = time.perf_counter()
+        if block == 0:
+            step.peak = step.base + self._meter_peak()
+
+    def refused(self) -> StashError:
+        if self.error is None:
+            why = self.refusal or "the compiled graph was not partitioned by stash"
+            self.error = StashError(
+                "stash.torch: the blocks are traced by torch.compile as part of a larger "
+                f"compiled model, and stash cannot plan that graph: {why}; "
+                f"{_WHAT_WORKS}")
+        return self.error
+
+    def _step_begins(self, serial: int, x: torch.Tensor) -> None:
+        if serial not in self.partitioned:
+            self.refusal = self.refusal or (
+                "its graph was compiled by a backend other than inductor (stash plans "
+                "through inductor's partitioner)")
+            raise self.refused()
+        last = self.steps[-1] if self.steps else None
+        if (last is not None and self.serial == 0 and self.actions is None
+                and self.measured() is not None):
+            self.actions = self._plan()
+            self.serial = 1
+        step = StepTimes(serial, self.n)
+        step.missing = self._missing() if serial == 0 else 0
+        step.base = self._meter_open(x)
+        self.steps.append(step)
+
+    def _plan(self) -> List[List[str]]:
+        if self._planner is None:
+            raise self.refused()
+        return self._planner(self)
+
+    def measured(self) -> Optional[StepTimes]:
+        """The measuring step (the first of serial 0 with every tick)."""
+        for s in self.steps:
+            if s.serial == 0 and s.peak is not None and all(
+                    v is not None for v in s.fwd) and all(v is not None for v in s.bwd):
+                return s
+        return None
+
+    def layers(self) -> List[Dict[str, Any]]:
+        """The measured profile's layers (Note [Recompute cost in a compiled block])."""
+        m = self.measured()
+        if m is None:
+            raise StashError("stash.torch.fit: the compiled measuring step did not finish "
+                             "(no backward through the blocks?)")
+        out = []
+        for i in range(self.n):
+            fwd = m.fwd_ms(i) or 0.0
+            bwd = max(0.0, (m.bwd_ms(i) or 0.0) - fwd)  # its backward recomputed it all
+            out.append(layer_doc(self.names[i], self.kinds[i], self.saved.get(i, []), fwd,
+                                 bwd, self.weights.get(i, 0.0)))
+        return out
+
+    def report(self) -> Dict[str, Any]:
+        """The compiled steps: per step its plan serial, peak on the meter and block
+        times."""
+        return {"steps": [{"serial": s.serial, "peak_bytes": s.peak,
+                           "fwd_ms": [s.fwd_ms(i) for i in range(self.n)],
+                           "bwd_ms": [s.bwd_ms(i) for i in range(self.n)]}
+                          for s in self.steps],
+                "actions": self.actions,
+                "saved_bytes": {b: sum(v.nbytes for v in vs) for b, vs in self.saved.items()}}
+
+    def close(self) -> None:
+        _states.pop(self.id, None)
+        if self.installed:
+            self.installed = False
+            _uninstall()
+
+
+def compiled_wrapper(state: Callable[[], CompiledState], i: int, forward: Callable[..., Any],
+                     eager: Callable[..., Any]) -> Callable[..., Any]:
+    """Block i's wrapper: `eager` (the hooks) when it runs, the compiled form (Note
+    [Planning the compiled graph]) when Dynamo traces it."""
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            if not torch.is_grad_enabled():
+                return forward(*args, **kwargs)
+            return state().trace_block(i, forward, args, kwargs)
+        s = state()
+        if s.traced and torch.is_grad_enabled():
+            raise s.refused() if s.refusal is not None or s.error is not None else StashError(
+                f"stash.torch: block {i} runs eagerly inside a model torch.compile traced "
+                "(Dynamo fell back on part of it, so the blocks' inner frames are compiled "
+                f"inside stash's hooks); stash cannot plan that; {_WHAT_WORKS}")
+        return eager(*args, **kwargs)
+    setattr(wrapped, "__wrapped__", forward)
+    setattr(wrapped, "_stash_wrapped", True)
+    return wrapped
+
+
+def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver: str,
+                       describe: Callable[[], Tuple[Dict[str, Any], Dict[str, Any],
+                                                    Dict[str, Any]]],
+                       meter: Tuple[Callable[[torch.Tensor], int], Callable[[], int]],
+                       counted: Callable[[], int], missing: Callable[[], int],
+                       refused: Callable[[], None]) -> CompiledState:
+    """stash.torch.fit's compiled state: its planner makes the measured profile and plans
+    it as fit plans an eager one (Note [Planning the compiled graph]). refused: what the
+    handle does before a BudgetRefused propagates (it restores the blocks)."""
+    from ._compile_plan import calibrated_fixed_bytes, compiled_profile, plan_actions_of
+    from ._fit_plan import BudgetRefused, plan_measured
+
+    def planner(state: CompiledState) -> List[List[str]]:
+        m = state.measured()
+        assert m is not None and m.peak is not None
+        device, link, host = describe()
+        doc = compiled_profile(state.layers(), device=device, link=link, host=host)
+        doc["fixed_bytes"] = calibrated_fixed_bytes(doc, m.peak, counted(), m.missing)
+        state.profile = doc
+        try:
+            plan, figures = plan_measured(doc, m.peak, budget, solver)
+        except BudgetRefused:
+            refused()
+            raise
+        state.plan, state.figures = plan, figures
+        return plan_actions_of(plan)
+
+    return CompiledState(len(blocks), [f"{type(b).__name__}.{i}" for i, b in enumerate(blocks)],
+                         [type(b).__name__ for b in blocks], planner, meter, None, missing)
