@@ -8,7 +8,7 @@ the per-tensor host overhead dominate the compute. Variants, each on its own dee
 one model (identical parameters), hooks installed once before timing and left installed:
 
   none       no hooks
-  keep       stash.torch.offload, every tensor "keep"
+  keep       stash.torch.offload (its defaults: timing off), every tensor "keep"
   offload    every tensor "offload"; on the CPU test double this includes the double's
              memcpy-based device-to-host and host-to-device copies
   recompute  every tensor the record pass marks recomputable "recompute", the others
@@ -121,9 +121,10 @@ def main():
     plans = {"keep": [["keep"] * N for _ in range(L)],
              "offload": [["offload"] * N for _ in range(L)],
              "recompute": recompute_plan}
-    # Engine counters a stash variant must advance by L*N per sample (keep: kept tensors;
-    # recompute counts the recomputed ones, the hooks' own counter).
-    expect = {"keep": ("keep_count", L * N), "offload": ("offloaded_count", L * N),
+    # Counters a stash variant must advance per sample: the engine's for offload; the
+    # hooks' own for keep and recompute, which never reach the engine (Note [Offload
+    # hooks]: its counters must stay at 0 there).
+    expect = {"keep": ("hooks.keep_count", L * N), "offload": ("offloaded_count", L * N),
               "recompute": ("hooks.recompute_count", n_recompute)}
 
     variants = {}  # name -> (blocks, context factory, handle or None)
@@ -159,6 +160,11 @@ def main():
                 if got != expect[name][1]:
                     sys.exit(f"hook_cost: FAILED: variant {name!r}: {expect[name][0]} "
                              f"advanced by {got} in one sample, expected {expect[name][1]}")
+                engine = {k: v for k, v in h.stats().items()
+                          if k in ("offloaded_count", "keep_count", "recompute_count",
+                                   "released_count")}
+                if name != "offload" and any(engine.values()):
+                    sys.exit(f"hook_cost: FAILED: variant {name!r} called the engine: {engine}")
 
         samples = {n: [] for n in names}
         t_start = time.perf_counter()

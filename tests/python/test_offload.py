@@ -46,8 +46,10 @@ def test_training_is_bitwise_identical_and_offloads_happen(plan):
     n_off = sum(a == "offload" for layer in plan for a in layer) * len(batches)
     n_keep = sum(a == "keep" for layer in plan for a in layer) * len(batches)
     assert s["offloaded_count"] == n_off and s["prefetched_count"] == n_off
-    assert s["keep_count"] == n_keep
-    assert s["released_count"] == n_off + n_keep  # every key given back
+    # Note [Offload hooks]: the engine sees the offload tensors only; the hooks count the
+    # kept ones.
+    assert s["keep_count"] == 0 and s["hooks"]["keep_count"] == n_keep
+    assert s["released_count"] == n_off  # every key given back
     assert s["failed_count"] == 0 and s["kept_on_device_count"] == 0
     assert s["offloaded_bytes"] == s["prefetched_bytes"] > 0
     # Each offload hands back the source storage and, after the backward, the buffer.
@@ -186,9 +188,56 @@ def test_blocks_out_of_order_raise():
             blocks[1](torch.randn(B, T, D))
 
 
+def _engine_calls(h):
+    """Counts the handle's calls into its engine, by method name."""
+    calls = {}
+    for name in ("forward_begin", "forward_end", "backward_begin", "backward_end", "offload",
+                 "acquire", "release"):
+        real = getattr(h.engine, name)
+
+        def counted(*args, _real=real, _name=name):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*args)
+        setattr(h.engine, name, counted)
+    return calls
+
+
+def test_a_plan_that_copies_nothing_makes_no_engine_call():
+    # Note [Offload hooks]: keep and recompute tensors never reach the engine, and with
+    # nothing to copy neither do the blocks; one offload brings the block calls back.
+    batches = _batches(2)
+    expected = _train(_model(), batches)
+    quiet = [["keep"] * N_SAVED, ["keep"] + ["recompute"] * (N_SAVED - 1), ["keep"] * N_SAVED]
+    for plan, copies in ((quiet, False), (MIXED, True)):
+        blocks = _model()
+        with stash.torch.offload(blocks, plan) as h:
+            calls = _engine_calls(h)
+            _assert_bitwise(expected, _train(blocks, batches))
+            s = h.stats()
+        n_off = sum(a == "offload" for layer in plan for a in layer) * len(batches)
+        n_keep = sum(a == "keep" for layer in plan for a in layer) * len(batches)
+        assert s["hooks"]["keep_count"] == n_keep
+        if copies:
+            assert calls["offload"] == n_off and calls["forward_begin"] == 3 * len(batches)
+            assert calls["backward_end"] == 3 * len(batches)
+        else:
+            assert calls == {} and s["offloaded_count"] == 0 and s["keep_count"] == 0
+
+
+def test_timing_is_off_unless_asked_for():
+    # Events on every engine call cost host time; only write_trace and overlap read them.
+    blocks = _model(2)
+    with stash.torch.offload(blocks, [["offload"] * N_SAVED] * 2) as h:
+        _train(blocks, _batches(1))
+        assert h.engine.timing is False
+        for read in (h.overlap, lambda: h.write_trace("unused.json")):
+            with pytest.raises(stash.StashError, match="pass timing=True"):
+                read()
+
+
 def test_trace_and_overlap(tmp_path):
     blocks = _model(3)
-    with stash.torch.offload(blocks, [["offload"] * N_SAVED] * 3) as h:
+    with stash.torch.offload(blocks, [["offload"] * N_SAVED] * 3, timing=True) as h:
         _train(blocks, _batches(1))
         path = tmp_path / "trace.json"
         h.write_trace(str(path))

@@ -115,11 +115,13 @@ are.
 Note [What it costs]
 A planned step should cost what its plan costs and no more. So, outside measuring steps:
 fit takes no per-block marks (only the step's start and end), tracks no storage (the
-meter is the allocator's), hands the engine only the tensors it copies (OffloadHandle
-hands it every numbered tensor, as the C API's plain use asks), makes no engine call at
-all while the plan copies nothing, and runs a layer whose plan keeps everything without
-saved-tensor hooks, as plain training. The measuring step keeps every mark and sample:
-its times and bytes are the plan's inputs.
+meter is the allocator's), hands the engine only the tensors it copies (as OffloadHandle
+does: Note [Offload hooks] in _offload_hooks.py), makes no engine call at all while the
+plan copies nothing (not even for the report's exposed copy time), and runs a layer whose
+plan keeps everything without saved-tensor hooks, as plain training. The measuring step
+keeps every mark and sample: its times and bytes are the plan's inputs. The engine's own
+timing events (fit(timing=True), the default) are recorded in every step that copies:
+the report's exposed copy time and write_trace read them.
 
 Note [The loops fit lives in]
 What a training loop does besides forward, backward and step, and what fit does then:
@@ -168,7 +170,6 @@ from ._fit_measure import (MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda,
 from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
 from ._fit_report import fit_report, format_report
 from ._offload import OffloadHandle
-from ._compiled import fit_compiled_state
 from ._cpu_meter import window as cpu_window
 from ._record import _device_info, _pinnable_bytes
 from ._saved import storage_of, tensors_in
@@ -180,7 +181,6 @@ class BudgetHandle(OffloadHandle):
     """Returned by :func:`fit`; see there. A context manager: leaving it closes."""
 
     _who = "stash.torch.fit"
-    _engine_sees_all = False  # Note [What it costs]: only offloads go to the engine
     _plain_layers: Set[int] = set()
 
     def __init__(self, blocks: Sequence[torch.nn.Module], budget: Union[int, str, Budget], *,
@@ -240,10 +240,12 @@ class BudgetHandle(OffloadHandle):
         return [_MeasureLayer() for _ in range(self._n)]
 
     @staticmethod
-    def _engine_plan(actions):
-        return [[OFFLOAD] * MEASURE_SLOTS if isinstance(a, _MeasureLayer)
-                else a.engine_actions() if isinstance(a, _DerivedLayer) else list(a)
-                for a in actions]
+    def _engine_layer(actions):
+        # Note [The measuring step]: which index is offloaded is known only as the block
+        # saves it, so engine slot j is index j.
+        if isinstance(actions, _MeasureLayer):
+            return [OFFLOAD] * MEASURE_SLOTS, None
+        return OffloadHandle._engine_layer(actions)
 
     def _unrecomputable(self, i, j, t, nbytes, first_input):
         rec = self._step
@@ -502,8 +504,8 @@ class BudgetHandle(OffloadHandle):
             self._counting.reopen()
 
     def _exposed_total(self) -> float:
-        if self.engine is None or not self.engine.timing:
-            return 0.0
+        if self.engine is None or not self.engine.timing or not self._engine_active:
+            return 0.0  # a step that copies nothing calls no engine (Note [What it costs])
         try:
             return float(self.engine.overlap()["total"]["exposed_ms"])
         except StashError:
@@ -631,39 +633,13 @@ class BudgetHandle(OffloadHandle):
     def _switch(self, actions, mode):
         if mode == self._mode and actions is self.actions:
             return
-        self.engine.set_plan(self._engine_plan(actions))
+        # Note [What it costs]: a plan that copies nothing leaves the engine idle
+        # (_set_engine_plan), and a layer that keeps everything runs without hooks.
+        self._set_engine_plan(actions)
         self.actions = actions
         self._mode = mode
-        # Note [What it costs]: a plan that copies nothing leaves the engine idle, and a
-        # layer that keeps everything runs without hooks.
-        self._engine_active = mode == "measure" or any(OFFLOAD in a for a in actions)
         self._plain_layers = ({id(a) for a in actions if all(x == KEEP for x in a)}
                               if mode == "plan" else set())
-
-    def _make_compiled_state(self):
-        # Note [Planning the compiled graph] in _compiled.py
-        def meter_open(x: torch.Tensor) -> int:
-            if self._cuda:
-                torch.cuda.reset_peak_memory_stats(self.device)
-                return 0
-            if self._counting is not None:
-                self._counting.reopen()
-            return self._alive_bytes([x])
-
-        def meter_peak() -> int:
-            if self._cuda:
-                return int(torch.cuda.max_memory_allocated(self.device))
-            return self._counting.peak() if self._counting is not None else 0
-
-        opt = self.optimizer
-        return fit_compiled_state(
-            self.blocks, budget=self.budget, solver=self.options.solver,
-            describe=lambda: (_device_info(self.device), self._link_section,
-                              {"pinnable_bytes": _pinnable_bytes()}),
-            meter=(meter_open, meter_peak),
-            counted=self._fixed_counted, refused=self.close,
-            missing=lambda: (_optimizer_state_estimate(opt)
-                             if opt is not None and not len(opt.state) else 0))
 
     def _timing_kind(self) -> str:
         """The clock the plan's times come from: "host-clock" (CPU) or "cuda-events"."""

@@ -91,7 +91,6 @@ import torch
 
 from .._engine import Engine, plan_actions
 from .._lib import StashError, parse_bytes
-from ._compiled import CompiledState, compiled_wrapper
 from ._offload_hooks import OffloadHooks, _Fetched
 from ._offload_streams import EngineStreams, _CudaRt
 from ._recompute import FetchedInput, HeldInput, Replay, map_tensors
@@ -135,7 +134,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
     """Returned by :func:`offload`; see there. A context manager: leaving it closes."""
 
     def __init__(self, blocks, plan, *, device=None, lookahead=1, pinned_cap=None,
-                 max_in_flight_bytes=None, timing=True, max_micro_batches=8):
+                 max_in_flight_bytes=None, timing=False, max_micro_batches=8):
         self.blocks = list(blocks)
         self._fsdp = any(is_fsdp(b) for b in self.blocks)
         if not self.blocks:
@@ -156,7 +155,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         self._lock = threading.Lock()
         self._hooks = {"recompute_count": 0, "recompute_bytes": 0, "recompute_forwards": 0,
                        "recompute_stopped_early": 0, "recompute_replayed_saves": 0,
-                       "recompute_captured": 0, "recompute_kept_count": 0,
+                       "recompute_captured": 0, "recompute_kept_count": 0, "keep_count": 0,
                        "recompute_kept_bytes": 0, "not_on_device_count": 0,
                        "abandoned_micro_batches": 0, "aborted_micro_batches": 0}
         if self._cuda:
@@ -178,12 +177,11 @@ class OffloadHandle(OffloadHooks, EngineStreams):
                 max_in_flight_bytes=(parse_bytes(max_in_flight_bytes)
                                      if max_in_flight_bytes is not None else 0),
                 timing=timing, max_micro_batches=max_micro_batches)
-            self.engine.set_plan(self._engine_plan(self.actions))
+            self._set_engine_plan(self.actions)
         except BaseException:
             self._teardown()
             raise
         self._originals = []
-        self._compiled_st = None  # Note [Planning the compiled graph] in _compiled.py
         try:
             if len({id(b) for b in self.blocks}) != len(self.blocks):
                 dup = next(i for i, b in enumerate(self.blocks)
@@ -195,9 +193,6 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         except StashError:
             self._teardown()
             raise
-        # Made now, not while Dynamo traces a block (Note [Planning the compiled graph] in
-        # _compiled.py).
-        self._compiled_st = self._make_compiled_state()
         for i, (block, name) in enumerate(zip(self.blocks, targets)):
             own = vars(block)
             self._originals.append((block, name, name in own, own.get(name)))
@@ -209,29 +204,6 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             raise StashError(f"stash.torch.offload: the plan has {len(actions)} layers, but "
                              f"{len(self.blocks)} blocks were given")
         return actions
-
-    @staticmethod
-    def _engine_plan(actions):
-        """The per-layer action lists the engine gets for these actions."""
-        return actions
-
-    def _wrap(self, i, forward):
-        """The hooks' wrapper, or, while Dynamo traces the block as part of a larger
-        compiled model, the compiled form (Note [Planning the compiled graph] in
-        _compiled.py)."""
-        return compiled_wrapper(self._compiled, i, forward, super()._wrap(i, forward))
-
-    def _compiled(self):
-        if self._compiled_st is None:
-            self._compiled_st = self._make_compiled_state()
-        return self._compiled_st
-
-    def _make_compiled_state(self):
-        return CompiledState(
-            len(self.blocks), [str(i) for i in range(len(self.blocks))],
-            [type(b).__name__ for b in self.blocks], None, (lambda x: 0, lambda: 0),
-            "an offload() plan names the saved tensors of the eager ops, which a compiled "
-            "graph does not have (stash.torch.fit plans compiled graphs)")
 
     # --- recompute (Note [Selective recompute]) ------------------------------------------
 
@@ -355,6 +327,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
     def stats(self):
         """The engine's statistics (stash_engine_stats_t as a dict, the pinned pool under
         "pinned") and the hooks' own under "hooks" (Note [Selective recompute]):
+        keep_count: saved storages left in place (kept by the plan, or kept as below);
         recompute_count/bytes: storages replaced by placeholders in forward;
         recompute_forwards: replays run in backward, recompute_stopped_early: those that
         stopped before the forward's last save, recompute_replayed_saves: saves they went
@@ -369,12 +342,21 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         return d
 
     def overlap(self):
-        """Copy, hidden and exposed milliseconds, in total and per layer."""
-        return self._live().overlap()
+        """Copy, hidden and exposed milliseconds, in total and per layer (needs
+        timing=True)."""
+        return self._timed("overlap()").overlap()
 
     def write_trace(self, path):
         """Writes the engine's Chrome/Perfetto trace (needs timing=True)."""
-        self._live().write_trace(path)
+        self._timed("write_trace()").write_trace(path)
+
+    def _timed(self, what):
+        engine = self._live()
+        if not engine.timing:
+            raise StashError(f"stash.torch.offload: {what} reads the engine's timing events, "
+                             "which are off by default (they cost host time on every engine "
+                             "call): pass timing=True to offload()")
+        return engine
 
     def synchronize(self):
         """Waits for the engine's copies and gives back the storages they read."""
@@ -389,9 +371,6 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         """Restores the blocks exactly as they were (the attribute the hooks wrapped, or
         its absence), drops live micro-batches (their graphs can no longer run backward
         through offloaded tensors) and destroys the engine."""
-        compiled = getattr(self, "_compiled_st", None)
-        if compiled is not None:
-            compiled.close()
         if getattr(self, "_originals", None):
             for block, name, had, value in self._originals:
                 if had:
@@ -427,7 +406,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
 
 
 def offload(blocks, plan, *, device=None, lookahead=1, pinned_cap=None,
-            max_in_flight_bytes=None, timing=True, max_micro_batches=8):
+            max_in_flight_bytes=None, timing=False, max_micro_batches=8):
     """Applies `plan` to `blocks` (nn.Modules run in order, block i's output feeding block
     i+1) through stash's prefetch engine, and returns an :class:`OffloadHandle`.
 
@@ -452,8 +431,14 @@ def offload(blocks, plan, *, device=None, lookahead=1, pinned_cap=None,
     default none): bound on device-to-host copies in transit; on CUDA set it to about one
     block's offloaded bytes, so that a host running ahead of the GPU cannot hold more
     offloaded storages than the plan assumes (Note [Stream order with torch's allocator]).
-    lookahead: prefetch block i when backward of block i+lookahead begins. timing: time
-    operations for write_trace/overlap. max_micro_batches: live at once."""
+    lookahead: prefetch block i when backward of block i+lookahead begins. timing: record
+    CUDA events on every engine operation, for write_trace and overlap (off by default:
+    nothing else reads them, and each costs host time; a plan that offloads nothing makes
+    no engine call either way, Note [Offload hooks]). max_micro_batches: live at once.
+
+    The engine sees only the offload tensors: stats()'s engine counters (offloaded_count,
+    released_count, ...) count those; keep_count and recompute_count there stay 0, and
+    stats()["hooks"] counts the kept and recomputed storages."""
     return OffloadHandle(blocks, plan, device=device, lookahead=lookahead,
                          pinned_cap=pinned_cap, max_in_flight_bytes=max_in_flight_bytes,
                          timing=timing, max_micro_batches=max_micro_batches)

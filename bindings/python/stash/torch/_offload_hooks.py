@@ -8,10 +8,17 @@ numbers what the block saves exactly as stash.torch.record does (_saved.SaveOrde
 parameters and buffers pass through unnumbered, views of one storage share one index, the
 block's input comes first), so tensor (layer i, index j) of a plan made from a recorded
 profile is the tensor the hook sees. Keys are (micro-batch, block, index).
-- Every numbered tensor is handed to the engine (stash_engine_offload), as the C API asks.
+- Only offload tensors reach the engine. Its plan lists each layer's offload slots and
+  nothing else (_engine_layer: slot k of layer i is the layer's k-th offload tensor in
+  plan order), so the C API's rule, hand over every tensor of the engine's plan
+  (stash_engine_offload), holds while keep and recompute tensors cost no engine call.
   Keep tensors pass through: the hook returns the tensor, detached (_kept). Recompute
   tensors get a placeholder (Note [Selective recompute] in _offload.py); their storage is
   freed when the forward ends.
+- The engine's block calls (forward_begin/end, backward_begin/end) run only while the plan
+  copies something (_engine_active): a plan of keeps and recomputes makes no engine call
+  at all. Timing (CUDA events on every engine operation, which only write_trace and
+  overlap read) is off unless asked for: offload(..., timing=True).
 - An offload tensor's storage goes to the engine: its data pointer and the storage's bytes.
   The hook keeps a reference to the storage until the engine's release callback hands it
   back (Note [Stream order with torch's allocator] in _offload_streams.py); dropping it
@@ -67,6 +74,7 @@ import itertools
 import threading
 import warnings
 import weakref
+from typing import Any, List, Optional, Tuple
 
 import torch
 
@@ -82,10 +90,11 @@ class _Fetched:
     first unpack fetches it. Freed with the last saved view (autograd drops saved tensors
     as their nodes run), which frees the prefetched buffer."""
 
-    __slots__ = ("step", "key", "flat")
+    __slots__ = ("step", "key", "index", "flat")
 
-    def __init__(self, step, key):
-        self.step, self.key, self.flat = step, key, None
+    def __init__(self, step, key, index):
+        # key: the engine's (micro-batch, layer, slot); index: the plan's index in the layer
+        self.step, self.key, self.index, self.flat = step, key, index, None
 
 
 _RECOMPUTE = object()  # fetched[j] of a storage the plan recomputes: saves get placeholders
@@ -169,12 +178,37 @@ class OffloadHooks:
     # --- forward -------------------------------------------------------------------------
 
     _who = "stash.torch.offload"  # what warnings are prefixed with
-    # Every numbered tensor goes to the engine (Note [Offload hooks]); stash.torch.fit
-    # hands it only the tensors it copies.
-    _engine_sees_all = True
-    # False while the plan copies nothing (stash.torch.fit): the engine then has no work in
-    # a step, and the hooks make no engine call at all.
+    # False while the plan copies nothing: the engine then has no work in a step, and the
+    # hooks make no engine call at all (Note [Offload hooks]). _set_engine_plan sets it.
     _engine_active = True
+    # Per layer: the engine slot of each plan index that offloads (None elsewhere), or None
+    # where slot j is index j (_engine_layer).
+    _engine_slots: List[Optional[List[Optional[int]]]] = []
+    engine: Any  # the handle's _engine.Engine; None once closed
+
+    @staticmethod
+    def _engine_layer(actions) -> Tuple[List[int], Optional[List[Optional[int]]]]:
+        """A layer's actions as the engine's plan lists them (Note [Offload hooks]): its
+        offload slots only, and the slot of each plan index (None for a tensor the engine
+        never sees)."""
+        slots: List[Optional[int]] = []
+        n = 0
+        for a in actions:
+            if a == OFFLOAD:
+                slots.append(n)
+                n += 1
+            else:
+                slots.append(None)
+        return [OFFLOAD] * n, slots
+
+    def _set_engine_plan(self, actions) -> None:
+        """Gives the engine the plan for these per-layer actions: offload slots only, and
+        no engine call in a step while none copies anything."""
+        layers = [self._engine_layer(a) for a in actions]
+        self.engine.set_plan([plan for plan, _ in layers])
+        self._engine_slots = [slots for _, slots in layers]
+        # A layer that decides its actions as it goes (not exact) may copy.
+        self._engine_active = any(len(plan) > 0 for plan, _ in layers)
 
     def _warn_once(self, what, message):
         if what not in self._warned:
@@ -357,6 +391,7 @@ class OffloadHooks:
         actions = self._layer_actions(i)
         exact = getattr(actions, "exact", True)  # False: _MeasureLayer (no tensor count)
         n_plan = len(actions)
+        slots = self._engine_slots[i] if self._engine_slots else None
         # Note [What it costs]: a layer whose plan keeps everything needs no saved-tensor
         # hooks at all (nothing to number, copy or replace): it runs as plain training.
         plain = self._keeps_everything(i, actions)
@@ -411,13 +446,10 @@ class OffloadHooks:
                     self._saved(i, j, t, nbytes, KEEP)
                     return _kept(t)
                 self._saved(i, j, t, nbytes, action)
-                # A measuring layer's engine plan has offload slots only: the engine sees
-                # just the tensors it copies (Note [The measuring step] in _fit.py).
-                if action == OFFLOAD or (exact and self._engine_sees_all):
-                    self._hand_over(step, (mb, i, j), ptr, nbytes,
-                                    t if action == OFFLOAD else None)
-                if action == OFFLOAD:
-                    fetched[j] = _Fetched(step, (mb, i, j))
+                if action == OFFLOAD:  # the only tensors the engine sees (Note [Offload hooks])
+                    key = (mb, i, j if slots is None else slots[j])
+                    self._hand_over(step, key, ptr, nbytes, t)
+                    fetched[j] = _Fetched(step, key, j)
                 elif action == RECOMPUTE:
                     self._hooks["recompute_count"] += 1
                     self._hooks["recompute_bytes"] += nbytes
@@ -443,6 +475,8 @@ class OffloadHooks:
                                      f"tensors, but the plan lists {n_plan} for layer {i}; make "
                                      "the plan from this model's record pass "
                                      "(stash.torch.record)")
+                if not plain:
+                    self._hooks["keep_count"] += sum(f is None for f in fetched.values())
                 if frame is not None and frame.wanted:
                     frame.args, frame.kwargs = self._input_slots(args, kwargs, order, fetched)
                 self._forward_ended(i, step, order)

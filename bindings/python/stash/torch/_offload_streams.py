@@ -175,13 +175,15 @@ class EngineStreams:
         time one of its views (or a recompute's input) needs it."""
         if f.flat is None:
             step = f.step
+            mb, layer, _ = f.key
+            name = f"(micro-batch {mb}, layer {layer}, index {f.index})"
             if step.abandoned:
                 raise StashError(
-                    f"stash.torch.offload: tensor {f.key} belongs to a forward of micro-batch "
+                    f"stash.torch.offload: tensor {name} belongs to a forward of micro-batch "
                     f"{step.mb} that a later forward of the same micro-batch replaced; use "
                     "handle.micro_batch(i) for forwards that wait for their backward")
             if f.key not in step.live:
-                raise StashError(f"stash.torch.offload: tensor {f.key} was given back when an "
+                raise StashError(f"stash.torch.offload: tensor {name} was given back when an "
                                  "earlier backward pass through this graph ended without "
                                  "using it")
             if self.engine is None:
@@ -198,7 +200,7 @@ class EngineStreams:
                     held = self._sources.get(ptr)
                     flat = held[-1] if held else None
             if flat is None:
-                raise StashError(f"stash.torch.offload: acquire of {f.key} returned {ptr:#x}, "
+                raise StashError(f"stash.torch.offload: acquire of {name} returned {ptr:#x}, "
                                  "which is neither a prefetch buffer nor an offloaded storage")
             if self._cuda and consumer != self._compute.cuda_stream:
                 flat.record_stream(torch.cuda.current_stream(self.device))
