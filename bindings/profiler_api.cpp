@@ -2,11 +2,11 @@
 // (runtime/measure). Scopes always open an NVTX range in domain "stash"; while the
 // in-process profiler runs they are also tracked by it and push an external correlation
 // id (Note [Attribution by launch] in runtime/measure/attribution.h).
-#include <fstream>
 #include <memory>
 #include <string>
 
 #include "api_boundary.h"
+#include "core/json_file.h"
 #include "planner/profile.h"
 #include "runtime/measure/attribution.h"
 #include "runtime/measure/cupti_profiler.h"
@@ -102,9 +102,7 @@ STASH_API stash_status_t stash_profiler_stop(const char* skeleton_path, const ch
             stash::planner::load_profile(skeleton_path));
       }
       const auto filled = stash::measure::fill_profile(m, skeleton.get(), std::nullopt);
-      std::ofstream out(output_path);
-      out << filled.json.dump(2) << "\n";
-      if (!out) return stash::fail(status::invalid_argument, "cannot write %s", output_path);
+      stash::write_json_file(output_path, filled.json);  // its errors name the path
     } catch (const stash::input_error& e) {
       return stash::fail(status::invalid_argument, "%s", e.what());
     }

@@ -17,7 +17,9 @@ namespace stash {
 nlohmann::json read_json_file(const std::string& path);
 
 // Writes `text` to `path` through a temporary file in the same folder and a rename, so a
-// failed or interrupted write never leaves a truncated file where a good one was.
+// failed or interrupted write never leaves a truncated file where a good one was. Every
+// file stash writes goes through it (JSON through write_json_file; traces, SVG, CSV and
+// the analytic profile's text directly); a std::ofstream onto a user's path is a bug.
 // Errors: "<path>: cannot write: <reason>", "<path>: write failed", "<path>: cannot replace".
 void write_text_file(const std::string& path, const std::string& text);
 

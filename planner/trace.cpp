@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <stdexcept>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_file.h"
 #include "planner/profile.h"
 
 namespace stash::planner {
@@ -152,10 +152,7 @@ nlohmann::json trace_writer::to_json() const {
 }
 
 void trace_writer::write(const std::string& path) const {
-  std::ofstream out(path);
-  if (!out) throw std::runtime_error("cannot write trace to " + path);
-  out << to_json().dump() << '\n';
-  if (!out) throw std::runtime_error("error writing trace to " + path);
+  write_text_file(path, to_json().dump() + "\n");  // compact: a trace has many events
 }
 
 trace_writer trace_from_json(const nlohmann::json& j) {

@@ -19,11 +19,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_file.h"
 #include "runtime/measure/attribution.h"
 #include "runtime/measure/cupti_profiler.h"
 
@@ -49,9 +49,8 @@ void write_result() noexcept {
     }
     if (!dir || !*dir) return;  // loaded by hand, without `stash profile`: nothing to write
     const std::string path = std::string(dir) + "/measure." + std::to_string(::getpid()) + ".json";
-    std::ofstream out(path);
-    out << measurement_to_json(m).dump() << "\n";
-    if (!out) std::fprintf(stderr, "stash: cannot write the profile result %s\n", path.c_str());
+    // Whole or not at all: `stash profile` reads every measure.*.json it finds.
+    stash::write_text_file(path, measurement_to_json(m).dump() + "\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "stash: profiling failed at exit: %s\n", e.what());
   } catch (...) {

@@ -4,7 +4,6 @@
 // Exit status: 0 measured, 2 bad options or a buffer refused, 3 no usable GPU or a CUDA
 // error.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,9 +68,7 @@ void run_bench_link(const bench_link_args& a) {
   std::printf("%s", measure::format_link_table(r).c_str());
   const nlohmann::json j = measure::link_bench_to_json(r);
   if (!a.json_out.empty()) {
-    std::ofstream out(a.json_out);
-    out << j.dump(2) << "\n";
-    if (!out) throw std::runtime_error("cannot write " + a.json_out);
+    stash::write_json_file(a.json_out, j);
     std::printf("wrote %s\n", a.json_out.c_str());
   }
   if (!a.profile.empty()) {

@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "core/json_file.h"
 #include "cuda_prim.h"
 #include "planner/profile.h"
 #include "runtime/measure/cupti_api.h"
@@ -108,7 +109,9 @@ int run_command(const std::vector<std::string>& command,
   return 1;
 }
 
-// Every measure.<pid>.json the profiled processes wrote; removes the folder.
+// Every measure.<pid>.json the profiled processes wrote; removes the folder. A process
+// killed while writing leaves only its writer's temporary file (write_text_file in
+// core/json_file.h), which is removed unread.
 std::vector<measure::measurement> collect_results(const std::string& dir) {
   std::vector<measure::measurement> out;
   std::vector<std::string> files;
@@ -120,6 +123,10 @@ std::vector<measure::measurement> collect_results(const std::string& dir) {
     ::closedir(d);
   }
   for (const std::string& f : files) {
+    if (f.size() < 5 || f.compare(f.size() - 5, 5, ".json") != 0) {
+      std::remove(f.c_str());
+      continue;
+    }
     try {
       std::ifstream in(f);
       nlohmann::json j;
@@ -219,11 +226,7 @@ int run_profile(const profile_args& a) {
 
   print_summary(m);
   const measure::filled_profile f = measure::fill_profile(m, skeleton.get(), link);
-  {
-    std::ofstream out(a.out);
-    out << f.json.dump(2) << "\n";
-    if (!out) throw std::runtime_error("cannot write " + a.out);
-  }
+  stash::write_json_file(a.out, f.json);
   for (const std::string& n : f.notes) std::fprintf(stderr, "stash profile: %s\n", n.c_str());
   std::printf("wrote %s (%s)\n", a.out.c_str(),
               f.plannable ? "ready for stash plan" : "per-layer times only, not plannable yet");

@@ -2,12 +2,12 @@
 // a named architecture on a named device (planner/analytic.h). Exit status: 0, or 2 for
 // unknown names and bad numbers.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 
 #include "command.h"
 #include "core/bytes.h"
+#include "core/json_file.h"
 #include "planner/analytic.h"
 
 namespace stash::cli {
@@ -65,10 +65,7 @@ void run_profile_model(const profile_model_args& a) {
     std::fputs(text.c_str(), stdout);
     return;
   }
-  std::ofstream f(a.out);
-  if (!f) throw input_error(a.out + ": cannot write profile");
-  f << text;
-  if (!f) throw input_error(a.out + ": write failed");
+  write_text_file(a.out, text);
   std::fprintf(stderr, "wrote %s\n", a.out.c_str());
 }
 
