@@ -170,6 +170,7 @@ from ._fit_measure import (MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda,
 from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
 from ._fit_report import fit_report, format_report
 from ._offload import OffloadHandle
+from ._compiled import fit_compiled_state
 from ._cpu_meter import window as cpu_window
 from ._record import _device_info, _pinnable_bytes
 from ._saved import storage_of, tensors_in
@@ -640,6 +641,31 @@ class BudgetHandle(OffloadHandle):
         self._mode = mode
         self._plain_layers = ({id(a) for a in actions if all(x == KEEP for x in a)}
                               if mode == "plan" else set())
+
+    def _make_compiled_state(self):
+        # Note [Planning the compiled graph] in _compiled.py
+        def meter_open(x: torch.Tensor) -> int:
+            if self._cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+                return 0
+            if self._counting is not None:
+                self._counting.reopen()
+            return self._alive_bytes([x])
+
+        def meter_peak() -> int:
+            if self._cuda:
+                return int(torch.cuda.max_memory_allocated(self.device))
+            return self._counting.peak() if self._counting is not None else 0
+
+        opt = self.optimizer
+        return fit_compiled_state(
+            self.blocks, budget=self.budget, solver=self.options.solver,
+            describe=lambda: (_device_info(self.device), self._link_section,
+                              {"pinnable_bytes": _pinnable_bytes()}),
+            meter=(meter_open, meter_peak),
+            counted=self._fixed_counted, refused=self.close,
+            missing=lambda: (_optimizer_state_estimate(opt)
+                             if opt is not None and not len(opt.state) else 0))
 
     def _timing_kind(self) -> str:
         """The clock the plan's times come from: "host-clock" (CPU) or "cuda-events"."""

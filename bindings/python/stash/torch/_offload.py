@@ -91,6 +91,7 @@ import torch
 
 from .._engine import Engine, plan_actions
 from .._lib import StashError, parse_bytes
+from ._compiled import CompiledState, compiled_wrapper
 from ._offload_hooks import OffloadHooks, _Fetched
 from ._offload_streams import EngineStreams, _CudaRt
 from ._recompute import FetchedInput, HeldInput, Replay, map_tensors
@@ -182,6 +183,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             self._teardown()
             raise
         self._originals = []
+        self._compiled_st = None  # Note [Planning the compiled graph] in _compiled.py
         try:
             if len({id(b) for b in self.blocks}) != len(self.blocks):
                 dup = next(i for i, b in enumerate(self.blocks)
@@ -193,6 +195,9 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         except StashError:
             self._teardown()
             raise
+        # Made now, not while Dynamo traces a block (Note [Planning the compiled graph] in
+        # _compiled.py).
+        self._compiled_st = self._make_compiled_state()
         for i, (block, name) in enumerate(zip(self.blocks, targets)):
             own = vars(block)
             self._originals.append((block, name, name in own, own.get(name)))
@@ -204,6 +209,24 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             raise StashError(f"stash.torch.offload: the plan has {len(actions)} layers, but "
                              f"{len(self.blocks)} blocks were given")
         return actions
+
+    def _wrap(self, i, forward):
+        """The hooks' wrapper, or, while Dynamo traces the block as part of a larger
+        compiled model, the compiled form (Note [Planning the compiled graph] in
+        _compiled.py)."""
+        return compiled_wrapper(self._compiled, i, forward, super()._wrap(i, forward))
+
+    def _compiled(self):
+        if self._compiled_st is None:
+            self._compiled_st = self._make_compiled_state()
+        return self._compiled_st
+
+    def _make_compiled_state(self):
+        return CompiledState(
+            len(self.blocks), [str(i) for i in range(len(self.blocks))],
+            [type(b).__name__ for b in self.blocks], None, (lambda x: 0, lambda: 0),
+            "an offload() plan names the saved tensors of the eager ops, which a compiled "
+            "graph does not have (stash.torch.fit plans compiled graphs)")
 
     # --- recompute (Note [Selective recompute]) ------------------------------------------
 
@@ -371,6 +394,9 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         """Restores the blocks exactly as they were (the attribute the hooks wrapped, or
         its absence), drops live micro-batches (their graphs can no longer run backward
         through offloaded tensors) and destroys the engine."""
+        compiled = getattr(self, "_compiled_st", None)
+        if compiled is not None:
+            compiled.close()
         if getattr(self, "_originals", None):
             for block, name, had, value in self._originals:
                 if had:
