@@ -48,7 +48,8 @@ set_target_properties(libstash PROPERTIES EXPORT_NAME stash)
 
 # libstash's static parts (allocator, planner, engine, measure) are linked PRIVATE into the
 # shared library, so the export set holds libstash alone and the installed interface is
-# the header folder.
+# the header folder and CUDA::cudart (Note [stash::stash carries the CUDA runtime] in
+# stashConfig.cmake.in).
 install(TARGETS libstash EXPORT stashTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

@@ -4,7 +4,9 @@
 #   3. every RUNPATH there is $ORIGIN-relative (Note [Installed RUNPATHs]), and the CMake
 #      package names neither the build nor the source tree;
 #   4. consumer/ configured with CMAKE_PREFIX_PATH=prefix finds this very package, compiles
-#      the README's example with the prefix's stash.h and links the prefix's libstash.so;
+#      the README's example with the prefix's stash.h and links the prefix's libstash.so,
+#      twice: once with CUDA::cudart named, once (app_stash_only) linking stash::stash alone
+#      (Note [stash::stash carries the CUDA runtime] in cmake/stashConfig.cmake.in);
 #   5. the example runs on the CPU test double and exits 0 (the double has a device, so its
 #      77, "no device", is a failure here), and the installed CLI runs, from the prefix's
 #      libstash.so, and finds its injection library.
@@ -138,24 +140,31 @@ function(expect_loads bin soname file)
     message(FATAL_ERROR "install test: ${bin} loads ${soname} from '${found}', not ${want}:\n${libs}")
   endif()
 endfunction()
-foreach(bin ${consumer}/app ${prefix}/${BINDIR}/stash)
+foreach(bin ${consumer}/app ${consumer}/app_stash_only ${prefix}/${BINDIR}/stash)
   expect_loads(${bin} libstash.so ${prefix}/${LIBDIR}/libstash.so)
   expect_loads(${bin} libcudart.so.13 ${DOUBLE_DIR}/libcudart.so.13)
 endforeach()
+# Linked shared, never the static runtime: the program's libcudart is libstash.so's.
+capture(dyn ${READELF} -d ${consumer}/app_stash_only)
+if(NOT dyn MATCHES "\\(NEEDED\\)[^\n]*\\[libcudart\\.so\\.13\\]")
+  message(FATAL_ERROR "install test: app_stash_only does not need libcudart.so.13:\n${dyn}")
+endif()
 
-message(STATUS "install test: run the example on the CPU test double")
-execute_process(COMMAND ${env} ${consumer}/app RESULT_VARIABLE rc OUTPUT_VARIABLE out
-                ERROR_VARIABLE out)
-message("${out}")
-if(rc EQUAL 77)
-  message(FATAL_ERROR "install test: the example found no device (77), but the test double "
-                      "has one: it did not load ${DOUBLE_DIR}/libcudart.so.13")
-elseif(NOT rc EQUAL 0)
-  message(FATAL_ERROR "install test: the example failed (${rc})")
-endif()
-if(NOT out MATCHES "^stash ${VERSION}: [0-9]+ bytes pinned")
-  message(FATAL_ERROR "install test: the example's output is not its report line")
-endif()
+foreach(app app app_stash_only)
+  message(STATUS "install test: run the example (${app}) on the CPU test double")
+  execute_process(COMMAND ${env} ${consumer}/${app} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE out)
+  message("${out}")
+  if(rc EQUAL 77)
+    message(FATAL_ERROR "install test: ${app} found no device (77), but the test double "
+                        "has one: it did not load ${DOUBLE_DIR}/libcudart.so.13")
+  elseif(NOT rc EQUAL 0)
+    message(FATAL_ERROR "install test: ${app} failed (${rc})")
+  endif()
+  if(NOT out MATCHES "^stash ${VERSION}: [0-9]+ bytes pinned")
+    message(FATAL_ERROR "install test: ${app}'s output is not its report line")
+  endif()
+endforeach()
 
 capture(out ${env} ${prefix}/${BINDIR}/stash --version)
 if(NOT out MATCHES "^stash ${VERSION}")
