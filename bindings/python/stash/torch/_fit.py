@@ -65,9 +65,13 @@ are calibrated position by position rather than from the one peak: at every samp
 pack, block end, boundary and replay) the allocator's peak since the last one, less what
 fit counts then (parameters, gradients as if allocated, optimizer state, and the saved
 storages the hooks track by weak reference), is what fit does not track there (the loss's
-logits, attention's workspaces); the most of it in the blocks joins the fixed bytes, and
-the optimizer step's own temporaries, when no activation is alive, only as far as they
-would not fit under the least a plan holds. Where the counting allocator cannot be built
+logits, attention's workspaces); the most of it in the blocks' forwards joins the fixed
+bytes, the rest of a block's backward its backward temporaries, the loss's (the head and
+its backward) the profile's loss_bytes, a position of its own (Note [The loss's position]
+in planner/plan.h), and the optimizer step's, when no activation is alive, its
+optimizer_bytes (Note [The optimizer's position] there). A step that begins without
+gradients is planned with each gradient counted from where it is made (Note [Gradients
+by position] in _fit_gradients.py). Where the counting allocator cannot be built
 the peak is fit's own count, which leaves the temporaries out. On both, a measured plan's
 first run that peaks above its prediction (the temporaries where that plan peaks, which
 a least-memory step does not show) adds the difference to the shape's fixed bytes, once,
@@ -436,7 +440,8 @@ class BudgetHandle(OffloadHandle):
             doc["fixed_bytes"] = fixed_bytes_cuda(doc, rec, self._recorder.actions_seen(),
                                                   counted, missing)
         else:
-            doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted)
+            doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted, _tensor_bytes(
+                p for p in self._parameters() if p.requires_grad))
         self._plans.measured(rec.key, {"profile": doc, "measured_peak_bytes": rec.peak_bytes})
 
     def _cupti_summary(self, fwd: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -471,7 +476,8 @@ class BudgetHandle(OffloadHandle):
                 prev.end = now
             self._finish(prev)
         t0 = time.perf_counter()
-        mode = self._choose(key)
+        grads = self._gradient_bytes_alive()
+        mode = self._choose(key, without_gradients=grads == 0)
         setup_ms = (time.perf_counter() - t0) * 1e3  # planning (and a first link measurement)
         if self._cuda:
             if self._pool:
@@ -501,6 +507,7 @@ class BudgetHandle(OffloadHandle):
             if mode == "measure":
                 rec.counted = self._fixed_counted()
                 rec.state_at_start = self._state_bytes()
+                rec.grads_at_start = grads
             rec.meter_base = self._alive_bytes(inputs)
             self._counting.reopen()
 
@@ -557,9 +564,9 @@ class BudgetHandle(OffloadHandle):
 
     # --- measuring -> profile -> plan -------------------------------------------------------
 
-    def _choose(self, key: str) -> str:
+    def _choose(self, key: str, without_gradients: bool = False) -> str:
         """The mode of a step with this shape key (_fit_shape_plans.ShapePlans.choose)."""
-        entry = self._plans.choose(key)
+        entry = self._plans.choose(key, without_gradients)
         if entry is not None:
             self._switch(entry["actions"], "plan")
             return "plan"
@@ -616,11 +623,16 @@ class BudgetHandle(OffloadHandle):
             params += [p for g in self.optimizer.param_groups for p in g["params"]]
         return params
 
+    def _gradient_bytes_alive(self) -> int:
+        """The gradients that exist now, by storage (Note [Gradients by position] in
+        _fit_gradients.py)."""
+        return _tensor_bytes(p.grad for p in self._parameters() if p.grad is not None)
+
     def _state_bytes(self) -> int:
         """The gradients and optimizer state that exist now, by storage."""
-        grads = _tensor_bytes(p.grad for p in self._parameters() if p.grad is not None)
         opt = self.optimizer
-        return grads + (_optimizer_state_bytes(opt) if opt is not None else 0)
+        return self._gradient_bytes_alive() + (_optimizer_state_bytes(opt) if opt is not None
+                                               else 0)
 
     def _alive_bytes(self, inputs: Sequence[torch.Tensor]) -> int:
         """What is alive when block 0 starts, by storage: the parameters (the optimizer's

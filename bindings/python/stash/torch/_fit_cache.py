@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 from .. import profile as _profile
 from .._lib import StashError
 from .._planner import evaluate
+from ._fit_gradients import planned_without, view
 from ._fit_options import Budget
 
 Entry = Dict[str, Any]  # profile, plan, figures, actions and the flags fit keeps beside them
@@ -39,20 +40,27 @@ class ShapeCache(Dict[str, Entry]):
     def store_profile(self, key: str, doc: Dict[str, Any]) -> None:
         self._store(key, "profile", doc)
 
-    def store_plan(self, key: str, plan: Dict[str, Any]) -> None:
-        self._store(key, self.plan_name, plan)
+    def _plan_file(self, without_gradients: bool) -> str:
+        """A plan made on the view without gradients has a name of its own (Note
+        [Gradients by position] in _fit_gradients.py)."""
+        return self.plan_name + ("-nograd" if without_gradients else "")
+
+    def store_plan(self, key: str, plan: Dict[str, Any], without_gradients: bool = False) -> None:
+        self._store(key, self._plan_file(without_gradients), plan)
 
     def _store(self, key: str, what: str, doc: Dict[str, Any]) -> None:
         path = self._path(key, what)
         if path is not None:
             _profile.write_json(path, doc)
 
-    def read(self, key: str) -> Optional[Tuple[Dict[str, Any], Optional[Dict[str, Any]],
-                                              Optional[Dict[str, Any]]]]:
-        """(profile, plan, figures) of `key` from cache_dir; None without a readable profile
-        (a file that does not validate is ignored, with a warning). plan and figures are
-        None where no plan for this budget and solver is there, or it does not price
-        against the profile."""
+    def read(self, key: str, without_gradients: bool = False
+             ) -> Optional[Tuple[Dict[str, Any], Optional[Dict[str, Any]],
+                                 Optional[Dict[str, Any]], bool]]:
+        """(profile, plan, figures, on the view) of `key` from cache_dir, for a step that
+        begins without gradients or not; None without a readable profile (a file that does
+        not validate is ignored, with a warning). plan and figures are None where no plan
+        for this budget, solver and kind of step is there, or it does not price against
+        the profile it was made on."""
         ppath = self._path(key, "profile")
         if ppath is None or not os.path.exists(ppath):
             return None
@@ -63,14 +71,15 @@ class ShapeCache(Dict[str, Entry]):
         except (OSError, ValueError, StashError) as e:
             warnings.warn(f"stash.torch.fit: ignoring the cached profile {ppath}: {e}")
             return None
-        qpath = self._path(key, self.plan_name)
+        without = planned_without(doc, without_gradients)
+        qpath = self._path(key, self._plan_file(without))
         if qpath is None or not os.path.exists(qpath):
-            return doc, None, None
+            return doc, None, None, without
         try:
             with open(qpath) as f:
                 plan = json.load(f)
-            figures = evaluate(doc, plan)
+            figures = evaluate(view(doc, without), plan)
             figures["keep_all_peak_bytes"] = plan["baselines"]["keep_all"]["peak_bytes"]
         except (OSError, ValueError, KeyError, StashError):
-            return doc, None, None
-        return doc, plan, figures
+            return doc, None, None, without
+        return doc, plan, figures, without

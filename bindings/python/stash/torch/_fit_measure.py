@@ -15,7 +15,7 @@ import torch
 from .. import profile as _profile
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._planner import evaluate
-from ._fit_support import (StepRecord, _Clock, _cupti_fwd, _LayerRecord, _min_feasible,
+from ._fit_support import (StepRecord, _Clock, _cupti_fwd, _LayerRecord,
                            _plan_doc, _weak)
 from ._saved import storage_of
 
@@ -156,6 +156,11 @@ class MeasuringRecorder:
             if where == "optimizer step":  # no activation is alive: a phase of its own
                 phase, tracked = ("opt",), 0
             rec.untracked[phase] = max(rec.untracked.get(phase, 0), window - alive - tracked)
+            # Note [Gradients by position] in _fit_gradients.py: the same window with the
+            # gradients it held counted in, as no fixed byte holds them (the optimizer's
+            # state grows only in its step, which keeps its own figure above).
+            raw = window - rec.meter_base - tracked
+            rec.untracked_with_grads[phase] = max(rec.untracked_with_grads.get(phase, 0), raw)
         if after is not None:
             rec.phase = after
 
@@ -257,24 +262,30 @@ def fixed_bytes_cuda(doc: Doc, rec: StepRecord, actions_seen: List[List[str]], c
     return int(max(rec.peak_bytes - act + missing_optimizer_state, counted))
 
 
-def fixed_bytes_cpu(doc: Doc, rec: StepRecord, counted: int) -> int:
+def fixed_bytes_cpu(doc: Doc, rec: StepRecord, counted: int, gradient_bytes: int) -> int:
     """Note [What the budget counts], on the CPU: what the allocator held above fit's
     count, by position (none without the counting allocator). The most of it in any
-    forward joins the fixed bytes; the rest of a layer's backward, and of the loss for
-    the last layer, become the layer's backward temporaries (set in doc); the optimizer
-    step's own, with no activation alive, join the fixed bytes only as far as they would
-    not fit under the least a plan holds."""
+    forward joins the fixed bytes; the rest of a layer's backward becomes the layer's
+    backward temporaries, the loss's the profile's loss_bytes (Note [The loss's position]
+    in planner/plan.h), the optimizer step's its optimizer_bytes (all set in doc).
+    gradient_bytes: the gradients fit counts in `counted`; where the step began without
+    any and ran one pass, doc's measurement also says where they were made (Note
+    [Gradients by position] in _fit_gradients.py)."""
     u = rec.untracked
     forward = max([0] + [v for k, v in u.items() if k[0] == "fwd"])
     fixed = counted + forward
-    last = len(doc["layers"]) - 1
     for i, layer in enumerate(doc["layers"]):
-        temp = u.get(("bwd", i), 0)
-        if i == last:
-            temp = max(temp, u.get(("loss",), 0))
-        layer["bwd_temp_bytes"] = int(max(0, temp - forward))
-    optimizer = u.get(("opt",), 0)
-    if optimizer > forward:
-        least = _min_feasible(dict(doc, fixed_bytes=fixed)) - fixed
-        fixed = max(fixed, counted + optimizer - max(0, least))
+        layer["bwd_temp_bytes"] = int(max(0, u.get(("bwd", i), 0) - forward))
+    doc["loss_bytes"] = int(max(0, u.get(("loss",), 0) - forward))
+    if ("opt",) in u:
+        doc["optimizer_bytes"] = int(counted + max(0, u[("opt",)]))
+    raw = rec.untracked_with_grads
+    if rec.grads_at_start == 0 and rec.passes == 1 and gradient_bytes > 0 and raw:
+        doc["measurement"]["gradients"] = {
+            "bytes": int(gradient_bytes),
+            "fixed_bytes": int(max(0, fixed - gradient_bytes)),
+            "bwd_temp_bytes": [int(max(0, raw.get(("bwd", i), 0) - forward))
+                               for i in range(len(doc["layers"]))],
+            "loss_bytes": int(max(0, raw.get(("loss",), 0) - forward)),
+        }
     return fixed

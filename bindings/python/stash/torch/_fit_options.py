@@ -11,7 +11,12 @@ judges it against that. The profile's keep-all peak includes its fixed bytes, so
 plan's first run corrects them (Note [What the budget counts] in _fit.py) or the
 optimizer's real state replaces its estimate, the shape's share in bytes moves with them:
 the share is of the keep-all peak as fit knows it then, and each step is judged against
-the bytes its shape had when the step ran. A unitless number that could be a share (at most 100, or a
+the bytes its shape had when the step ran. The keep-all peak is that of the profile as
+stored, which counts every gradient as allocated, and a share is planned on it: in a loop
+that sets its gradients to None keep-all's own peak on the meter is lower, so "70%" is a
+share of fit's count, not of that reading. A budget in bytes means those bytes, and is
+planned with the gradients where they are made (Note [Gradients by position] in
+_fit_gradients.py). A unitless number that could be a share (at most 100, or a
 fraction such as 0.7) is refused, naming both spellings: "50" is 50 bytes to the planner's
 syntax, and no model trains in 50 bytes.
 """

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .._lib import StashError
 from .._planner import InfeasibleBudget, evaluate, make_plan
 from ._fit_cache import Entry
+from ._fit_gradients import view
 from ._fit_options import Budget
 from ._fit_shapes import derive_profile
 from ._fit_support import _gib, _min_feasible, _plan_doc
@@ -27,8 +28,11 @@ class BudgetRefused(StashError):
 def _smallest_accepted(min_feasible: int, measured: Optional[int]) -> int:
     """The smallest budget a refusal names: one the same run accepts, so at least what the
     measuring step itself used (it must fit, Note [The measuring step]) as well as the
-    planner's smallest feasible one."""
-    return max(int(min_feasible), int(measured or 0))
+    planner's smallest feasible one. The planner's figure is raised by 1%: a plan's first
+    run can peak a little above its prediction on the meter (what a least-memory step does
+    not show, Note [What the budget counts] in _fit.py), and the correction that follows
+    would refuse a budget with no room for it."""
+    return max(int(min_feasible) + int(min_feasible) // 100, int(measured or 0))
 
 
 def link_section(option: Any, *, local_ranks: int,
@@ -70,11 +74,14 @@ def budget_of(budget: Budget, entry: Optional[Entry]) -> Optional[int]:
     if "figures" in entry:
         return int(entry["figures"]["budget_bytes"])
     if "profile" in entry and "share_budget_bytes" not in entry:
-        doc = entry["profile"]
-        keep = _plan_doc(doc, [["keep"] * len(layer["tensors"]) for layer in doc["layers"]])
-        peak = evaluate(doc, keep, 1 << 62, strict=False)["predicted_peak_bytes"]
+        peak = _keep_all_peak(entry["profile"])
         entry["share_budget_bytes"] = int((budget.share or 0.0) / 100 * peak)
     return entry.get("share_budget_bytes")
+
+
+def _keep_all_peak(doc: Doc) -> int:
+    keep = _plan_doc(doc, [["keep"] * len(layer["tensors"]) for layer in doc["layers"]])
+    return int(evaluate(doc, keep, 1 << 62, strict=False)["predicted_peak_bytes"])
 
 
 def plan_measured(doc: Doc, measured: Optional[int], budget: Budget,
@@ -104,7 +111,8 @@ def plan_measured(doc: Doc, measured: Optional[int], budget: Budget,
 
 
 def plan_derived(bases: Sequence[Tuple[int, Doc, int]], tokens: int, budget: Budget,
-                 solver: str) -> Optional[Tuple[Doc, Doc, Dict[str, Any]]]:
+                 solver: str, without_gradients: bool = False
+                 ) -> Optional[Tuple[Doc, Doc, Dict[str, Any]]]:
     """(profile, plan, figures) for a shape of `tokens` never measured, from the measured
     shapes of its family (Note [A profile derived from the measured shapes]); None when
     there is nothing to derive from (the shape is then measured: the measurement, not a
@@ -118,8 +126,9 @@ def plan_derived(bases: Sequence[Tuple[int, Doc, int]], tokens: int, budget: Bud
     doc = derive_profile(list(bases), tokens)
     if doc is None:
         return None
-    plan, figures = make_plan(doc, budget.planner_text, solver=solver)
-    plan, figures = prefix_closed(doc, plan, figures)
+    on = view(doc, without_gradients)  # Note [Gradients by position] in _fit_gradients.py
+    plan, figures = make_plan(on, budget.planner_text, solver=solver)
+    plan, figures = prefix_closed(on, plan, figures)
     return doc, plan, figures
 
 

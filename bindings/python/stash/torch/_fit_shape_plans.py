@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, NoReturn, Optional, Set, Tuple
 from .._lib import StashError
 from .._planner import InfeasibleBudget
 from ._fit_cache import Entry, ShapeCache
+from ._fit_gradients import planned_without, shift_fixed, view
 from ._fit_options import Budget, FitOptions
 from ._fit_plan import BudgetRefused, budget_of, plan_derived, plan_measured
 from ._fit_ranks import (Ranks, cached_plan_agreed, combine_measured, publish_plan,
@@ -39,16 +40,33 @@ class ShapePlans:
         self.measured_for: Dict[str, int] = {}  # key -> steps measured so far
         self.shapes: Dict[str, Tuple[str, Optional[int]]] = {}  # key -> (family, tokens)
         self.underivable: Set[str] = set()  # keys whose derived plan failed its check
+        # Whether the step being chosen began without gradients (Note [Gradients by
+        # position] in _fit_gradients.py).
+        self.without_gradients = False
 
-    def choose(self, key: str) -> Optional[Entry]:
+    def choose(self, key: str, without_gradients: bool = False) -> Optional[Entry]:
         """The entry whose plan a step of shape `key` runs (Note [Re-planning and the
-        cache]); None: the step measures."""
+        cache]); None: the step measures. without_gradients: the step begins with no
+        gradient alive (Note [Gradients by position] in _fit_gradients.py)."""
+        # A share is of the stored profile's keep-all peak and planned on it; across ranks
+        # every rank must plan on the same profile: the stored one.
+        self.without_gradients = (without_gradients and self.ranks is None
+                                  and not self.budget.is_share)
         if key != self.key:
             self.key = key
             self.entry = self.cache.get(key) or self._load_cached(key)
             if self.ranks is not None:
                 self.entry = self._agree_cached(key, self.entry)
         entry = self.entry
+        if entry is not None and "plan" in entry and "profile" in entry and bool(
+                entry.get("without_gradients")) != self._wants_view(entry):
+            # Planned for the other kind of step: planned again (a derived one derived
+            # again) for this one.
+            for k in ("plan", "figures", "actions", "without_gradients"):
+                entry.pop(k, None)
+            if entry.get("derived"):
+                self.cache.pop(key, None)
+                entry = self.entry = None
         if entry is not None and "plan" in entry:
             return entry
         if self.measured_for.get(key, 0) >= self.options.measure_steps:
@@ -57,6 +75,10 @@ class ShapePlans:
         if entry is not None:
             self.entry = entry
         return entry
+
+    def _wants_view(self, entry: Entry) -> bool:
+        """Whether the current step plans this entry on its view without gradients."""
+        return planned_without(entry["profile"], self.without_gradients)
 
     def measured(self, key: str, entry: Entry) -> None:
         """A measuring step of shape `key` ended with this entry (its profile)."""
@@ -69,7 +91,7 @@ class ShapePlans:
         """The optimizer's real state differs from what the current shape's fixed bytes
         count by `delta`: the next step plans again with it."""
         if delta and self.entry is not None and "profile" in self.entry:
-            self.entry["profile"]["fixed_bytes"] += delta
+            shift_fixed(self.entry["profile"], delta)
             self.entry.pop("plan", None)
 
     @property
@@ -126,13 +148,16 @@ class ShapePlans:
 
     def _plan_locally(self, key: str) -> Entry:
         entry = self.cache[key]
+        without = self._wants_view(entry)
         try:
-            plan, figures = plan_measured(entry["profile"], entry.get("measured_peak_bytes"),
+            plan, figures = plan_measured(view(entry["profile"], without),
+                                          entry.get("measured_peak_bytes"),
                                           self.budget, self.options.solver)
         except BudgetRefused as e:
             self._fail(e)
-        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
-        self.cache.store_plan(key, plan)
+        entry.update(plan=plan, figures=figures, actions=_actions_of(plan),
+                     without_gradients=without)
+        self.cache.store_plan(key, plan, without)
         return entry
 
     def _plan_derived(self, key: str) -> Optional[Entry]:
@@ -148,8 +173,9 @@ class ShapePlans:
                  for k, e in self.cache.items()
                  if k != key and self.shapes.get(k, (None,))[0] == family
                  and not e.get("derived") and "profile" in e and self.shapes[k][1]]
+        without = self.without_gradients
         try:
-            made = plan_derived(bases, tokens, self.budget, self.options.solver)
+            made = plan_derived(bases, tokens, self.budget, self.options.solver, without)
         except InfeasibleBudget:
             self.underivable.add(key)
             return None
@@ -158,6 +184,7 @@ class ShapePlans:
         doc, plan, figures = made
         entry: Entry = {"profile": doc, "derived": True, "measured_peak_bytes": None,
                         "plan": plan, "figures": figures,
+                        "without_gradients": planned_without(doc, without),
                         "actions": [_DerivedLayer(a) for a in _actions_of(plan)]}
         self.cache[key] = entry
         return entry
@@ -167,10 +194,10 @@ class ShapePlans:
         from its cached plan, or from its cached profile where no plan for this budget and
         solver is there. Under torch.distributed ranks agree on cached plans, not profiles
         (_agree_cached): a profile alone is measured again."""
-        found = self.cache.read(key)
+        found = self.cache.read(key, self.without_gradients)
         if found is None:
             return None
-        doc, plan, figures = found
+        doc, plan, figures, without = found
         if plan is None and self.ranks is not None:
             return None
         entry: Entry = {"profile": doc, "from_disk": True}
@@ -180,7 +207,8 @@ class ShapePlans:
             self.measured_for[key] = self.options.measure_steps
             self.entry = entry
             return self.plan_from_measurement(key)
-        entry.update(plan=plan, figures=figures, actions=_actions_of(plan))
+        entry.update(plan=plan, figures=figures, actions=_actions_of(plan),
+                     without_gradients=without)
         return entry
 
     def correct_fixed(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
@@ -192,7 +220,7 @@ class ShapePlans:
         # Any number of passes: the fixed bytes hold every gradient already, so a step of
         # several micro-batches peaks as one does, plus what the plan leaves alive.
         if over > 0 and "profile" in entry:
-            entry["profile"]["fixed_bytes"] += over
+            shift_fixed(entry["profile"], over)
             entry.setdefault("corrections", []).append(over)
             self.cache.store_profile(rec.key, entry["profile"])
             entry.pop("plan", None)

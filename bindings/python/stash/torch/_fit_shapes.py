@@ -119,8 +119,27 @@ def derive_profile(bases: Sequence[Tuple[int, Dict[str, Any], int]],
         layer["signature"] = layer["signature"].split(":")[0] + ":" + digest
     doc["step_overhead_ms"] = power(lambda p, _: p.get("step_overhead_ms", 0.0),
                                     _TIME_EXPONENTS)
+    doc["loss_bytes"] = int(power(lambda p, _: p.get("loss_bytes", 0)))
     counted = nearest[2]
     doc["fixed_bytes"] = int(counted + power(lambda p, c: p["fixed_bytes"] - c))
+    # Note [Gradients by position] in _fit_gradients.py: the temporaries scale with the
+    # tokens, the gradients made by each position do not; the nearest shape's gradients
+    # part (its view's figure less its own) joins the derived temporaries.
+    g = nearest[1].get("measurement", {}).get("gradients")
+    if isinstance(g, dict) and all(isinstance(b[1].get("measurement", {}).get("gradients"),
+                                              dict) for b in bases):
+        near = nearest[1]
+        doc["measurement"]["gradients"] = {
+            "bytes": int(g["bytes"]),
+            "fixed_bytes": max(0, doc["fixed_bytes"] - int(g["bytes"])),
+            "bwd_temp_bytes": [
+                int(layer["bwd_temp_bytes"]) + max(0, int(v) - int(nl["bwd_temp_bytes"]))
+                for layer, nl, v in zip(doc["layers"], near["layers"], g["bwd_temp_bytes"])],
+            "loss_bytes": doc["loss_bytes"] + max(0, int(g["loss_bytes"])
+                                                  - int(near.get("loss_bytes", 0))),
+        }
+    else:
+        doc["measurement"].pop("gradients", None)
     doc.setdefault("measurement", {})["derived"] = {
         "tokens": tokens, "from_tokens": sorted(b[0] for b in bases)}
     return dict(doc)

@@ -261,6 +261,10 @@ class StepRecord:
     # The most the meter read above fit's count, by the position the step was in:
     # ("fwd", i), ("loss",), ("bwd", i), ("opt",) (Note [What the budget counts]).
     untracked: Dict[Tuple[Any, ...], int] = field(default_factory=dict)
+    # ... with the gradients alive at each window's peak counted in (Note [Gradients by
+    # position] in _fit_gradients.py); a step that began without gradients reads them.
+    untracked_with_grads: Dict[Tuple[Any, ...], int] = field(default_factory=dict)
+    grads_at_start: int = 0  # gradient bytes alive at block 0
     phase: Tuple[Any, ...] = ("fwd", 0)
     tracked_before: int = 0  # fit's count of activations at the last sample
     state_at_start: int = 0  # gradients and optimizer state alive at block 0
