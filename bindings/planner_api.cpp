@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api_boundary.h"
-#include "planner/planner.h"
+#include "planner/solvers/planner.h"
 #include "struct_version.h"
 
 using namespace stash;
@@ -208,7 +208,7 @@ STASH_API stash_status_t stash_plan_read_actions(const char* plan_json, size_t* 
                   !tensors_per_layer && layer_capacity ? "tensors_per_layer" : "actions",
                   !tensors_per_layer && layer_capacity ? layer_capacity : action_capacity);
     }
-    pl::step_plan plan;  // Note [One plan reader] (planner/plan.h): the engine's reader
+    pl::step_plan plan;  // Note [One plan reader] (planner/model/plan.h): the engine's reader
     try {
       plan = pl::read_plan(nlohmann::json::parse(plan_json));
     } catch (const nlohmann::json::parse_error& e) {

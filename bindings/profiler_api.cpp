@@ -7,7 +7,7 @@
 
 #include "api_boundary.h"
 #include "core/json_file.h"
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 #include "runtime/measure/attribution.h"
 #include "runtime/measure/cupti_profiler.h"
 #include "runtime/measure/profile_fill.h"

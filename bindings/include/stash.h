@@ -513,7 +513,7 @@ STASH_API stash_status_t stash_profiler_stop(const char* skeleton_path, const ch
  *    host-to-device copies of the layers `lookahead` ahead on its stream "stash h2d", into
  *    device blocks allocated for the compute stream. The layer hooks below say which
  *    waits and copies each enqueues: the planner's schedule (Note [The step's schedule],
- *    planner/schedule.h in stash's source), which `stash simulate` replays;
+ *    planner/model/schedule.h in stash's source), which `stash simulate` replays;
  *  - on acquire, makes the consumer stream wait for that one tensor and returns its device
  *    pointer.
  * Keep and recompute tensors pass through untouched (recompute is the caller's job).

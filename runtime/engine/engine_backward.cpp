@@ -5,7 +5,7 @@
 
 #include "engine_nvtx.h"
 #include "engine_trace.h"
-#include "planner/schedule.h"
+#include "planner/model/schedule.h"
 #include "prefetch_engine.h"
 
 namespace stash::engine {
@@ -65,7 +65,7 @@ status prefetch_engine::forward_begin(std::uint32_t mb, std::uint32_t layer) noe
     s->id = mb;
   }
   if (!in_flight_.empty()) retire(false);
-  // Note [The step's schedule] (planner/schedule.h): one layer in flight.
+  // Note [The step's schedule] (planner/model/schedule.h): one layer in flight.
   if (const int w = latest_copies(*s, schedule::forward_waits_for(layer)); w >= 0) {
     nvtx::range range(nvtx::kWaitInFlight, nvtx::payload(mb, static_cast<std::uint32_t>(w), 0));
     st = timed_wait(trace_.get(), config_.compute, s->layer_copies[w], w, mb, "d2h");

@@ -26,7 +26,7 @@ engine_plan engine_plan::from_plan(const planner::step_plan& plan) {
   return p;
 }
 
-// Note [One plan reader] (planner/plan.h): the planner's profile-free reader; its
+// Note [One plan reader] (planner/model/plan.h): the planner's profile-free reader; its
 // input_error ("<path>: <json path>: <problem>") becomes bad_plan with the same text.
 engine_plan engine_plan::from_file(const std::string& path) {
   planner::step_plan plan;

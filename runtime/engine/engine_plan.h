@@ -3,7 +3,7 @@
 //
 // A plan reaches the engine three ways: from a planner::step_plan in memory, from a plan.json
 // file (read by the planner's profile-free reader, Note [One plan reader] in
-// planner/plan.h: the engine needs only the actions and names, and the validation against
+// planner/model/plan.h: the engine needs only the actions and names, and the validation against
 // the profile is `stash check`'s job), or built through the API from an array of actions.
 #pragma once
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "planner/plan.h"
+#include "planner/model/plan.h"
 
 namespace stash::engine {
 

@@ -1,5 +1,5 @@
 // engine_trace.h: times every engine operation with CUDA events and turns the timings into
-// spans of planner/trace.h's format, so `stash simulate`'s predicted timeline and the
+// spans of planner/model/trace.h's format, so `stash simulate`'s predicted timeline and the
 // engine's measured one open side by side and print the same overlap report.
 //
 // Note [Timing with events]
@@ -39,7 +39,7 @@
 
 #include "engine_plan.h"
 #include "core/error.h"
-#include "planner/trace.h"
+#include "planner/model/trace.h"
 #include "tensor_table.h"
 
 namespace stash::engine {

@@ -10,7 +10,7 @@
 
 #include "engine_nvtx.h"
 #include "engine_trace.h"
-#include "planner/schedule.h"
+#include "planner/model/schedule.h"
 
 namespace stash::engine {
 

@@ -12,7 +12,7 @@
 //    back] says.
 //  * forward_begin(mb, i): the compute stream waits on the event recorded after the latest
 //    D2H of the layer the schedule names (i-2: one layer in flight, Note [The step's
-//    schedule] in planner/schedule.h); the host never blocks. A micro-batch's first
+//    schedule] in planner/model/schedule.h); the host never blocks. A micro-batch's first
 //    backward_begin waits likewise for the latest of all its D2H copies (the loss turn):
 //    the D2H stream is FIFO, so one event covers every earlier copy.
 //  * backward_begin(mb, i): for each offloaded tensor of its prefetch window's layers (the
@@ -89,7 +89,7 @@
 #include "engine_plan.h"
 #include "engine_status.h"
 #include "pinned_pool.h"
-#include "planner/trace.h"
+#include "planner/model/trace.h"
 #include "tensor_table.h"
 
 namespace stash::engine {
@@ -103,7 +103,7 @@ enum class pinned_exhausted : int { keep_on_device = 0, wait = 1 };
 
 struct engine_config {
   cudaStream_t compute = nullptr;      // the stream layers run on (nullptr: legacy default)
-  int lookahead = 1;                   // the prefetch window's depth (planner/schedule.h)
+  int lookahead = 1;                   // the prefetch window's depth (planner/model/schedule.h)
   std::size_t max_in_flight_bytes = 0; // D2H bytes in transit; 0: unbounded
   std::size_t max_in_flight_count = 0; // D2H copies in transit; 0: unbounded
   pinned_pool_config pinned;           // the engine's own pinned pool
@@ -175,7 +175,7 @@ class prefetch_engine {
   engine_stats stats() noexcept;
 
   // Waits for the engine's timed work, then returns the spans recorded so far (compute,
-  // "stash d2h", "stash h2d", waits) in planner/trace.h's format. Throws stash::error.
+  // "stash d2h", "stash h2d", waits) in planner/model/trace.h's format. Throws stash::error.
   planner::trace_writer trace();
   void write_trace(const std::string& path);
   planner::overlap_report overlap();

@@ -33,7 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 #include "core/stats.h"
 
 namespace stash::measure {

@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 
 namespace stash::measure {
 

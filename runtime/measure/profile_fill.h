@@ -26,7 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 #include "runtime/measure/measurement.h"
 
 namespace stash::measure {

@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "planner/planner.h"
-#include "planner/profile.h"
+#include "planner/solvers/planner.h"
+#include "planner/model/profile.h"
 #include "stash.h"
 #include "test_paths.h"
 
@@ -127,7 +127,7 @@ TEST(PlannerApi, EverySolverAndTheOptionsTheyTake) {
   EXPECT_NE(std::string(stash_last_error()).find("time_limit_s"), std::string::npos);
 }
 
-// Note [One check of the plan options] in planner/planner.h: the C API reports the
+// Note [One check of the plan options] in planner/solvers/planner.h: the C API reports the
 // planner's check in its words, as the CLI does.
 TEST(PlannerApi, BadOptionsAreThePlannersOneCheck) {
   const std::string text = tiny_profile();
@@ -188,7 +188,7 @@ TEST(PlannerApi, InfeasibleBudgetGivesTheSmallestFeasibleOne) {
   EXPECT_EQ(STASH_ERROR_INFEASIBLE_BUDGET, 106);
 }
 
-// Note [A budget too small is an answer] in planner/planner.cpp: below the fixed bytes the C
+// Note [A budget too small is an answer] in planner/solvers/planner.cpp: below the fixed bytes the C
 // API reports make_plan's own refusal, word for word, with its smallest feasible budget.
 TEST(PlannerApi, BelowTheFixedBytesIsThePlannersOwnRefusal) {
   const std::string text = tiny_profile();

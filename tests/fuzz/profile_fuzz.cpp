@@ -1,4 +1,4 @@
-// profile_fuzz.cpp: libFuzzer target for the profile parser (planner/profile.cpp).
+// profile_fuzz.cpp: libFuzzer target for the profile parser (planner/model/profile.cpp).
 //
 // Contract under test: any byte string either parses into a step_profile or is rejected with
 // stash::input_error. Any other exception, crash, sanitizer report or hang is a
@@ -19,8 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/budget.h"
-#include "planner/plan.h"
-#include "planner/profile.h"
+#include "planner/model/plan.h"
+#include "planner/model/profile.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace stash::planner;

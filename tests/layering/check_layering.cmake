@@ -18,11 +18,21 @@
 # planner/ and allocator/ are siblings over core/, not a chain: the planner is pure C++ and
 # may not include the CUDA layer, and the allocator may not include the planner. A linear
 # order would allow one of the two.
+# Inside planner/, its rooms are layers of their own, bottom first:
+#   planner/model/      core/                        (profile, plan, cost model, schedule,
+#                                                    analytic profiles, trace format)
+#   planner/solvers/    core/ planner/model/         (LP, greedy/ILP, MIP, make_plan, pareto)
+#   planner/simulator/  core/ planner/model/         (a sibling of solvers/: neither includes
+#                                                    the other)
+#   planner/plots/      core/ planner/model/ planner/solvers/ planner/simulator/
+# A folder above planner/ may include any of them ("planner/" stands for all four). A file's
+# layer is the longest of these folders its path starts with.
 #
 # How an include is resolved, as the compiler's quoted search would find it:
 #  1. relative to the including file's folder, when that file exists ("../x.h", a
 #     neighbour "block_map.h"): the folder it lies in;
-#  2. else a name whose first component is a folder above ("planner/plan.h"): that folder;
+#  2. else a name whose first component is a folder above ("planner/model/plan.h"): that
+#     folder (its layer: planner/model/);
 #  3. else (a bare "cuda_prim.h" found through a target's include directories) every
 #     folder holding a file whose path ends with that name; the include is upward only
 #     when none of them is allowed (the build's include path picks one, this script cannot
@@ -38,8 +48,14 @@ file(REAL_PATH "${ROOT}" root)
 
 # Note [The layering]: the folders bottom first, and what each may include.
 set(folders core planner allocator runtime kernels bindings tools tests)
+# The layers: the folders and planner/'s rooms, longest first for layer_of.
+set(layers planner/model planner/solvers planner/simulator planner/plots ${folders})
 set(allowed_core "")
 set(allowed_planner core)
+set(allowed_planner/model core)
+set(allowed_planner/solvers core planner/model)
+set(allowed_planner/simulator core planner/model)
+set(allowed_planner/plots core planner/model planner/solvers planner/simulator)
 set(allowed_allocator core)
 set(allowed_runtime core planner allocator)
 set(allowed_kernels core planner allocator runtime)
@@ -77,6 +93,44 @@ function(first_component var path)
   endif()
 endfunction()
 
+# layer_of(<var> <path>): the layer a path relative to the root lies in, "" for none.
+function(layer_of var path)
+  foreach(layer IN LISTS layers)
+    string(LENGTH "${layer}/" n)
+    string(LENGTH "${path}" m)
+    if(m GREATER n OR m EQUAL n)
+      string(SUBSTRING "${path}" 0 ${n} head)
+      if(head STREQUAL "${layer}/")
+        set(${var} "${layer}" PARENT_SCOPE)
+        return()
+      endif()
+    endif()
+  endforeach()
+  set(${var} "" PARENT_SCOPE)
+endfunction()
+
+# may_include(<var> <from layer> <to layer>): TRUE when the layering allows it: the same
+# layer, one it names, or a room of a folder it names (planner/model/ for planner/).
+function(may_include var from to)
+  set(ok FALSE)
+  if(to STREQUAL from)
+    set(ok TRUE)
+  endif()
+  foreach(a IN LISTS allowed_${from})
+    string(LENGTH "${a}/" n)
+    string(LENGTH "${to}" m)
+    if(to STREQUAL a)
+      set(ok TRUE)
+    elseif(m GREATER n)
+      string(SUBSTRING "${to}" 0 ${n} head)
+      if(head STREQUAL "${a}/")
+        set(ok TRUE)
+      endif()
+    endif()
+  endforeach()
+  set(${var} ${ok} PARENT_SCOPE)
+endfunction()
+
 set(upward 0)
 set(checked 0)
 set(scanned_files 0)
@@ -84,6 +138,7 @@ set(report "")
 foreach(folder IN LISTS scanned)
   foreach(f IN LISTS files_${folder})
     math(EXPR scanned_files "${scanned_files} + 1")
+    layer_of(from "${f}")
     get_filename_component(dir "${root}/${f}" DIRECTORY)
     file(READ "${root}/${f}" text)
     if(NOT text MATCHES "#[ \t]*include")
@@ -110,10 +165,11 @@ foreach(folder IN LISTS scanned)
       if(quoted AND EXISTS "${dir}/${name}")                                  # rule 1
         file(REAL_PATH "${dir}/${name}" target)
         file(RELATIVE_PATH rel "${root}" "${target}")
-        first_component(target_folder "${rel}")
-        set(targets "${target_folder}")
+        layer_of(target_layer "${rel}")
+        set(targets "${target_layer}")
       elseif(NOT head STREQUAL "" AND head IN_LIST folders)                   # rule 2
-        set(targets "${head}")
+        layer_of(target_layer "${name}")
+        set(targets "${target_layer}")
       elseif(quoted)                                                          # rule 3
         get_filename_component(base "${name}" NAME)
         foreach(candidate IN LISTS by_name_${base})
@@ -123,8 +179,8 @@ foreach(folder IN LISTS scanned)
             math(EXPR start "${n} - ${m}")
             string(SUBSTRING "${candidate}" ${start} ${m} tail)
             if(tail STREQUAL "/${name}")
-              first_component(target_folder "${candidate}")
-              list(APPEND targets "${target_folder}")
+              layer_of(target_layer "${candidate}")
+              list(APPEND targets "${target_layer}")
             endif()
           endif()
         endforeach()
@@ -136,20 +192,21 @@ foreach(folder IN LISTS scanned)
       math(EXPR checked "${checked} + 1")
       set(ok FALSE)
       foreach(t IN LISTS targets)
-        if(t STREQUAL folder OR t IN_LIST allowed_${folder})
+        may_include(this "${from}" "${t}")
+        if(this)
           set(ok TRUE)
         endif()
       endforeach()
       if(NOT ok)
         math(EXPR upward "${upward} + 1")
-        if(allowed_${folder})
-          string(REPLACE ";" "/ " may "${allowed_${folder}}/")
+        if(allowed_${from})
+          string(REPLACE ";" "/ " may "${allowed_${from}}/")
         else()
           set(may "no other folder")
         endif()
         string(REPLACE ";" "/ or " found "${targets}")
         string(APPEND report
-               "${f}:${line_no}: #include \"${name}\": ${folder}/ may include ${may}, not ${found}/\n")
+               "${f}:${line_no}: #include \"${name}\": ${from}/ may include ${may}, not ${found}/\n")
       endif()
     endforeach()
   endforeach()

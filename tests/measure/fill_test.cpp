@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 #include "runtime/measure/measurement.h"
 #include "runtime/measure/profile_fill.h"
 

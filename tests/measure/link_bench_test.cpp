@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "double_api.h"
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 #include "runtime/measure/link_bench.h"
 #include "cuda_prim.h"
 #include "stash.h"

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/fill_checksum.h"
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 #include "runtime/measure/attribution.h"
 #include "runtime/measure/cupti_profiler.h"
 #include "stash.h"

@@ -1,4 +1,4 @@
-// Analytic profiles (planner/analytic.h): schema-valid, plausible against hand
+// Analytic profiles (planner/model/analytic.h): schema-valid, plausible against hand
 // computations, and the shipped tools/profiles/ files are what the model generates today.
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "planner/analytic.h"
-#include "planner/plan.h"
+#include "planner/model/analytic.h"
+#include "planner/model/plan.h"
 
 namespace stash::planner {
 namespace {

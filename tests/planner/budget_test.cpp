@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "plan_fixtures.h"
-#include "planner/planner.h"
+#include "planner/solvers/planner.h"
 
 using namespace stash::planner;
 using stash::input_error;

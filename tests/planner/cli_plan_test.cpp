@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plan_fixtures.h"
-#include "planner/planner.h"
+#include "planner/solvers/planner.h"
 
 using namespace stash::planner;
 using nlohmann::json;
@@ -104,7 +104,7 @@ TEST_F(CliPlan, InfeasibleBudgetExitsOneWithTheSmallestBudget) {
   EXPECT_NE(r.err.find("GiB)"), std::string::npos) << r.err;
 }
 
-// Note [A budget too small is an answer] in planner/planner.cpp: exit 1, the smallest named.
+// Note [A budget too small is an answer] in planner/solvers/planner.cpp: exit 1, the smallest named.
 TEST_F(CliPlan, BudgetBelowFixedBytesIsInfeasibleWithTheSmallestBudget) {
   const run_result r = run_stash("plan --profile " + profile_path_ + " --budget 1GiB");
   EXPECT_EQ(r.code, 1) << r.err;
@@ -170,7 +170,7 @@ TEST_F(CliPlan, CheckNamesTheViolatedConstraints) {
   EXPECT_NE(r.err.find("plan has 5 layers, profile has 6"), std::string::npos) << r.err;
 }
 
-// Note [One check of the plan options] in planner/planner.h: plan and pareto print the
+// Note [One check of the plan options] in planner/solvers/planner.h: plan and pareto print the
 // planner's one wording, exit 2.
 TEST_F(CliPlan, PlanAndParetoReportBadOptionsInThePlannersWords) {
   auto says = [](const plan_options& o) -> std::string {

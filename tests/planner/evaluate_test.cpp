@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "planner/plan.h"
+#include "planner/model/plan.h"
 
 using namespace stash::planner;
 using stash::input_error;

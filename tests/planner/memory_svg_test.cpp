@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "planner/memory_svg.h"
+#include "planner/plots/memory_svg.h"
 #include "xml_check.h"
 
 namespace stash::planner {

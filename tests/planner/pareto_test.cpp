@@ -1,4 +1,4 @@
-// Pareto sweep: envelope, bisection, knee, CSV and SVG (planner/pareto.h), and the CLI.
+// Pareto sweep: envelope, bisection, knee, CSV and SVG (planner/solvers/pareto.h), and the CLI.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -12,8 +12,9 @@
 #include <sstream>
 #include <vector>
 
-#include "planner/analytic.h"
-#include "planner/pareto.h"
+#include "planner/model/analytic.h"
+#include "planner/plots/pareto_svg.h"
+#include "planner/solvers/pareto.h"
 #include "plan_fixtures.h"
 #include "xml_check.h"
 

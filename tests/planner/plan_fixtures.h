@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "planner/plan.h"
+#include "planner/model/plan.h"
 
 namespace stash::planner::testing {
 

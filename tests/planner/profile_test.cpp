@@ -6,7 +6,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 
 using namespace stash::planner;
 using stash::input_error;

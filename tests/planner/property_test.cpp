@@ -8,7 +8,7 @@
 #include <random>
 
 #include "plan_fixtures.h"
-#include "planner/planner.h"
+#include "planner/solvers/planner.h"
 
 using namespace stash::planner;
 using namespace stash::planner::testing;

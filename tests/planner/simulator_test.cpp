@@ -1,5 +1,5 @@
 // Simulator: hand-computed replays, and the property that holds it to the canonical model
-// (Note [Simulator vs canonical model] in planner/simulator.h).
+// (Note [Simulator vs canonical model] in planner/simulator/simulator.h).
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "planner/plan.h"
-#include "planner/simulator.h"
+#include "planner/model/plan.h"
+#include "planner/simulator/simulator.h"
 
 namespace stash::planner {
 namespace {

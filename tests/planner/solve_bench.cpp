@@ -16,7 +16,7 @@
 #include <random>
 #include <vector>
 
-#include "planner/planner.h"
+#include "planner/solvers/planner.h"
 #include "core/stats.h"
 #include "plan_fixtures.h"
 

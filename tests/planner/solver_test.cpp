@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "plan_fixtures.h"
-#include "planner/exact_mip.h"
-#include "planner/outer_lp.h"
-#include "planner/pareto.h"
-#include "planner/planner.h"
+#include "planner/solvers/exact_mip.h"
+#include "planner/solvers/outer_lp.h"
+#include "planner/solvers/pareto.h"
+#include "planner/solvers/planner.h"
 
 using namespace stash::planner;
 using stash::input_error;

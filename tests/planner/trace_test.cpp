@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "planner/plan.h"
-#include "planner/simulator.h"
-#include "planner/trace.h"
+#include "planner/model/plan.h"
+#include "planner/simulator/simulator.h"
+#include "planner/model/trace.h"
 
 namespace stash::planner {
 namespace {

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "double_api.h"
-#include "planner/trace.h"
+#include "planner/model/trace.h"
 #include "stash.h"
 
 namespace {

@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "engine_fixture.h"
-#include "planner/simulator.h"
+#include "planner/simulator/simulator.h"
 
 namespace stash::test {
 namespace {

@@ -19,9 +19,9 @@
 #include "tools/workload/skeleton.h"
 #include "tools/workload/test_double.h"
 #include "tools/workload/virtual_cost.h"
-#include "planner/plan.h"
-#include "planner/planner.h"
-#include "planner/profile.h"
+#include "planner/model/plan.h"
+#include "planner/solvers/planner.h"
+#include "planner/model/profile.h"
 
 
 // Note [The test double seam] (tools/workload/test_double.h) restates the double's call

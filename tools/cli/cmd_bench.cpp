@@ -14,7 +14,7 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/json_file.h"
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 #include "runtime/engine/copy_bench.h"
 #include "runtime/measure/link_bench.h"
 #include "cuda_prim.h"

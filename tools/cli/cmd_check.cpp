@@ -8,7 +8,7 @@
 
 #include "command.h"
 #include "core/bytes.h"
-#include "planner/plan.h"
+#include "planner/model/plan.h"
 
 namespace stash::cli {
 namespace {

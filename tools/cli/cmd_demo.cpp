@@ -4,7 +4,7 @@
 // (tools/workload) in-process with CUPTI (CUDA events when CUPTI is unavailable),
 // plan at the keep-all peak x 1.0, 0.85, 0.7, 0.55 and at the smallest feasible budget, run
 // every plan with the prefetch engine, check its gradients against keep-all bit for bit,
-// and print measured against predicted (planner/simulator.h). Without one: the same plans
+// and print measured against predicted (planner/simulator/simulator.h). Without one: the same plans
 // and predictions on a shipped profile, labelled "predicted (no GPU found)".
 // `--backend host` runs the measured pipeline with the host backend on stash's CPU test
 // double: how CI exercises the real path without a GPU; its times are the double's virtual

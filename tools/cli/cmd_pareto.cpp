@@ -1,6 +1,6 @@
 // `stash pareto`: sweeps budgets from the smallest feasible one to the keep-all peak (or
 // --from/--to), bisecting where the plan's step time changes; prints the curve with its
-// knee, writes CSV and an SVG plot (planner/pareto.h). Progress goes to stderr.
+// knee, writes CSV and an SVG plot (planner/solvers/pareto.h). Progress goes to stderr.
 // Exit status: 0, 1 when --from is infeasible, 2 for bad input.
 #include <algorithm>
 #include <cstdio>
@@ -10,8 +10,9 @@
 #include "command.h"
 #include "core/bytes.h"
 #include "core/json_file.h"
-#include "planner/pareto.h"
-#include "planner/planner.h"
+#include "planner/plots/pareto_svg.h"
+#include "planner/solvers/pareto.h"
+#include "planner/solvers/planner.h"
 
 namespace stash::cli {
 namespace {

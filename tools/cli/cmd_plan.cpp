@@ -10,7 +10,7 @@
 #include "command.h"
 #include "core/bytes.h"
 #include "core/json_file.h"
-#include "planner/planner.h"
+#include "planner/solvers/planner.h"
 
 namespace stash::cli {
 namespace {

@@ -38,7 +38,7 @@
 #include "command.h"
 #include "core/json_file.h"
 #include "cuda_prim.h"
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 #include "runtime/measure/cupti_api.h"
 #include "runtime/measure/measurement.h"
 #include "runtime/measure/profile_fill.h"

@@ -1,5 +1,5 @@
 // `stash profile-model`: an analytic profile (source "analytic") from the FLOP/byte model of
-// a named architecture on a named device (planner/analytic.h). Exit status: 0, or 2 for
+// a named architecture on a named device (planner/model/analytic.h). Exit status: 0, or 2 for
 // unknown names and bad numbers.
 #include <cstdio>
 #include <memory>
@@ -8,7 +8,7 @@
 #include "command.h"
 #include "core/bytes.h"
 #include "core/json_file.h"
-#include "planner/analytic.h"
+#include "planner/model/analytic.h"
 
 namespace stash::cli {
 namespace {

@@ -1,4 +1,4 @@
-// `stash simulate`: replays a plan on compute / D2H / H2D streams (planner/simulator.h),
+// `stash simulate`: replays a plan on compute / D2H / H2D streams (planner/simulator/simulator.h),
 // prints step time, peak, exposed copy and recompute next to the canonical model's figures
 // and the overlap report, and writes the timeline as a Chrome/Perfetto trace.
 // Exit status: 0, or 2 for bad input.
@@ -12,8 +12,8 @@
 #include "command.h"
 #include "core/bytes.h"
 #include "core/json_file.h"
-#include "planner/memory_svg.h"
-#include "planner/simulator.h"
+#include "planner/plots/memory_svg.h"
+#include "planner/simulator/simulator.h"
 
 namespace stash::cli {
 namespace {

@@ -11,8 +11,8 @@
 
 #include "core/bytes.h"
 #include "tools/workload/model.h"
-#include "planner/planner.h"
-#include "planner/simulator.h"
+#include "planner/solvers/planner.h"
+#include "planner/simulator/simulator.h"
 
 namespace stash::cli::demo {
 

@@ -10,10 +10,11 @@
 
 #include "demo.h"
 #include "core/json_file.h"
-#include "planner/memory_svg.h"
-#include "planner/pareto.h"
-#include "planner/planner.h"
-#include "planner/simulator.h"
+#include "planner/plots/memory_svg.h"
+#include "planner/plots/pareto_svg.h"
+#include "planner/solvers/pareto.h"
+#include "planner/solvers/planner.h"
+#include "planner/simulator/simulator.h"
 
 namespace stash::cli::demo {
 

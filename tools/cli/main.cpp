@@ -5,7 +5,7 @@
 #include <exception>
 
 #include "command.h"
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 
 namespace stash::cli {
 std::vector<subcommand>& command_registry() {

@@ -19,7 +19,7 @@
 //  * the loss turn allocates the target and the output gradient `dout`, frees the target
 //    and the last output;
 //  * backward of layer i: the engine's prefetch of layer i-1 (backward_begin at lookahead
-//    1, Note [The step's schedule] in planner/schedule.h), the acquires of layer i's
+//    1, Note [The step's schedule] in planner/model/schedule.h), the acquires of layer i's
 //    offloaded tensors, the recompute of its recomputed tensors in dependency order, then
 //    the temporaries da, dh (F wide) and du, next to dout. Layer i's saved
 //    tensors are released or freed when its backward ends, as the planner's model and the

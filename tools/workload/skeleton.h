@@ -23,7 +23,7 @@
 #include <string>
 
 #include "tools/workload/model.h"
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 
 namespace stash::workload {
 
@@ -39,7 +39,7 @@ struct skeleton_options {
   std::uint64_t pinnable_bytes = 0;
 };
 
-// PCIe Gen5 x16 as measured by nvbandwidth on H100/H200 (planner/analytic.h uses the same):
+// PCIe Gen5 x16 as measured by nvbandwidth on H100/H200 (planner/model/analytic.h uses the same):
 // 55 GB/s per direction, 100 GB/s both ways.
 planner::link_profile assumed_link();
 

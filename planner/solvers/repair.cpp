@@ -3,13 +3,13 @@
 // Both loops work on per-layer aggregates (K_i, O_i in bytes) so that trying a change costs
 // O(L), not a full evaluate(); the caller still re-evaluates the result with evaluate(),
 // which stays the only arbiter of validity.
-#include "planner/repair.h"
+#include "planner/solvers/repair.h"
 
 #include <algorithm>
 #include <limits>
 #include <numeric>
 
-#include "planner/layer_terms.h"
+#include "planner/solvers/layer_terms.h"
 
 namespace stash::planner {
 namespace {

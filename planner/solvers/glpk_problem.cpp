@@ -1,5 +1,5 @@
 // glpk_problem.cpp: every GLPK call in stash lives in this file (see glpk_problem.h).
-#include "planner/glpk_problem.h"
+#include "planner/solvers/glpk_problem.h"
 
 #include <glpk.h>
 

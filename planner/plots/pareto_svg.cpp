@@ -6,8 +6,9 @@
 #include <cstdio>
 #include <string>
 
-#include "planner/pareto.h"
-#include "planner/svg_plot.h"
+#include "planner/plots/pareto_svg.h"
+
+#include "planner/plots/svg_plot.h"
 
 namespace stash::planner {
 

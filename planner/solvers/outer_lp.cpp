@@ -1,12 +1,12 @@
 // outer_lp.cpp: builds and solves the outer LP (GLPK simplex through glpk_problem).
-#include "planner/outer_lp.h"
+#include "planner/solvers/outer_lp.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 
-#include "planner/glpk_problem.h"
-#include "planner/layer_terms.h"
+#include "planner/solvers/glpk_problem.h"
+#include "planner/solvers/layer_terms.h"
 
 namespace stash::planner {
 

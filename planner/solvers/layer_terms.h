@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "planner/plan.h"
+#include "planner/model/plan.h"
 
 namespace stash::planner {
 

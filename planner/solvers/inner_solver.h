@@ -3,8 +3,8 @@
 
 #include <vector>
 
-#include "planner/outer_lp.h"
-#include "planner/plan.h"
+#include "planner/solvers/outer_lp.h"
+#include "planner/model/plan.h"
 
 namespace stash::planner {
 

@@ -3,7 +3,7 @@
 // evaluate() is the single arbiter of validity: the solvers, `stash check`, the property
 // tests and the simulator's agreement test all go through it, so it follows the issue's
 // formula literally and does no clever incremental bookkeeping.
-#include "planner/plan.h"
+#include "planner/model/plan.h"
 #include "core/json_file.h"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // trace.cpp: Chrome/Perfetto JSON writer and reader, and the overlap report (trace.h).
-#include "planner/trace.h"
+#include "planner/model/trace.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/json_file.h"
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 
 namespace stash::planner {
 

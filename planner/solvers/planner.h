@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "planner/plan.h"
+#include "planner/model/plan.h"
 
 namespace stash::planner {
 

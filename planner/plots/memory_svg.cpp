@@ -1,10 +1,10 @@
 // memory_svg.cpp: memory_svg.h.
-#include "planner/memory_svg.h"
+#include "planner/plots/memory_svg.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "planner/svg_plot.h"
+#include "planner/plots/svg_plot.h"
 
 namespace stash::planner {
 

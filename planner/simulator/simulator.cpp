@@ -1,6 +1,6 @@
 // simulator.cpp: the discrete-event replay (simulator.h has the semantics and the notes).
-#include "planner/simulator.h"
-#include "planner/schedule.h"
+#include "planner/simulator/simulator.h"
+#include "planner/model/schedule.h"
 
 #include <algorithm>
 #include <cstdio>

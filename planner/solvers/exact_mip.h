@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "planner/plan.h"
+#include "planner/model/plan.h"
 
 namespace stash::planner {
 

@@ -83,9 +83,9 @@
 #include <limits>
 #include <string>
 
-#include "planner/plan.h"
-#include "planner/profile.h"
-#include "planner/trace.h"
+#include "planner/model/plan.h"
+#include "planner/model/profile.h"
+#include "planner/model/trace.h"
 
 namespace stash::planner {
 

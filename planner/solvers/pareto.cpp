@@ -1,5 +1,5 @@
 // pareto.cpp: the budget sweep, the envelope, the knee and the CSV (pareto.h).
-#include "planner/pareto.h"
+#include "planner/solvers/pareto.h"
 
 #include <algorithm>
 #include <chrono>

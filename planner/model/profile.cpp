@@ -2,7 +2,7 @@
 //
 // Every rejection is an input_error whose text starts with the JSON path of the offending
 // value ("layers[3].tensors[0].bytes: ..."), so a user can find it in a 2,000-tensor file.
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 #include "core/json_file.h"
 
 #include <cmath>

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "profile.h"
+#include "planner/model/profile.h"
 
 namespace stash::planner {
 

@@ -1,5 +1,5 @@
 // inner_solver.cpp: per-layer greedy and ILP choice of tensors (see inner_solver.h).
-#include "planner/inner_solver.h"
+#include "planner/solvers/inner_solver.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,8 @@
 #include <map>
 #include <numeric>
 
-#include "planner/glpk_problem.h"
-#include "planner/layer_terms.h"
+#include "planner/solvers/glpk_problem.h"
+#include "planner/solvers/layer_terms.h"
 
 namespace stash::planner {
 namespace {

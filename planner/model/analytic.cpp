@@ -1,5 +1,5 @@
 // analytic.cpp: the FLOP/byte model of analytic.h (Note [Analytic cost model]).
-#include "planner/analytic.h"
+#include "planner/model/analytic.h"
 
 #include <algorithm>
 #include <cmath>

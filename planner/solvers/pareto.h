@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "planner/planner.h"
+#include "planner/solvers/planner.h"
 
 namespace stash::planner {
 
@@ -81,9 +81,7 @@ pareto_curve pareto_sweep(const step_profile& p, const pareto_options& opt = {})
 // Note [Knee]; points ascending in budget with non-increasing step time.
 std::size_t find_knee(const std::vector<pareto_point>& points);
 
+// The curve as CSV, one row per point; its SVG plot is pareto_svg (planner/plots/pareto_svg.h).
 std::string pareto_csv(const pareto_curve& c);
-// A complete SVG document: axes with ticks and units, the envelope as a step curve, the
-// sample points, the knee, the keep-all and recompute-all reference lines, a title.
-std::string pareto_svg(const pareto_curve& c, const std::string& title);
 
 }  // namespace stash::planner

@@ -1,5 +1,5 @@
 // planner.cpp: make_plan, the lower bound and the smallest feasible budget.
-#include "planner/planner.h"
+#include "planner/solvers/planner.h"
 
 #include <chrono>
 #include <cmath>
@@ -10,10 +10,10 @@
 
 #include "core/budget.h"
 #include "core/bytes.h"
-#include "planner/exact_mip.h"
-#include "planner/inner_solver.h"
-#include "planner/outer_lp.h"
-#include "planner/repair.h"
+#include "planner/solvers/exact_mip.h"
+#include "planner/solvers/inner_solver.h"
+#include "planner/solvers/outer_lp.h"
+#include "planner/solvers/repair.h"
 
 namespace stash::planner {
 

@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "planner/profile.h"
+#include "planner/model/profile.h"
 
 namespace stash::planner {
 

@@ -1,11 +1,11 @@
 // exact_mip.cpp: the whole-model MIP (solver `exact`) and the minimum-peak MIP.
-#include "planner/exact_mip.h"
+#include "planner/solvers/exact_mip.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "planner/glpk_problem.h"
-#include "planner/layer_terms.h"
+#include "planner/solvers/glpk_problem.h"
+#include "planner/solvers/layer_terms.h"
 
 namespace stash::planner {
 

@@ -1,5 +1,5 @@
 // svg_plot.cpp: svg_plot.h (moved out of pareto_svg.cpp to serve memory_svg.cpp too).
-#include "planner/svg_plot.h"
+#include "planner/plots/svg_plot.h"
 
 #include <algorithm>
 #include <cmath>

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "planner/simulator.h"
-#include "planner/trace.h"
+#include "planner/simulator/simulator.h"
+#include "planner/model/trace.h"
 
 namespace stash::planner {
 
