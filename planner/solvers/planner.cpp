@@ -26,11 +26,20 @@ const char* to_string(solver_kind s) {
   return "greedy";
 }
 
+namespace {
+
+// Note [One check of the plan options]: a solver by name or by number, one wording.
+[[noreturn]] void throw_unknown_solver(const std::string& what) {
+  throw input_error("unknown solver " + what + " (expected greedy, ilp or exact)");
+}
+
+}  // namespace
+
 solver_kind solver_from_string(const std::string& s) {
   if (s == "greedy") return solver_kind::greedy;
   if (s == "ilp") return solver_kind::ilp;
   if (s == "exact") return solver_kind::exact;
-  throw input_error("unknown solver \"" + s + "\" (expected greedy, ilp or exact)");
+  throw_unknown_solver("\"" + s + "\"");
 }
 
 void check_plan_options(const plan_options& opt) {
@@ -38,9 +47,7 @@ void check_plan_options(const plan_options& opt) {
     case solver_kind::greedy:
     case solver_kind::ilp:
     case solver_kind::exact: break;
-    default:
-      throw input_error("unknown solver " + std::to_string(static_cast<int>(opt.solver)) +
-                        " (expected greedy, ilp or exact)");
+    default: throw_unknown_solver(std::to_string(static_cast<int>(opt.solver)));
   }
   char got[64];
   if (!(opt.time_limit_s > 0)) {
