@@ -255,7 +255,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         by the action of the storage each one is in."""
         def slot(t):
             j = order.index.get(storage_of(t)[0])
-            f = fetched.get(j) if j is not None else None
+            f = fetched[j] if j is not None else None
             return FetchedInput(f, t) if isinstance(f, _Fetched) else HeldInput(t)
         return map_tensors(args, slot), map_tensors(kwargs, slot)
 

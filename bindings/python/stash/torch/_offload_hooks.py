@@ -12,7 +12,7 @@ profile is the tensor the hook sees. Keys are (micro-batch, block, index).
   nothing else (_engine_layer: slot k of layer i is the layer's k-th offload tensor in
   plan order), so the C API's rule, hand over every tensor of the engine's plan
   (stash_engine_offload), holds while keep and recompute tensors cost no engine call.
-  Keep tensors pass through: the hook returns the tensor, detached (_kept). Recompute
+  Keep tensors pass through: the hook returns the tensor (Note [The keep path]). Recompute
   tensors get a placeholder (Note [Selective recompute] in _offload.py); their storage is
   freed when the forward ends.
 - The engine's block calls (forward_begin/end, backward_begin/end) run only while the plan
@@ -40,6 +40,21 @@ profile is the tensor the hook sees. Keys are (micro-batch, block, index).
 - When the whole backward pass ends, everything of the micro-batch still held by the
   engine (keep tensors, offloads never unpacked) is released and the micro-batch's step
   ends; its next forward starts a new one.
+
+Note [The keep path]
+A kept tensor should cost what torch's own hook dispatch costs and little more: it is most
+of what a plan saves. Per saved tensor the pack hook does, for a plain tensor (type
+torch.Tensor: never a Parameter), one storage pointer and one dict lookup (SaveOrder.see),
+and for a new storage its bytes and two list appends; the layer's actions, the engine
+slots and the bound methods it uses are looked up once per block, and a keep costs no
+method call beyond see() unless a subclass observes saves (_saved: stash.torch.fit does).
+A kept tensor is returned detached when it has a grad_fn (t.is_leaf is False; is_leaf
+reads it without making its Python node): a node that saves its own output and gets back
+the output itself (with its grad_fn, that node) holds a cycle through autograd's C++ graph
+that Python's collector cannot see, so a graph never backwarded (Note [A step that ends
+early]) would never be freed. Detached, it shares the storage and version counter, and
+nothing else. The unpack hook hands a tensor back as it is. Per block: the input's storage key (_input_keys), the parameters'
+and buffers' storages once per step (resident_storages), and the backward boundary.
 
 Note [A step that ends early]
 A training loop may lose a step anywhere: a block's forward raises (an error, an
@@ -108,13 +123,16 @@ def _named(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _kept(t):
-    """What the pack hook returns for a tensor the plan keeps: the tensor, detached.
-    A node that saves its own output and gets back the output itself (with its grad_fn,
-    that node) holds a cycle through autograd's C++ graph that Python's collector cannot
-    see: a graph never backwarded (Note [A step that ends early]) would then never be
-    freed. Detached, it shares the storage and version counter, and nothing else."""
-    return t.detach() if t.grad_fn is not None else t
+def _input_keys(args, kwargs):
+    """The storage keys of a block's input tensors, and that of its first positional tensor
+    argument (None if it has none). One tensor argument, the usual case, takes one
+    storage lookup."""
+    if not kwargs and len(args) == 1 and type(args[0]) is torch.Tensor:
+        key = args[0].untyped_storage().data_ptr()
+        return {key}, key
+    inputs = {storage_of(t)[0] for t in tensors_in((args, kwargs))}
+    first = next(iter(tensors_in(args)), None)
+    return inputs, (storage_of(first)[0] if first is not None else None)
 
 
 def _output_storages(out):
@@ -395,73 +413,60 @@ class OffloadHooks:
         # Note [What it costs]: a layer whose plan keeps everything needs no saved-tensor
         # hooks at all (nothing to number, copy or replace): it runs as plain training.
         plain = self._keeps_everything(i, actions)
-        held = []  # every storage the block saves, until its forward ends (Note [Offload hooks])
-        fetched = {}  # index -> _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
+        fetched = []  # by index: _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
         order = frame = first_input = None
         if not plain:
-            inputs = {storage_of(t)[0] for t in tensors_in((args, kwargs))}
-            # The pack hook must not reference args or kwargs: torch keeps a saved tensor's
-            # pack hook (with its closure) as long as the graph, and the inputs would live
-            # as long.
-            first = next(iter(tensors_in(args)), None)
-            first_input = storage_of(first)[0] if first is not None else None
-            del first
+            inputs, first_input = _input_keys(args, kwargs)
             order = SaveOrder(self._resident(step), inputs, inputs)
             # Note [Selective recompute]: taken before the block runs (its dropout draws
             # next).
             frame = (Frame(i, step, forward, ForwardState(self._cuda_rng_devices(args, kwargs)))
                      if RECOMPUTE in actions else None)
+        # Note [The keep path]: what the hook needs, bound once per block.
+        see = order.see if order is not None else None
+        place = frame.place if frame is not None else None
+        observed = self._observes_saves
+        first_save = self._first_save
 
         def pack(t):
+            # The pack hook must not reference args or kwargs: torch keeps a saved tensor's
+            # pack hook (with its closure) as long as the graph, and the inputs would live
+            # as long.
             try:
-                return pack_one(t)
+                seen = see(t)
+                if seen is None:
+                    if place is not None:
+                        place(None)
+                    return t
+                j, first = seen
+                pos = None if place is None else place(
+                    (j, first, t.dtype, tuple(t.shape), t.device))
+                if first:  # order holds t until the forward ends (Note [Offload hooks])
+                    if j >= n_plan:
+                        if exact:
+                            raise StashError(f"stash.torch.offload: block {i} saves more "
+                                             f"than the {n_plan} tensors the plan lists for "
+                                             f"layer {i}")
+                        action = RECOMPUTE
+                    else:
+                        action = actions[j]
+                    if action == KEEP and not observed:  # Note [The keep path]
+                        fetched.append(None)
+                        return t if t.is_leaf else t.detach()  # Note [The keep path]
+                    f = first_save(i, j, t, action, step, order, slots, first_input)
+                    fetched.append(f)
+                else:
+                    f = fetched[j]
+                if f is None:
+                    return t if t.is_leaf else t.detach()  # Note [The keep path]
+                if f is _RECOMPUTE:
+                    return frame.placeholder(pos)
+                return _Packed(f, t)
             except StashError as e:
                 # torch reports an exception of a pack hook as a RuntimeError; _forward
                 # raises this one instead.
                 self._hook_error = e
                 raise
-
-        def pack_one(t):
-            seen = order.see(t)
-            if seen is None:
-                if frame is not None:
-                    frame.place(None)
-                return t
-            j, first = seen
-            if j >= n_plan and exact:
-                raise StashError(f"stash.torch.offload: block {i} saves more than the "
-                                 f"{n_plan} tensors the plan lists for layer {i}")
-            pos = None if frame is None else frame.place(
-                (j, first, t.dtype, tuple(t.shape), t.device))
-            if first:
-                held.append(t)
-                action = actions[j] if j < n_plan else RECOMPUTE
-                ptr, nbytes = storage_of(t)
-                if action == RECOMPUTE and not order.entries[j]["recomputable"]:
-                    action = self._unrecomputable(i, j, t, nbytes, first_input)
-                if action == OFFLOAD and (t.device != self.device or t.layout != torch.strided):
-                    # A host scalar in a CUDA model, a sparse tensor: nothing to copy.
-                    self._hooks["not_on_device_count"] += 1
-                    fetched[j] = None
-                    self._saved(i, j, t, nbytes, KEEP)
-                    return _kept(t)
-                self._saved(i, j, t, nbytes, action)
-                if action == OFFLOAD:  # the only tensors the engine sees (Note [Offload hooks])
-                    key = (mb, i, j if slots is None else slots[j])
-                    self._hand_over(step, key, ptr, nbytes, t)
-                    fetched[j] = _Fetched(step, key, j)
-                elif action == RECOMPUTE:
-                    self._hooks["recompute_count"] += 1
-                    self._hooks["recompute_bytes"] += nbytes
-                    fetched[j] = _RECOMPUTE
-                else:
-                    fetched[j] = None
-            f = fetched[j]
-            if f is None:
-                return _kept(t)
-            if f is _RECOMPUTE:
-                return frame.placeholder(pos)
-            return _Packed(f, t)
 
         try:
             try:
@@ -476,7 +481,7 @@ class OffloadHooks:
                                      "the plan from this model's record pass "
                                      "(stash.torch.record)")
                 if not plain:
-                    self._hooks["keep_count"] += sum(f is None for f in fetched.values())
+                    self._hooks["keep_count"] += fetched.count(None)
                 if frame is not None and frame.wanted:
                     frame.args, frame.kwargs = self._input_slots(args, kwargs, order, fetched)
                 self._forward_ended(i, step, order)
@@ -488,7 +493,8 @@ class OffloadHooks:
                     raise error from e
                 raise
             finally:
-                held.clear()
+                if order is not None:
+                    order.release()
         except BaseException as e:
             # Note [A step that ends early]: whatever raised (the block, a hook, an
             # interrupt, an out-of-memory error), the step is given back now.
@@ -502,6 +508,34 @@ class OffloadHooks:
         token = step.token if step.token is not None else step.token_ref()
         return mark_backward(out, lambda token=token: self._backward_boundary(step, i),
                              on_marked=lambda: self._graph_holds_token(step))
+
+    # Whether a subclass observes every new storage (_saved): stash.torch.fit does; plain
+    # offload() does not, and its keep path then skips the call (Note [The keep path]).
+    @property
+    def _observes_saves(self) -> bool:
+        return type(self)._saved is not OffloadHooks._saved
+
+    def _first_save(self, i, j, t, action, step, order, slots, first_input):
+        """Block i saved a new storage, index j, whose plan action is `action`: what its
+        saves are packed as (None: the tensor itself; _RECOMPUTE; or its _Fetched)."""
+        nbytes = order.size(j)
+        if action == RECOMPUTE and not order.recomputable(j):
+            action = self._unrecomputable(i, j, t, nbytes, first_input)
+        if action == OFFLOAD and (t.device != self.device or t.layout != torch.strided):
+            # A host scalar in a CUDA model, a sparse tensor: nothing to copy.
+            self._hooks["not_on_device_count"] += 1
+            self._saved(i, j, t, nbytes, KEEP)
+            return None
+        self._saved(i, j, t, nbytes, action)
+        if action == OFFLOAD:  # the only tensors the engine sees (Note [Offload hooks])
+            key = (step.mb, i, j if slots is None else slots[j])
+            self._hand_over(step, key, order.keys[j], nbytes, t)
+            return _Fetched(step, key, j)
+        if action == RECOMPUTE:
+            self._hooks["recompute_count"] += 1
+            self._hooks["recompute_bytes"] += nbytes
+            return _RECOMPUTE
+        return None
 
     # --- backward ------------------------------------------------------------------------
 

@@ -167,15 +167,15 @@ class Replay:
     """One recompute of a frame: numbers what the block saves again (SaveOrder over the
     restored inputs, as the forward did over the originals), checks each save against the
     forward's, captures the saves whose placeholders are alive, and stops after the last.
-    Every storage seen is held until the replay ends: numbering is by address, and a
-    freed address reused by a later tensor would look like a view of the first."""
+    Every storage seen is held (by its SaveOrder) until the replay ends: numbering is by
+    address, and a freed address reused by a later tensor would look like a view of the
+    first."""
 
     def __init__(self, frame, resident, inputs, on_save=None):
         self.frame = frame
         self.on_save = on_save
         self.order = SaveOrder(resident, inputs, inputs)
         self.pos = 0
-        self.held = []
         self.stopped = False
         self.error = None
         alive = [p for p, ref in frame.wanted.items() if ref() is not None]
@@ -199,8 +199,6 @@ class Replay:
             raise frame.mismatch(pos, describe(save), "it saved more")
         if save != frame.saves[pos]:
             raise frame.mismatch(pos, describe(save), "it saved something else")
-        if seen is not None and seen[1]:
-            self.held.append(t)
         if self.on_save is not None:
             self.on_save(frame, pos, seen, t)
         if pos in self.want:
@@ -235,7 +233,7 @@ class Replay:
             if not self.stopped:
                 raise
         finally:
-            self.held.clear()
+            self.order.release()
         # Not stopped: the forward returned before the last wanted save, i.e. it saved
         # fewer tensors than the forward did (every save it made matched).
         if not self.stopped:
