@@ -26,6 +26,19 @@ static_assert(static_cast<int>(pl::solver_kind::greedy) == STASH_SOLVER_GREEDY);
 static_assert(static_cast<int>(pl::solver_kind::ilp) == STASH_SOLVER_ILP);
 static_assert(static_cast<int>(pl::solver_kind::exact) == STASH_SOLVER_EXACT);
 
+// The profile text as every planner call here reads it: STASH_OK, or bad_profile with the
+// message naming the field or where the text stops being JSON.
+status read_profile(const char* fn, const char* text, pl::step_profile* p) {
+  try {
+    *p = pl::profile_from_json(nlohmann::json::parse(text));
+  } catch (const nlohmann::json::parse_error& e) {
+    return fail(status::bad_profile, "%s: the profile is not JSON: %s", fn, e.what());
+  } catch (const stash::input_error& e) {
+    return fail(status::bad_profile, "%s: %s", fn, e.what());
+  }
+  return status::ok;
+}
+
 // The figures, as far as the caller's struct goes (result may be NULL).
 void deliver_result(const stash_plan_result_t& r, stash_plan_result_t* result) noexcept {
   if (result) api::write_as_far_as(r, result);
@@ -124,13 +137,24 @@ STASH_API stash_status_t stash_profile_validate(const char* profile_json) {
   static const char* fn = "stash_profile_validate";
   return api_call(fn, [&]() -> status {
     if (!profile_json) return fail(status::invalid_argument, "%s: profile_json is NULL", fn);
-    try {
-      pl::profile_from_json(nlohmann::json::parse(profile_json));
-    } catch (const nlohmann::json::parse_error& e) {
-      return fail(status::bad_profile, "%s: the profile is not JSON: %s", fn, e.what());
-    } catch (const stash::input_error& e) {
-      return fail(status::bad_profile, "%s: %s", fn, e.what());
+    pl::step_profile p;
+    return read_profile(fn, profile_json, &p);
+  });
+}
+
+STASH_API stash_status_t stash_plan_min_feasible(const char* profile_json,
+                                                 uint64_t* min_feasible_bytes, int* proved) {
+  static const char* fn = "stash_plan_min_feasible";
+  return api_call(fn, [&]() -> status {
+    if (!profile_json || !min_feasible_bytes) {
+      return fail(status::invalid_argument, "%s: %s is NULL", fn,
+                  !profile_json ? "profile_json" : "min_feasible_bytes");
     }
+    pl::step_profile p;
+    if (const status s = read_profile(fn, profile_json, &p); s != status::ok) return s;
+    bool exact = true;  // the same call make_plan's refusals make (planner.h)
+    *min_feasible_bytes = pl::min_feasible_budget(p, &exact);
+    if (proved) *proved = exact ? 1 : 0;
     return status::ok;
   });
 }

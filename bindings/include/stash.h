@@ -409,6 +409,16 @@ STASH_API stash_status_t stash_plan_evaluate(const char* profile_json, const cha
  * STASH_ERROR_INVALID_ARGUMENT. Since 0.3.0. */
 STASH_API stash_status_t stash_profile_validate(const char* profile_json);
 
+/* The smallest budget at which `profile_json` (NUL-terminated stash.profile/1 text) has a
+ * valid plan: the figure stash_plan_make's STASH_ERROR_INFEASIBLE_BUDGET names
+ * (result->min_feasible_bytes), without asking for a plan. *min_feasible_bytes on
+ * STASH_OK; *proved (may be NULL) 0 when the host cap binds and the minimum-peak MIP hit
+ * its time limit: the figure then works but may not be the least. STASH_ERROR_BAD_PROFILE
+ * as stash_profile_validate; STASH_ERROR_INVALID_ARGUMENT for a NULL profile_json or
+ * min_feasible_bytes. Since 0.3.0. */
+STASH_API stash_status_t stash_plan_min_feasible(const char* profile_json,
+                                                 uint64_t* min_feasible_bytes, int* proved);
+
 /* Frees memory the library allocated for the caller (stash_plan_make's plan text);
  * NULL is a no-op. */
 STASH_API void stash_free(void* ptr);

@@ -11,7 +11,7 @@ if [ -n "$bad" ]; then
   exit 1
 fi
 for sym in stash_version stash_status_string stash_last_error stash_pinned_alloc stash_device_alloc \
-           stash_plan_make stash_profile_validate stash_parse_bytes stash_format_bytes; do
+           stash_plan_make stash_plan_min_feasible stash_profile_validate stash_parse_bytes stash_format_bytes; do
   printf '%s\n' "$defined" | grep -qx "$sym" || { echo "missing export: $sym"; exit 1; }
 done
 echo "libstash exports $(printf '%s\n' "$defined" | grep -c .) symbols, all stash_*"

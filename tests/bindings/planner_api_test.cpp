@@ -215,6 +215,45 @@ TEST(PlannerApi, BelowTheFixedBytesIsThePlannersOwnRefusal) {
   EXPECT_EQ(r.predicted_peak_bytes, 0u);
 }
 
+// stash_plan_min_feasible is the figure a refusal names, without asking for a plan (what
+// a caller that only wants the smallest budget used to get from planning at "1").
+TEST(PlannerApi, MinFeasibleIsTheFigureARefusalNames) {
+  const std::string text = tiny_profile();
+  const pl::step_profile p = pl::profile_from_json(nlohmann::json::parse(text));
+  std::uint64_t min = 0;
+  int proved = -1;
+  ASSERT_EQ(stash_plan_min_feasible(text.c_str(), &min, &proved), STASH_OK) << stash_last_error();
+  EXPECT_EQ(min, pl::min_feasible_budget(p));
+  EXPECT_GT(min, p.fixed_bytes);
+  EXPECT_EQ(proved, 1);
+  PlanText out;
+  stash_plan_result_t r;
+  stash_plan_result_init(&r);
+  EXPECT_EQ(stash_plan_make(text.c_str(), "1", nullptr, &out.text, &r),
+            STASH_ERROR_INFEASIBLE_BUDGET);
+  EXPECT_EQ(r.min_feasible_bytes, min);
+  PlanText at_min;
+  EXPECT_EQ(stash_plan_make(text.c_str(), std::to_string(min).c_str(), nullptr, &at_min.text,
+                            nullptr),
+            STASH_OK)
+      << stash_last_error();
+  std::uint64_t again = 0;
+  EXPECT_EQ(stash_plan_min_feasible(text.c_str(), &again, nullptr), STASH_OK);
+  EXPECT_EQ(again, min);
+
+  EXPECT_EQ(stash_plan_min_feasible("{\"schema\": \"stash.profile/9\"}", &again, nullptr),
+            STASH_ERROR_BAD_PROFILE);
+  EXPECT_NE(std::string(stash_last_error()).find("stash_plan_min_feasible: "), std::string::npos)
+      << stash_last_error();
+  EXPECT_NE(std::string(stash_last_error()).find("schema"), std::string::npos);
+  EXPECT_EQ(stash_plan_min_feasible("{not json", &again, nullptr), STASH_ERROR_BAD_PROFILE);
+  EXPECT_NE(std::string(stash_last_error()).find("not JSON"), std::string::npos);
+  EXPECT_EQ(stash_plan_min_feasible(nullptr, &again, nullptr), STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stash_last_error()).find("profile_json is NULL"), std::string::npos);
+  EXPECT_EQ(stash_plan_min_feasible(text.c_str(), nullptr, nullptr), STASH_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stash_last_error()).find("min_feasible_bytes is NULL"), std::string::npos);
+}
+
 TEST(PlannerApi, BadInputNamesTheProblem) {
   char* out = nullptr;
   EXPECT_EQ(stash_plan_make("{\"schema\": \"stash.profile/9\"}", "1GiB", nullptr, &out, nullptr),
