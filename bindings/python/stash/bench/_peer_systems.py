@@ -261,7 +261,8 @@ def stash_systems(results: List[Dict[str, Any]], shares: List[float], link=None,
     keep = next((r for r in results if r["kind"] == "keep-all" and r["status"] == "ok"), None)
     out: List[System] = []
     for r in results:
-        if r["kind"] in ("keep-all", "stash") or r["status"] != "ok" or not r["peak_bytes"]:
+        # keep-all's own peak too: what stash costs where nothing needs to move.
+        if r["kind"] == "stash" or r["status"] != "ok" or not r["peak_bytes"]:
             continue
         b = int(r["peak_bytes"])
         out.append(StashFit(b, f"stash at {r['name']}'s peak ({b / gib:.2f} GiB)",

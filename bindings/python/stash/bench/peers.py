@@ -13,7 +13,7 @@ on the same batches with AdamW, for --steps steps:
                       package, around the forward
   compile-B           per-layer torch.compile with activation_memory_budget B (0.3, 0.5, 0.7)
   stash@...           stash.torch.fit over the decoder layers at every peer's measured
-                      peak, then at --shares of keep-all's (85%, 70%, 55%)
+                      peak (keep-all's too), then at --shares of keep-all's (85%, 70%, 55%)
 For each: the measured peak (Note [One meter for every row] in _meter.py), tokens/s (the
 median step after the warm-up), the losses against keep-all's (bitwise for the eager
 systems; within a relative tolerance for compiled ones, Note [Which losses must match]),
@@ -22,6 +22,16 @@ peers.svg (throughput against peak; Note [The knee of stash's curve] in _svg.py)
 
   python -m stash.bench.peers --size tiny --out out/peers     # CPU (stash's test double)
   python -m stash.bench.peers --size h200 --out out/peers     # one GPU, bf16
+
+Note [Ratios from interleaved steps]
+This machine's speed drifts by tens of percent between and within runs, so tokens/s taken
+from one system's steps, then the next system's, compares moments as much as systems.
+With --interleave N (the default on the CPU: 12) every row that ran is trained again side
+by side: one model per system, one step of each in turn, the order rotating each round,
+two untimed rounds then N timed ones. The table's tokens/s, and every ratio in it, are
+the medians of those steps; the sequential pass still gives the peaks, the budgets and the
+losses (its own tokens/s stay in the JSON as sequential_tokens_per_s). Compiled rows set
+torch's global compile settings while they run, so they keep their sequential figure.
 
 Note [Rows that say why]
 A system that cannot run here (not installed, a torch without the feature, needs CUDA)
@@ -160,6 +170,42 @@ def run_system(system: System, size: Dict[str, Any], batches: List[Any], device,
     return row
 
 
+def time_interleaved(systems: List[System], size: Dict[str, Any], device, steps: int,
+                     warmup: int) -> Dict[str, List[float]]:
+    """Note [Ratios from interleaved steps]: every system's model trained side by side,
+    one step each in turn (the order rotating), `warmup` untimed rounds then `steps` timed
+    ones; each system's step times in ms."""
+    import torch
+
+    batches = _llama.data(size, warmup + steps, device)
+    runs = []
+    try:
+        for system in systems:
+            model = _llama.model(size, 0, device)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            runs.append((system, model, opt, system.start(model, opt, device)))
+        times: Dict[str, List[float]] = {s.name: [] for s in systems}
+        for k, ids in enumerate(batches):
+            turn = k % len(runs)
+            for system, model, opt, session in runs[turn:] + runs[:turn]:
+                _sync(device)
+                t0 = time.perf_counter()
+                with session.forward():
+                    loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                _sync(device)
+                if k >= warmup:
+                    times[system.name].append((time.perf_counter() - t0) * 1e3)
+        return times
+    finally:
+        for _, _, _, session in runs:
+            session.close()
+        del runs
+        gc.collect()
+
+
 def _stash_summary(report: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[str, Any]:
     planned = [s for s in steps if s.get("mode") == "plan"]
     out: Dict[str, Any] = {"budget_bytes": report["budget_bytes"],
@@ -273,6 +319,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-stash", action="store_true", help="the peers only")
     ap.add_argument("--out", default="out/peers", help="folder for peers.{md,json,svg}")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    ap.add_argument("--interleave", type=int, default=None,
+                    help="timed rounds of every row side by side (Note [Ratios from "
+                         "interleaved steps]; default 12 on the CPU, 0 on CUDA)")
     a = ap.parse_args(argv)
     if a.steps < 2 or a.warmup < 0 or a.warmup >= a.steps:
         ap.error("--steps must be at least 2 and --warmup smaller than --steps")
@@ -328,7 +377,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         _write(a.out, doc)
         with open(os.path.join(a.out, "peers.md"), "w") as f:
             f.write(f"{a.size} Llama on {doc['device_name']}, torch {doc['torch']}, "
-                    f"{a.steps} steps ({a.warmup} warm-up); peak meter: {meter.source}\n\n"
+                    f"{a.steps} steps ({a.warmup} warm-up); peak meter: {meter.source}"
+                    + (f"; tokens/s: medians of {doc['interleave']} interleaved rounds"
+                       if doc.get("interleave") else "") + "\n\n"
                     f"{md}\n")
         title = (f"Peers on a Llama ({size['layers']} layers, hidden {size['hidden']}, "
                  f"seq {size['seq']}, {size['dtype']})")
@@ -356,11 +407,29 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f" {r['status']}: {r['reason']}", flush=True)
         write_outputs(quiet=True)
 
+    all_systems: List[System] = list(peers)
     for s in peers:
         run(s)
     if not a.no_stash:
         for s in stash_systems(rows, shares, link=link):
+            all_systems.append(s)
             run(s)
+    rounds = a.interleave if a.interleave is not None else (0 if cuda else 12)
+    if rounds > 0:
+        ran = {r["name"]: r for r in rows if r["status"] == "ok" and not r["compiled"]}
+        chosen = [s for s in all_systems if s.name in ran]
+        print(f"  interleaved: {len(chosen)} systems, {rounds} rounds ...", end="", flush=True)
+        t0 = time.perf_counter()
+        times = time_interleaved(chosen, size, device, rounds, 2)
+        for name, ms in times.items():
+            r = ran[name]
+            r["sequential_tokens_per_s"] = r["tokens_per_s"]
+            r["median_step_ms"] = statistics.median(ms)
+            r["timed_steps"] = len(ms)
+            r["interleaved"] = True
+            r["tokens_per_s"] = size["batch"] * size["seq"] / (r["median_step_ms"] / 1e3)
+        doc["interleave"] = rounds
+        print(f" {time.perf_counter() - t0:.1f} s", flush=True)
     md = write_outputs(quiet=False)
     print(md)
     print(f"wrote {a.out}/peers.md, peers.json, peers.svg", flush=True)
