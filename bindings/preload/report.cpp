@@ -106,21 +106,36 @@ int write_locked(const char* path, bool read_pools) noexcept {
     errno = ENOBUFS;
     return -1;
   }
-  const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Whole or not at all, as write_text_file (core/json_file.h) writes every other file:
+  // a temporary beside the report, then rename(2). That writer allocates, which this one,
+  // running in any program's exit path, must not, so the steps are written out here.
+  static char tmp[4096 + 64];
+  const int len = std::snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, static_cast<long>(getpid()));
+  if (len < 0 || static_cast<size_t>(len) >= sizeof tmp) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  const int fd = ::open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return -1;
+  auto give_up = [&](bool close_fd) {
+    const int saved = errno;
+    if (close_fd) ::close(fd);
+    ::unlink(tmp);
+    errno = saved;
+    return -1;
+  };
   size_t off = 0;
   while (off < t.len) {
     const ssize_t n = ::write(fd, buf + off, t.len - off);
     if (n < 0) {
       if (errno == EINTR) continue;
-      const int saved = errno;
-      ::close(fd);
-      errno = saved;
-      return -1;
+      return give_up(true);
     }
     off += static_cast<size_t>(n);
   }
-  return ::close(fd);
+  if (::close(fd) != 0) return give_up(false);
+  if (::rename(tmp, path) != 0) return give_up(false);
+  return 0;
 }
 
 int write_to(const char* path, bool read_pools) noexcept {

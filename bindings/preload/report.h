@@ -15,7 +15,8 @@ namespace stash::preload {
 // Registers the at-exit report once, if STASH_REPORT is set. Cheap after the first call.
 void arm_report_at_exit() noexcept;
 
-// Writes the report to `path` now (0 on success, -1 and errno otherwise).
+// Writes the report to `path` now (0 on success, -1 and errno otherwise), replacing the
+// file there whole or not at all (a temporary beside it, then a rename).
 int write_report(const char* path) noexcept;
 
 }  // namespace stash::preload

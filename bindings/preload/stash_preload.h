@@ -46,7 +46,8 @@ STASH_API stash_status_t stash_preload_device_stats(int device, stash_pool_stats
 /* The pinned pool; not built yet: STASH_ERROR_INVALID_ARGUMENT. */
 STASH_API stash_status_t stash_preload_pinned_stats(stash_pool_stats_t* out);
 
-/* Writes the STASH_REPORT JSON to `path` now (the at-exit report is still written).
+/* Writes the STASH_REPORT JSON to `path` now (the at-exit report is still written),
+ * replacing the file there whole or not at all (a temporary beside it, then a rename).
  * STASH_ERROR_INVALID_ARGUMENT for NULL or a file that cannot be written. */
 STASH_API stash_status_t stash_preload_write_report(const char* path);
 

@@ -6,7 +6,9 @@
 // (stash_preload_counters found with dlsym), so a misconfigured run fails instead of
 // passing vacuously.
 #include <dlfcn.h>
+#include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -254,13 +257,14 @@ void report_child() {
   std::exit(0);
 }
 
-nlohmann::json run_child(const std::string& path, const std::vector<std::string>& env_extra) {
+// Spawns report-child with STASH_REPORT=report (no "%p": the caller names the file) and
+// the extra variables; its pid. The child exits 0 or the probe fails.
+pid_t spawn_report_child(const std::string& report, const std::vector<std::string>& env_extra) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     if (std::strncmp(*e, "STASH_", 6) != 0) env.emplace_back(*e);
   }
-  // "%p" is the child's pid: the file the parent reads is found by the child's pid.
-  env.push_back("STASH_REPORT=" + path + ".%p");
+  env.push_back("STASH_REPORT=" + report);
   for (const auto& e : env_extra) env.push_back(e);
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
@@ -272,6 +276,12 @@ nlohmann::json run_child(const std::string& path, const std::vector<std::string>
   int status = 0;
   CHECK(waitpid(pid, &status, 0) == pid);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  return pid;
+}
+
+nlohmann::json run_child(const std::string& path, const std::vector<std::string>& env_extra) {
+  // "%p" is the child's pid: the file the parent reads is found by the child's pid.
+  const pid_t pid = spawn_report_child(path + ".%p", env_extra);
   const std::string written = path + "." + std::to_string(pid);
   std::ifstream in(written);
   CHECK(in.good());
@@ -303,6 +313,35 @@ void report() {
   const nlohmann::json off = run_child(path, {"STASH_DEVICE_BUDGET=64MiB", "STASH_DISABLE=1"});
   CHECK(off.at("enabled") == false);
   CHECK(off.at("device").at("alloc_count") == 0 && off.at("devices").empty());
+
+  // A report that cannot be written whole (a 512-byte file-size limit, SIGXFSZ ignored:
+  // both inherited by the child) leaves the file that was there as it was, and no
+  // temporary beside it (write_locked in bindings/preload/report.cpp).
+  const std::string kept = path + ".kept";
+  const std::string old = "{\"the previous\": \"report\"}\n";
+  std::ofstream(kept) << old;
+  struct rlimit saved {};
+  CHECK(getrlimit(RLIMIT_FSIZE, &saved) == 0);
+  struct rlimit small = saved;
+  small.rlim_cur = 512;
+  struct sigaction ignore {}, before {};
+  ignore.sa_handler = SIG_IGN;
+  CHECK(sigaction(SIGXFSZ, &ignore, &before) == 0);
+  CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  const pid_t pid = spawn_report_child(kept, {"STASH_DEVICE_BUDGET=16MiB"});
+  CHECK(setrlimit(RLIMIT_FSIZE, &saved) == 0);
+  CHECK(sigaction(SIGXFSZ, &before, nullptr) == 0);
+  std::ifstream in(kept);
+  const std::string now((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(now == old);
+  CHECK(access((kept + ".tmp." + std::to_string(pid)).c_str(), F_OK) != 0);
+  std::remove(kept.c_str());
+  // Without the limit the same report replaces it.
+  std::ofstream(kept) << old;
+  spawn_report_child(kept, {"STASH_DEVICE_BUDGET=16MiB"});
+  std::ifstream again(kept);
+  CHECK(nlohmann::json::parse(again).at("schema") == "stash.preload_report/1");
+  std::remove(kept.c_str());
 }
 
 }  // namespace
