@@ -30,9 +30,10 @@ struct run_result {
 };
 
 // `stash <args>` with writes limited to `kib` KiB: SIGXFSZ ignored (inherited across exec),
-// so a write past the limit fails with EFBIG instead of killing the process. dash's ulimit
-// counts 512-byte blocks. stdout and stderr go to files under the same limit, so the commands
-// run quietly.
+// so a write past the limit fails with EFBIG instead of killing the process. ulimit -f counts
+// 512-byte blocks in dash (/bin/sh here) and 1 KiB blocks in bash; every output below is
+// larger than its limit counted either way. stderr goes to a file under the same limit, so
+// the commands run quietly.
 run_result run_limited(const std::string& args, int kib) {
   const std::string dir = ::testing::TempDir();
   const std::string err = dir + "stash_cli_output.err";
