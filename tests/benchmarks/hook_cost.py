@@ -14,8 +14,12 @@ one model (identical parameters), hooks installed once before timing and left in
   recompute  every tensor the record pass marks recomputable "recompute", the others
              "keep"; here the block's input is not saved, so all N are recomputed and
              the cost includes re-running each block's forward in backward (N tanh)
+  checkpoint every block through torch.utils.checkpoint.checkpoint(block, x,
+             use_reentrant=False): the same tensors recomputed as 'recompute' (the block's
+             input is kept by both), by torch's own replay; the run reports the ratio of
+             the two medians (issue 20: stash's replay no slower than checkpoint's)
   save_on_cpu  torch.autograd.graph.save_on_cpu(pin_memory=False) around the forward
-             (on CPU tensors it still copies each saved tensor; pin_memory needs CUDA)
+             (a CPU tensor's .cpu() is the tensor itself: torch's own hook dispatch)
 
 One sample = forward + loss (sum) + backward of the whole model, timed with
 time.perf_counter; gradients are set to None before each sample, outside the timing.
@@ -44,6 +48,7 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 
 import stash.torch
 
@@ -61,6 +66,17 @@ class TanhChain(nn.Module):
         for _ in range(self.n - 1):
             x = torch.tanh(x)
         return x
+
+
+class Checkpointed(nn.Module):
+    """A block run through torch's non-reentrant checkpoint."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
 
 
 def _step(blocks, x, ctx):
@@ -136,6 +152,8 @@ def main():
             h = stash.torch.offload(blocks, plan)
             handles.append(h)
             variants[name] = (blocks, _Null, h)
+        variants["checkpoint"] = (nn.ModuleList(Checkpointed(b) for b in copy.deepcopy(base)),
+                                  _Null, None)
         variants["save_on_cpu"] = (
             copy.deepcopy(base),
             lambda: torch.autograd.graph.save_on_cpu(pin_memory=False), None)
@@ -212,6 +230,10 @@ def main():
         print(f"| {row['variant']} | {row['median_ms']:.3f} | {row['min_ms']:.3f} | "
               f"{row['ratio_to_none']:.2f}x | {per} |")
 
+    ratio = statistics.median(samples["recompute"]) / statistics.median(samples["checkpoint"])
+    print()
+    print(f"recompute / checkpoint (the same {n_recompute} tensors recomputed): {ratio:.2f}x")
+
     if args.json:
         out = {"benchmark": "hook_cost", "layers": L, "saves_per_layer": N,
                "tensor_shape": [args.size, args.size], "dtype": "float32",
@@ -219,6 +241,7 @@ def main():
                "warmup_rounds": args.warmup, "reps": args.reps, "wall_s": wall,
                "torch": torch.__version__, "python": platform.python_version(),
                "torch_threads": torch.get_num_threads(), "results": rows,
+               "recompute_over_checkpoint": ratio,
                "samples_ms": {n: [s * 1e3 for s in samples[n]] for n in names}}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

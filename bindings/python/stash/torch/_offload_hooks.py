@@ -440,7 +440,7 @@ class OffloadHooks:
                     return t
                 j, first = seen
                 pos = None if place is None else place(
-                    (j, first, t.dtype, tuple(t.shape), t.device))
+                    (j, first, t.dtype, t.shape, t.device))
                 if first:  # order holds t until the forward ends (Note [Offload hooks])
                     if j >= n_plan:
                         if exact:

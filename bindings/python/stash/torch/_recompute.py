@@ -34,9 +34,10 @@ def map_tensors(x, fn, kind=torch.Tensor):
     return x
 
 
-def _autocast_mode(device_type):
-    """(enabled, dtype) of autocast for a device type: torch >= 2.4 has one API for all,
-    whose older spellings warn there; 1.13 .. 2.3 have one function per device."""
+def _autocast_mode_any(device_type):
+    """(enabled, dtype) of autocast for a device type, either API: torch >= 2.4 has one
+    API for all, whose older spellings warn there; 1.13 .. 2.3 have one function per
+    device."""
     if hasattr(torch, "get_autocast_dtype"):
         try:
             return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
@@ -45,6 +46,22 @@ def _autocast_mode(device_type):
     if device_type == "cuda":
         return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
     return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+
+
+def _one_api():
+    try:
+        torch.is_autocast_enabled("cpu")
+        torch.get_autocast_dtype("cpu")
+        return True
+    except (AttributeError, TypeError):
+        return False
+
+
+if _one_api():  # chosen once: the mode is read at every recompute forward and replay
+    def _autocast_mode(device_type):
+        return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+else:
+    _autocast_mode = _autocast_mode_any
 
 
 class ForwardState:
@@ -61,27 +78,52 @@ class ForwardState:
         self.autocast = [(dt,) + _autocast_mode(dt) for dt in ("cpu", "cuda")]
         self.autocast_cache = torch.is_autocast_cache_enabled()
 
-    @contextlib.contextmanager
     def restored(self):
-        outer_cpu = torch.get_rng_state()
-        outer_cuda = [(d, torch.cuda.get_rng_state(d)) for d, _ in self.cuda_rng]
-        torch.set_rng_state(self.cpu_rng)
-        for d, state in self.cuda_rng:
+        """A context manager that puts this state back for the replay and the outer RNG
+        state back after it."""
+        return _Restored(self)
+
+
+class _Restored:
+    """ForwardState.restored(): a plain context manager (a replay enters one per block;
+    contextlib's generator and ExitStack cost more than the restore itself)."""
+
+    __slots__ = ("state", "outer_cpu", "outer_cuda", "stack")
+
+    def __init__(self, state):
+        self.state = state
+
+    def __enter__(self):
+        st = self.state
+        self.outer_cpu = torch.get_rng_state()
+        self.outer_cuda = [(d, torch.cuda.get_rng_state(d)) for d, _ in st.cuda_rng]
+        torch.set_rng_state(st.cpu_rng)
+        for d, state in st.cuda_rng:
             torch.cuda.set_rng_state(state, d)
+        # Only modes that differ from backward's are entered: the common case (no
+        # autocast, or autocast in forward only) enters none or one.
+        self.stack = None
         try:
-            with contextlib.ExitStack() as stack:
-                # Only modes that differ from backward's are entered: the common case
-                # (no autocast, or autocast in forward only) touches one device type.
-                for dt, enabled, dtype in self.autocast:
-                    if _autocast_mode(dt) != (enabled, dtype):
-                        stack.enter_context(torch.autocast(
-                            dt, dtype=dtype, enabled=enabled,
-                            cache_enabled=self.autocast_cache))
-                yield
+            for dt, enabled, dtype in st.autocast:
+                if _autocast_mode(dt) != (enabled, dtype):
+                    if self.stack is None:
+                        self.stack = contextlib.ExitStack()
+                    self.stack.enter_context(torch.autocast(
+                        dt, dtype=dtype, enabled=enabled, cache_enabled=st.autocast_cache))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            if self.stack is not None:
+                self.stack.close()
         finally:
-            torch.set_rng_state(outer_cpu)
-            for d, state in outer_cuda:
+            torch.set_rng_state(self.outer_cpu)
+            for d, state in self.outer_cuda:
                 torch.cuda.set_rng_state(state, d)
+        return False
 
 
 class HeldInput:
@@ -194,7 +236,7 @@ class Replay:
         frame, pos = self.frame, self.pos
         self.pos += 1
         seen = self.order.see(t)
-        save = None if seen is None else (seen[0], seen[1], t.dtype, tuple(t.shape), t.device)
+        save = None if seen is None else (seen[0], seen[1], t.dtype, t.shape, t.device)
         if pos >= len(frame.saves):
             raise frame.mismatch(pos, describe(save), "it saved more")
         if save != frame.saves[pos]:
