@@ -1,6 +1,6 @@
 """stash.torch.fit with the gradients counted where they are made (Note [Gradients by
 position] in stash/torch/_fit_gradients.py) and the loss's own position (Note [The loss's
-position] in planner/plan.h): a byte budget at full activation checkpointing's peak on the
+position] in planner/model/plan.h): a byte budget at full activation checkpointing's peak on the
 c10 allocator's meter is planned and kept, where a profile that holds every gradient from
 the start, with the loss's bytes beside the last layer's replay, was refused. CPU test
 double; a Hugging Face Mistral from a small config, bitwise against plain training."""

@@ -216,7 +216,7 @@ def test_tiny_run_every_cpu_peer_runs_and_trains_as_keep_all(tiny_run):
         assert r["stash"]["predicted_step_ms"] > 0
     ok = {r["reference"] for r in stash_rows if r["status"] == "ok"}
     # Full checkpointing's peak is planned (Notes [Gradients by position] in
-    # _fit_gradients.py and [The loss's position] in planner/plan.h), and so is keep-all's.
+    # _fit_gradients.py and [The loss's position] in planner/model/plan.h), and so is keep-all's.
     assert {"85%", "70%", "save_on_cpu", "full-ac", "keep-all"} <= ok, ok
     # Offload and recompute move real memory on the double: below keep-all at 70%.
     assert next(r for r in stash_rows if r["reference"] == "70%")["peak_bytes"] < keep

@@ -7,7 +7,7 @@ failed call raises :class:`stash.StashError` with ``stash_last_error()``.
 
 Plans: :func:`plan_actions` reads a stash.plan/1 document (path or dict) through the
 library's plan reader (stash_plan_read_actions: the one the engine loads plan files with,
-Note [One plan reader] in planner/plan.h), or checks a list of per-layer action lists, into
+Note [One plan reader] in planner/model/plan.h), or checks a list of per-layer action lists, into
 the per-layer action lists :meth:`Engine.set_plan` takes.
 """
 

@@ -1,6 +1,6 @@
 """stash.profile/1 documents in Python: the fields, and a structural check.
 
-The planner (planner/profile.cpp) is the authority on the schema: :func:`validate` hands
+The planner (planner/model/profile.cpp) is the authority on the schema: :func:`validate` hands
 the document to libstash's stash_profile_validate (stash.h, "Planner"), the reader that
 ``stash plan`` and stash_plan_make use, so that a profile written from Python is known to
 load there before it gets there.

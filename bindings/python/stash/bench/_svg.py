@@ -1,6 +1,6 @@
 """peers.svg: throughput against measured peak, one marker style per system, stash's budget
 curve through its points with its knee marked. Hand-written SVG on the canvas stash's C++
-plots use (planner/svg_plot.h: 960 x 600, the same margins, grid and ticks), so the
+plots use (planner/plots/svg_plot.h: 960 x 600, the same margins, grid and ticks), so the
 figures in docs/figures/ look alike; no plotting library.
 
 Note [The knee of stash's curve]

@@ -68,7 +68,7 @@ storages the hooks track by weak reference), is what fit does not track there (t
 logits, attention's workspaces); the most of it in the blocks' forwards joins the fixed
 bytes, the rest of a block's backward its backward temporaries, the loss's (the head and
 its backward) the profile's loss_bytes, a position of its own (Note [The loss's position]
-in planner/plan.h), and the optimizer step's, when no activation is alive, its
+in planner/model/plan.h), and the optimizer step's, when no activation is alive, its
 optimizer_bytes (Note [The optimizer's position] there). A step that begins without
 gradients is planned with each gradient counted from where it is made (Note [Gradients
 by position] in _fit_gradients.py). Where the counting allocator cannot be built

@@ -267,7 +267,7 @@ def fixed_bytes_cpu(doc: Doc, rec: StepRecord, counted: int, gradient_bytes: int
     count, by position (none without the counting allocator). The most of it in any
     forward joins the fixed bytes; the rest of a layer's backward becomes the layer's
     backward temporaries, the loss's the profile's loss_bytes (Note [The loss's position]
-    in planner/plan.h), the optimizer step's its optimizer_bytes (all set in doc).
+    in planner/model/plan.h), the optimizer step's its optimizer_bytes (all set in doc).
     gradient_bytes: the gradients fit counts in `counted`; where the step began without
     any and ran one pass, doc's measurement also says where they were made (Note
     [Gradients by position] in _fit_gradients.py)."""

@@ -61,7 +61,7 @@ under FSDP2: Note [Recompute under FSDP2] in _offload.py.
 Note [stash's copy streams beside FSDP's]
 stash's engine copies on streams of its own: a D2H copy waits on an event recorded on the
 compute stream after the tensor's producer, and the compute stream waits on a prefetch's
-event before the tensor's consumer (Note [The step's schedule] in planner/schedule.h).
+event before the tensor's consumer (Note [The step's schedule] in planner/model/schedule.h).
 FSDP2 orders its all-gather and reduce-scatter streams against the compute stream with
 events of its own. Neither side waits on the other's streams: each waits only on the
 compute stream, and the compute stream on each, so the two are ordered through the

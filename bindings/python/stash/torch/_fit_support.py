@@ -19,7 +19,7 @@ from .._planner import InfeasibleBudget, make_plan
 from ._saved import storage_of, tensors_in
 
 GiB = float(1 << 30)
-MIN_OFFLOAD_BYTES = 1 << 20  # the planner's floor (planner/profile.h kMinOffloadBytes)
+MIN_OFFLOAD_BYTES = 1 << 20  # the planner's floor (planner/model/profile.h kMinOffloadBytes)
 MEASURE_SLOTS = 64           # engine slots per layer in a measuring step
 
 

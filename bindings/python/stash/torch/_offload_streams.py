@@ -28,7 +28,7 @@ is called; run the blocks on it.
 - Host-visible memory: torch's allocator decides reuse on the host, at allocation time.
   A storage produced on the compute stream returns to it when the engine enqueues the
   compute stream's wait for its copy (forward_begin two blocks on: Note [The step's
-  schedule] in planner/schedule.h), with no host wait; one produced elsewhere only when
+  schedule] in planner/model/schedule.h), with no host wait; one produced elsewhere only when
   the host has seen its copy complete (the engine polls at each call), so a host far
   ahead of the GPU holds more of those than the planner's one layer in flight.
   max_in_flight_bytes (about one block's offloaded bytes) bounds copies in transit: an
