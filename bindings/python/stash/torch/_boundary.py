@@ -24,22 +24,39 @@ class _Boundary(torch.autograd.Function):
         return None, grad
 
 
+class _Once:
+    """The callback of one block's boundaries: runs at the first gradient that arrives."""
+
+    __slots__ = ("callback", "fired")
+
+    def __init__(self, callback):
+        self.callback, self.fired = callback, False
+
+    def __call__(self):
+        if not self.fired:
+            self.fired = True
+            self.callback()
+
+
 def mark_backward(output, callback, on_marked=None):
     """Returns `output` with `callback()` attached to run when backward first reaches it.
     Tensors, and tuples/lists of tensors (the callback fires once, at the first gradient
     that arrives), are handled; tensors that do not require grad pass unchanged.
     on_marked() runs once when at least one tensor was marked."""
-    fired = [False]
-    marked = [False]
-
-    def once():
-        if not fired[0]:
-            fired[0] = True
-            callback()
+    once = _Once(callback)
+    if type(output) is torch.Tensor:  # one tensor, the usual case
+        if not (output.requires_grad and torch.is_grad_enabled()):
+            return output
+        out = _Boundary.apply(once, output)
+        if on_marked is not None:
+            on_marked()
+        return out
+    marked = False
 
     def wrap(t):
+        nonlocal marked
         if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
-            marked[0] = True
+            marked = True
             return _Boundary.apply(once, t)
         return t
 
@@ -47,7 +64,7 @@ def mark_backward(output, callback, on_marked=None):
         out = type(output)(wrap(t) for t in output)
     else:
         out = wrap(output)
-    if marked[0] and on_marked is not None:
+    if marked and on_marked is not None:
         on_marked()
     return out
 

@@ -137,6 +137,8 @@ def _input_keys(args, kwargs):
 
 def _output_storages(out):
     """The storage keys of a block's output tensors (the chained-call check of _begin_step)."""
+    if type(out) is torch.Tensor and out.numel():  # one tensor: its pointer less its offset
+        return {out.data_ptr() - out.storage_offset() * out.element_size()}
     return {storage_of(t)[0] for t in tensors_in(out)}
 
 
@@ -425,7 +427,9 @@ class OffloadHooks:
         # Note [The keep path]: what the hook needs, bound once per block.
         see = order.see if order is not None else None
         place = frame.place if frame is not None else None
-        observed = self._observes_saves
+        observed = self._observed
+        if observed is None:
+            observed = self._observed = type(self)._saved is not OffloadHooks._saved
         first_save = self._first_save
 
         def pack(t):
@@ -507,13 +511,13 @@ class OffloadHooks:
         # The boundaries hold the token (Note [A step that ends early]).
         token = step.token if step.token is not None else step.token_ref()
         return mark_backward(out, lambda token=token: self._backward_boundary(step, i),
-                             on_marked=lambda: self._graph_holds_token(step))
+                             on_marked=(None if step.token is None
+                                        else lambda: self._graph_holds_token(step)))
 
     # Whether a subclass observes every new storage (_saved): stash.torch.fit does; plain
     # offload() does not, and its keep path then skips the call (Note [The keep path]).
-    @property
-    def _observes_saves(self) -> bool:
-        return type(self)._saved is not OffloadHooks._saved
+    # Taken at the first forward.
+    _observed: Optional[bool] = None
 
     def _first_save(self, i, j, t, action, step, order, slots, first_input):
         """Block i saved a new storage, index j, whose plan action is `action`: what its
