@@ -224,6 +224,35 @@ def test_a_plan_that_copies_nothing_makes_no_engine_call():
             assert calls == {} and s["offloaded_count"] == 0 and s["keep_count"] == 0
 
 
+class _PassThrough(nn.Module):
+    """A block that returns its input unchanged (it saves nothing)."""
+
+    def forward(self, x):
+        return x
+
+
+def test_a_block_that_returns_its_input_keeps_the_backward_order():
+    # Note [Backward boundaries by a tensor hook]: the pass-through block's output is the
+    # tensor block 0 marked already; its boundary must still run before block 0's.
+    torch.manual_seed(0)
+    from models import Block
+    plan = [MIXED[0], [], MIXED[0]]
+
+    def model():
+        torch.manual_seed(0)
+        return nn.ModuleList([Block(D, 2, FF), _PassThrough(), Block(D, 2, FF)])
+
+    batches = _batches(2)
+    expected = _train(model(), batches)
+    blocks = model()
+    with stash.torch.offload(blocks, plan) as h:
+        order = []
+        real = h.engine.backward_begin
+        h.engine.backward_begin = lambda mb, layer: (order.append(layer), real(mb, layer))
+        _assert_bitwise(expected, _train(blocks, batches, wait=h))
+    assert order == [2, 1, 0] * len(batches), order
+
+
 def test_timing_is_off_unless_asked_for():
     # Events on every engine call cost host time; only write_trace and overlap read them.
     blocks = _model(2)
