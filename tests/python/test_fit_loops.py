@@ -167,6 +167,49 @@ def test_a_lost_step_leaves_fit_ready(where, kind, fail_at):
     h.close()
 
 
+@pytest.mark.parametrize("where", ["block", "backward", "optimizer"])
+def test_a_plan_that_keeps_everything_marks_one_boundary_and_loses_a_step_cleanly(where):
+    # Note [What it costs]: where the plan keeps everything, the blocks run without hooks
+    # and only the last block's output carries a backward boundary; a lost step is still
+    # given back, and training is still plain training's.
+    data = batches(5)
+    expected = run(data, where, "error", 2)
+    marked = []
+
+    def watch(h, i):
+        nothing_held(h, i, 2 if where == "backward" else None)
+
+    model, blocks, opt, h = trained("1GiB")
+    for b in blocks:
+        b.register_forward_hook(
+            lambda m, a, out: marked[-1].append(getattr(out, "_stash_marked", False)))
+    armed = [False]
+    inject(model, blocks, opt, where, "error", armed)
+    losses = []
+    for i, ids in enumerate(data):
+        armed[0] = i == 2
+        marked.append([])
+        try:
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+        except Injected:
+            losses.append(None)
+        opt.zero_grad()
+        watch(h, i)
+    same((losses, [p.detach().clone() for p in model.parameters()]), expected)
+    steps = h.report()["steps"]
+    assert [s["aborted"] is not None for s in steps] == [False, False, True, False, False]
+    assert h.report()["plan"]["actions"]["keep"] > 0
+    assert h.report()["plan"]["actions"]["recompute"] == h.report()["plan"]["actions"][
+        "offload"] == 0
+    assert marked[0] == [True] * 4, marked          # the measuring step marks every block
+    for i in (1, 3, 4):                             # planned steps: the last block only
+        assert marked[i] == [False, False, False, True], (i, marked)
+    h.close()
+
+
 def test_a_loss_raising_outside_the_model_warns_once_and_recovers():
     """The loss computed by the loop raises while the loop still holds the logits (their
     graph alive): the next forward gives the lost one back, with the warning that names

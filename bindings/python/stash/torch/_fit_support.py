@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -124,12 +125,26 @@ def _autocast_state() -> List[Tuple[str, bool, str]]:
     return auto
 
 
+_SIGNATURES: Dict[Any, str] = {}  # _signature's digests by their parts
+
+
 def _signature(args, kwargs, training: bool) -> str:
-    """Note [Re-planning and the cache]: the shape key of a step."""
-    parts = [(tuple(t.shape), str(t.dtype), str(t.device), bool(t.requires_grad))
-             for t in tensors_in((args, kwargs))]
-    text = json.dumps([parts, _autocast_state(), training, sorted(kwargs)], default=str)
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
+    """Note [Re-planning and the cache]: the shape key of a step. The digest of parts seen
+    before is looked up, not hashed again (Note [What it costs] in _fit.py)."""
+    parts = tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad)
+                  for t in tensors_in((args, kwargs)))
+    auto = tuple(_autocast_state())
+    names = tuple(sorted(kwargs))
+    memo = (parts, auto, training, names)
+    key = _SIGNATURES.get(memo)
+    if key is None:
+        text = json.dumps([[(p[0], str(p[1]), str(p[2]), bool(p[3])) for p in parts],
+                           [list(a) for a in auto], training, list(names)], default=str)
+        key = hashlib.sha1(text.encode()).hexdigest()[:16]
+        if len(_SIGNATURES) > 4096:  # a run of ever new shapes keeps no more than this
+            _SIGNATURES.clear()
+        _SIGNATURES[memo] = key
+    return key
 
 
 def _model_digest(blocks) -> str:
@@ -151,9 +166,23 @@ def _tensor_bytes(ts) -> int:
     return n
 
 
+# By optimizer: weak references to its state's tensors when last counted, and their bytes.
+_STATE_BYTES: "weakref.WeakKeyDictionary[Any, Tuple[List[Any], int]]" = \
+    weakref.WeakKeyDictionary()
+
+
 def _optimizer_state_bytes(opt) -> int:
-    return _tensor_bytes(v for st in opt.state.values() for v in st.values()
-                         if isinstance(v, torch.Tensor))
+    """The optimizer's state tensors' bytes, by storage. Counted again only when the
+    state holds other tensors than last time (an optimizer keeps the same ones from step
+    to step: Note [What it costs] in _fit.py)."""
+    ts = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    hit = _STATE_BYTES.get(opt)
+    if hit is not None and len(hit[0]) == len(ts) and all(
+            r() is t for r, t in zip(hit[0], ts)):
+        return hit[1]
+    n = _tensor_bytes(ts)
+    _STATE_BYTES[opt] = ([weakref.ref(t) for t in ts], n)
+    return n
 
 
 def _optimizer_state_estimate(opt) -> int:

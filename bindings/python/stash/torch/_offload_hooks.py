@@ -263,6 +263,11 @@ class OffloadHooks:
         pass's count, so its layers are always hooked)."""
         return False
 
+    def _needs_boundary(self, i, plain):
+        """Whether block i's output is marked for backward (its boundary: the engine's
+        backward_begin, the hooks' checks); plain: the block ran without hooks."""
+        return True
+
     def _forward_began(self, i, step):
         """Block i's forward begins (after its step is known, before the engine hears)."""
 
@@ -508,6 +513,8 @@ class OffloadHooks:
         step.next_block = i + 1
         step.last_output = _output_storages(out)
         self._forward_released(i, step)
+        if not self._needs_boundary(i, plain):
+            return out
         # The boundaries hold the token (Note [A step that ends early]).
         token = step.token if step.token is not None else step.token_ref()
         return mark_backward(out, lambda token=token: self._backward_boundary(step, i),
