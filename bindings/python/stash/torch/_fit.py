@@ -326,7 +326,7 @@ class BudgetHandle(OffloadHandle):
         shapes = self._plans.shapes
         if key not in shapes:
             shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
-        self._begin_record(key, tensors_in((args, kwargs)))
+        self._begin_record(key, list(tensors_in((args, kwargs))))
 
     def _step_aborted(self, step, reason):
         rec = self._step
@@ -526,6 +526,7 @@ class BudgetHandle(OffloadHandle):
                 rec.state_at_start = state
                 rec.grads_at_start = grads
             rec.meter_base = self._alive_bytes(inputs, state)
+            rec.meter_inputs = _tensor_bytes(inputs)
             self._counting.reopen()
 
     def _exposed_total(self) -> float:

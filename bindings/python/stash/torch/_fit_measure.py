@@ -2,7 +2,22 @@
 saved tensors, the storages it tracks for the CPU meter and the meter's samples by
 position (Notes [The measuring step] and [What the budget counts] in _fit.py), and the
 stash.profile/1 made from a measured step (measured_profile, fixed_bytes). The handle
-owns one recorder and calls it from its hook seams; the recorder reads no handle."""
+owns one recorder and calls it from its hook seams; the recorder reads no handle.
+
+Note [Block 0's inputs in the CPU meter's samples]
+A step's reading on the CPU meter is its base (what was alive when block 0 began: the
+parameters and buffers, the gradients and optimizer state, block 0's inputs) plus the
+most the allocator held above its level then. In a sample, what fit does not track is
+that reading less the non-activation bytes fit counts (the base without the inputs, and
+what the step grew) and less the saved storages it tracks. Block 0's inputs are left out
+of the first on purpose: the ones a block saves (its hidden states, the rotary tables a
+decoder passes to every block) are tracked, and the plan's model counts them as saved
+tensors; the ones none saves (position ids) are what fit does not track, and join the
+fixed bytes. Subtracting them with the base as well took the saved ones off twice: on
+the peers' tiny Llama every position came out 0.59 MB short (what a plan's first run
+still peaked above its prediction after Note [Fetched buffers die with their last view]
+in _offload_hooks.py), and the unsaved ones 2 KB.
+"""
 
 from __future__ import annotations
 
@@ -150,8 +165,10 @@ class MeasuringRecorder:
             grown_before = rec.grown
             if where.startswith(("backward", "optimizer")):
                 rec.grown = self._state_bytes() - rec.state_at_start
-            alive = rec.meter_base + max(0, grown_before if where.startswith("backward")
-                                         else rec.grown)
+            # Note [Block 0's inputs in the CPU meter's samples]
+            counted = rec.meter_base - rec.meter_inputs
+            alive = counted + max(0, grown_before if where.startswith("backward")
+                                  else rec.grown)
             phase = rec.phase
             if where == "optimizer step":  # no activation is alive: a phase of its own
                 phase, tracked = ("opt",), 0
@@ -159,7 +176,7 @@ class MeasuringRecorder:
             # Note [Gradients by position] in _fit_gradients.py: the same window with the
             # gradients it held counted in, as no fixed byte holds them (the optimizer's
             # state grows only in its step, which keeps its own figure above).
-            raw = window - rec.meter_base - tracked
+            raw = window - counted - tracked
             rec.untracked_with_grads[phase] = max(rec.untracked_with_grads.get(phase, 0), raw)
         if after is not None:
             rec.phase = after

@@ -285,6 +285,9 @@ class StepRecord:
     # CPU: what is alive at block 0, below the counting allocator's window (Note [The CPU
     # allocator's meter] in _meter.py).
     meter_base: Optional[int] = None
+    # Block 0's inputs' bytes, in meter_base (Note [Block 0's inputs in the CPU meter's
+    # samples] in _fit_measure.py).
+    meter_inputs: int = 0
     meter_running: int = 0   # the most it read at a sample so far
     counted: int = 0         # fit's count of what is not an activation (_fixed_counted)
     # The most the meter read above fit's count, by the position the step was in:
