@@ -148,6 +148,10 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         self._sources = {}  # data pointer -> [uint8 views] held until the D2H is complete
         self._buffers = {}  # data pointer -> uint8 tensor allocated for a prefetch
         self._steps = {}    # micro-batch -> _Step
+        # (micro-batch, block) -> the CPU RNG state's buffer (Note [RNG states kept in
+        # place] in _recompute.py); micro-batch 0's made now, before any step.
+        state = torch.get_rng_state()
+        self._rng_buffers = {(0, i): torch.empty_like(state) for i in range(len(self.blocks))}
         self._dropped = []  # steps whose graph died (Note [A step that ends early])
         self._busy = 0      # stash's forward code on the stack: _graph_dropped only queues
         self._micro_batch = 0
@@ -239,6 +243,13 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         if self._cuda:
             devices.add(self.device.index)
         return sorted(devices)
+
+    def _rng_buffer(self, mb, i):
+        """The buffer block i's CPU RNG state is kept in for micro-batch mb."""
+        buf = self._rng_buffers.get((mb, i))
+        if buf is None:
+            buf = self._rng_buffers[(mb, i)] = torch.empty_like(torch.get_rng_state())
+        return buf
 
     def _recompute_kept(self, i, j, nbytes):
         self._hooks["recompute_kept_count"] += 1

@@ -68,12 +68,26 @@ class ForwardState:
     """RNG and autocast state at the start of a block's forward, put back for its replay
     (dropout masks and autocast casts come out the same). CUDA RNG states are taken only
     for the devices given, and only when CUDA is initialized: reading one would otherwise
-    initialize it."""
+    initialize it.
+
+    Note [RNG states kept in place]
+    The CPU RNG state is a 5,056-byte CPU tensor. Taken fresh for each block's forward, it
+    lives until the block's replay: on the CPU meter (c10's allocator) that is 5 KB per
+    recomputing block that a least-memory measuring step holds for every block, and a
+    plan that keeps a block does not: the model came out 20 KB above a keep-everything
+    step on the peers' tiny Llama, enough to offload a tensor at a budget of exactly the
+    keep-all peak. So the handle keeps one buffer per (micro-batch, block), made before
+    any step for micro-batch 0, and the state is copied into it: no step allocates it, on
+    either meter. A buffer is reused by the next forward of its micro-batch, which gives
+    the earlier forward back (its backward raises before any replay: Note [A step that
+    ends early] in _offload_hooks.py)."""
 
     __slots__ = ("cpu_rng", "cuda_rng", "autocast", "autocast_cache")
 
-    def __init__(self, cuda_devices):
-        self.cpu_rng = torch.get_rng_state()
+    def __init__(self, cuda_devices, cpu_rng=None):
+        # cpu_rng: a buffer to hold the CPU RNG state in (Note [RNG states kept in place]).
+        self.cpu_rng = (torch.get_rng_state() if cpu_rng is None
+                        else cpu_rng.copy_(torch.get_rng_state()))
         self.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in cuda_devices]
         self.autocast = [(dt,) + _autocast_mode(dt) for dt in ("cpu", "cuda")]
         self.autocast_cache = torch.is_autocast_cache_enabled()
