@@ -133,11 +133,16 @@ def test_llama_training_is_bitwise_identical_at_three_budgets(budget, llama_refe
         assert s["measured_peak_bytes"] <= r["budget_bytes"], (budget, s)
         assert not s["over_budget"]
         assert s["step_ms"] > 0
+    # A share is planned on the profile as stored, which holds every gradient from block
+    # 0 on, where this loop (zero_grad) has none before its backward: an upper bound by
+    # up to the gradients' bytes. A byte budget is planned with the gradients where they
+    # are made (Note [Gradients by position] in stash/torch/_fit_gradients.py).
+    slack = h.profile["measurement"]["gradients"]["bytes"] if isinstance(b, str) else 0
     for s in r["steps"][1:]:
-        # Predicted and measured peaks agree to within 10% (the canonical model is an
-        # upper bound at the planner's checkpoints; the meter samples at the same places).
-        assert abs(s["measured_peak_bytes"] - s["predicted_peak_bytes"]) \
-            <= 0.1 * s["predicted_peak_bytes"], s
+        # The prediction is at or above the measured peak (the canonical model is an
+        # upper bound at the planner's checkpoints), by at most the slack and 2%.
+        over = s["predicted_peak_bytes"] - s["measured_peak_bytes"]
+        assert 0 <= over <= slack + 0.02 * s["predicted_peak_bytes"], s
         assert s["predicted_step_ms"] > 0
     c = actions(h.plan)
     if budget == "tight":
