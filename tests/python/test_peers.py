@@ -201,17 +201,19 @@ def test_tiny_run_every_cpu_peer_runs_and_trains_as_keep_all(tiny_run):
             assert r["infeasible"] and "smallest feasible budget" in r["reason"], r["reason"]
             continue
         assert r["loss_check"] == {"rule": "bitwise", "max_rel_diff": 0.0, "ok": True}
-        # Note [What the budget counts] in _fit.py: a measured plan's first run is its
-        # check; a peak over its prediction there is added to the fixed bytes and the
-        # next step runs the plan made with them. Every later step is within the budget;
-        # the first planned one may not be (where the canonical model misses some of what
-        # a backward holds: 0.4% over at 55% before the gradients a block's backward makes
-        # were counted as at its window's start), and then the row says so.
+        # Note [What the budget counts] in _fit.py: on the CPU meter the canonical model
+        # is exact or above at every position (Notes [Block 0's inputs in the CPU meter's
+        # samples] in _fit_measure.py and [Fetched buffers die with their last view] in
+        # _offload_hooks.py), so every planned step is within the budget, a plan's first
+        # run included, and its prediction is at or above what it measured. (The first
+        # run used to be allowed 5% over: 0.4% at 55% was seen.)
         budget = r["stash"]["budget_bytes"]
-        peaks = [s["fit_peak_bytes"] for s in r["steps"] if s["mode"] == "plan"]
-        assert peaks and all(p <= budget for p in peaks[1:]), (r["label"], peaks, budget)
-        assert peaks[0] <= budget * 1.05, (r["label"], peaks[0], budget)
-        assert r["within_budget"] == all((s["fit_peak_bytes"] or 0) <= budget for s in r["steps"])
+        planned = [s for s in r["steps"] if s["mode"] == "plan"]
+        assert planned and all(s["fit_peak_bytes"] <= budget for s in planned), (
+            r["label"], [s["fit_peak_bytes"] for s in planned], budget)
+        assert planned[0]["fit_peak_bytes"] <= planned[0]["predicted_peak_bytes"], (
+            r["label"], planned[0])
+        assert r["within_budget"] is True
         assert r["stash"]["predicted_peak_bytes"] > 0
         assert r["stash"]["predicted_step_ms"] > 0
     ok = {r["reference"] for r in stash_rows if r["status"] == "ok"}
