@@ -20,17 +20,21 @@ keep the downstream block's boundary first. The hook's closure holds the callbac
 graph holds it as long as the output's node lives, as the Function's context did.
 """
 
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
 import torch
 
 
 class _Boundary(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, callback, x):
+    def forward(ctx: Any, callback: Callable[[], None], x: torch.Tensor) -> torch.Tensor:
         ctx.callback = callback
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[None, torch.Tensor]:
         ctx.callback()
         return None, grad
 
@@ -40,10 +44,10 @@ class _Once:
 
     __slots__ = ("callback", "fired")
 
-    def __init__(self, callback):
+    def __init__(self, callback: Callable[[], None]) -> None:
         self.callback, self.fired = callback, False
 
-    def __call__(self):
+    def __call__(self) -> None:
         if not self.fired:
             self.fired = True
             self.callback()
@@ -54,25 +58,26 @@ class _Hook:
 
     __slots__ = ("once",)
 
-    def __init__(self, once):
+    def __init__(self, once: _Once) -> None:
         self.once = once
 
-    def __call__(self, grad):
+    def __call__(self, grad: torch.Tensor) -> None:
         self.once()
         return None  # the gradient unchanged
 
 
-def _mark(t, once):
+def _mark(t: torch.Tensor, once: _Once) -> Any:
     """t marked (Note [Backward boundaries by a tensor hook]): t itself with a hook, or a
     view through _Boundary where a block has marked t already."""
     if t.grad_fn is not None and not getattr(t, "_stash_marked", False):
-        t.register_hook(_Hook(once))
-        t._stash_marked = True
+        t.register_hook(_Hook(once))  # type: ignore[no-untyped-call]
+        t._stash_marked = True  # type: ignore[attr-defined]
         return t
     return _Boundary.apply(once, t)
 
 
-def mark_backward(output, callback, on_marked=None):
+def mark_backward(output: Any, callback: Callable[[], None],
+                  on_marked: Optional[Callable[[], None]] = None) -> Any:
     """Returns `output` with `callback()` attached to run when backward first reaches it.
     Tensors, and tuples/lists of tensors (the callback fires once, at the first gradient
     that arrives), are handled; tensors that do not require grad pass unchanged.
@@ -87,7 +92,7 @@ def mark_backward(output, callback, on_marked=None):
         return out
     marked = False
 
-    def wrap(t):
+    def wrap(t: Any) -> Any:
         nonlocal marked
         if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
             marked = True
@@ -103,7 +108,7 @@ def mark_backward(output, callback, on_marked=None):
     return out
 
 
-def at_backward_end(callback):
+def at_backward_end(callback: Callable[[], None]) -> None:
     """Queues `callback` to run when the current backward pass finishes. Only valid while
     the autograd engine is executing a backward."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)

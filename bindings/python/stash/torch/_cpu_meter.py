@@ -171,8 +171,9 @@ def counting_allocator() -> Optional[Any]:
                 from torch.utils.cpp_extension import load_inline
 
                 # The module binds its own functions (PYBIND11_MODULE above).
-                mod = load_inline("stash_cpu_meter", cpp_sources=_SOURCE, functions=None,
-                                  extra_cflags=["-O2"], with_cuda=False, verbose=False)
+                mod = load_inline(  # type: ignore[no-untyped-call]
+                    "stash_cpu_meter", cpp_sources=_SOURCE, functions=None,
+                    extra_cflags=["-O2"], with_cuda=False, verbose=False)
                 mod.install()
                 _module = mod
             except Exception as e:  # noqa: BLE001 -- no compiler, no ninja, no headers

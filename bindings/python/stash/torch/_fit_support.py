@@ -9,7 +9,7 @@ import json
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -18,6 +18,9 @@ from .._engine import KEEP, RECOMPUTE, plan_actions
 from .._lib import StashError
 from .._planner import InfeasibleBudget, make_plan
 from ._saved import storage_of, tensors_in
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 GiB = float(1 << 30)
 MIN_OFFLOAD_BYTES = 1 << 20  # the planner's floor (planner/model/profile.h kMinOffloadBytes)
@@ -45,14 +48,14 @@ class _MeasureLayer:
         return action == RECOMPUTE
 
 
-class _DerivedLayer(list):
+class _DerivedLayer(list[int]):
     """A layer's actions in a derived plan (Note [A derived plan's first run] in _fit.py):
     the plan's list, but not exact: the hooks check no tensor count, a tensor past the
     list is kept, and only offloads go to the engine, whose plan has room for them."""
 
     exact = False
 
-    def __getitem__(self, j):
+    def __getitem__(self, j: int) -> int:  # type: ignore[override]
         return list.__getitem__(self, j) if j < list.__len__(self) else KEEP
 
     def __len__(self) -> int:
@@ -111,7 +114,7 @@ def _checked_blocks(blocks: Any) -> List[torch.nn.Module]:
                 f"(fit(<{type(blocks[0]).__name__}>.{inner}, ...)); stash plans what each "
                 "block keeps, recomputes or offloads, and prefetches one block ahead, so it "
                 "needs the blocks themselves")
-    return blocks
+    return blocks  # type: ignore[no-any-return]  # a list of Modules, checked above
 
 
 def _autocast_state() -> List[Tuple[str, bool, str]]:
@@ -128,7 +131,7 @@ def _autocast_state() -> List[Tuple[str, bool, str]]:
 _SIGNATURES: Dict[Any, str] = {}  # _signature's digests by their parts
 
 
-def _signature(args, kwargs, training: bool) -> str:
+def _signature(args: Any, kwargs: Dict[str, Any], training: bool) -> str:
     """Note [Re-planning and the cache]: the shape key of a step. The digest of parts seen
     before is looked up, not hashed again (Note [What it costs] in _fit.py)."""
     parts = tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad)
@@ -147,15 +150,16 @@ def _signature(args, kwargs, training: bool) -> str:
     return key
 
 
-def _model_digest(blocks) -> str:
+def _model_digest(blocks: Iterable[torch.nn.Module]) -> str:
     parts = []
     for b in blocks:
         parts.append((type(b).__name__, [(tuple(p.shape), str(p.dtype)) for p in b.parameters()]))
-    text = json.dumps([parts, torch.__version__, _lib.version()])
+    text = json.dumps([parts, torch.__version__, _lib.version()])  # type: ignore[no-untyped-call]
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def _tensor_bytes(ts) -> int:
+def _tensor_bytes(ts: Iterable[object]) -> int:
+    seen: Set[int]
     seen, n = set(), 0
     for t in ts:
         if isinstance(t, torch.Tensor):
@@ -171,7 +175,7 @@ _STATE_BYTES: "weakref.WeakKeyDictionary[Any, Tuple[List[Any], int]]" = \
     weakref.WeakKeyDictionary()
 
 
-def _optimizer_state_bytes(opt) -> int:
+def _optimizer_state_bytes(opt: Any) -> int:
     """The optimizer's state tensors' bytes, by storage. Counted again only when the
     state holds other tensors than last time (an optimizer keeps the same ones from step
     to step: Note [What it costs] in _fit.py)."""
@@ -185,7 +189,7 @@ def _optimizer_state_bytes(opt) -> int:
     return n
 
 
-def _optimizer_state_estimate(opt) -> int:
+def _optimizer_state_estimate(opt: Any) -> int:
     """Bytes the optimizer's state will hold after its first step (Note [What the budget
     counts]); exact once it has stepped."""
     if opt is None:
@@ -207,25 +211,25 @@ def _optimizer_state_estimate(opt) -> int:
 class _Clock:
     """Marks on the compute stream (CUDA events) or on the host clock (CPU)."""
 
-    def __init__(self, cuda: bool):
+    def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
         self.kind = "cuda-events" if cuda else "host-clock"
 
-    def mark(self):
+    def mark(self) -> Any:
         if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
+            e = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             e.record()
             return e
         return time.perf_counter()
 
-    def ms(self, a, b) -> float:
+    def ms(self, a: Any, b: Any) -> float:
         if a is None or b is None:
             return 0.0
         if self.cuda:
             return float(a.elapsed_time(b))
-        return (b - a) * 1e3
+        return (b - a) * 1e3  # type: ignore[no-any-return]  # host marks: floats
 
-    def sync(self):
+    def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
 
@@ -323,17 +327,17 @@ class _LayerRecord:
 def _weak(t: torch.Tensor) -> Any:
     try:
         from torch.multiprocessing.reductions import StorageWeakRef
-        return StorageWeakRef(t.untyped_storage())
+        return StorageWeakRef(t.untyped_storage())  # type: ignore[no-untyped-call]
     except Exception:  # noqa: BLE001 -- a tensor without a storage (e.g. a subclass)
         return None
 
 
-def _allocator_state():
+def _allocator_state() -> ModuleType:
     from . import _allocator
     return _allocator
 
 
-def _plan_doc(profile, actions) -> Dict[str, Any]:
+def _plan_doc(profile: Dict[str, Any], actions: Sequence[Sequence[str]]) -> Dict[str, Any]:
     """A stash.plan/1 document with these per-layer actions, for evaluate()."""
     layers = []
     for i, (layer, acts) in enumerate(zip(profile["layers"], actions)):
@@ -345,8 +349,8 @@ def _plan_doc(profile, actions) -> Dict[str, Any]:
             "solve_ms": 0, "profile_sha256": "", "layers": layers}
 
 
-def _actions_of(plan) -> List[List[int]]:
-    return plan_actions(plan)
+def _actions_of(plan: Dict[str, Any]) -> List[List[int]]:
+    return plan_actions(plan)  # type: ignore[no-untyped-call, no-any-return]
 
 
 def _cupti_fwd(cupti: Optional[Dict[str, Any]], i: int) -> Optional[float]:
@@ -359,7 +363,7 @@ def _cupti_fwd(cupti: Optional[Dict[str, Any]], i: int) -> Optional[float]:
     return None
 
 
-def _min_feasible(doc) -> int:
+def _min_feasible(doc: Dict[str, Any]) -> int:
     try:
         make_plan(doc, "1")
     except InfeasibleBudget as e:

@@ -35,12 +35,17 @@ every step, and its measuring step calibrates the fixed bytes from it exactly as
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, Optional, Union
 
 from ._fit_support import _tensor_bytes
 
+if TYPE_CHECKING:
+    import torch
 
-def live_training_bytes(model, optimizer, batch) -> int:
+    from ._cpu_meter import Window
+
+
+def live_training_bytes(model: torch.nn.Module, optimizer: Any, batch: Any) -> int:
     """Parameters, gradients, buffers, optimizer state and the batch, by storage."""
     tensors = list(model.parameters()) + [p.grad for p in model.parameters()]
     tensors += list(model.buffers())
@@ -65,7 +70,8 @@ class Meter:
         """Whether the meter watches this step (it then must not be timed)."""
         return False
 
-    def step(self, step: int, steps: int, model, optimizer, batch):
+    def step(self, step: int, steps: int, model: torch.nn.Module, optimizer: Any,
+             batch: Any) -> ContextManager[None]:
         return contextlib.nullcontext()
 
     def _note(self, allocated: Optional[int], reserved: Optional[int]) -> None:
@@ -95,7 +101,8 @@ class CudaMeter(Meter):
             torch._C._host_emptyCache()
 
     @contextlib.contextmanager
-    def step(self, step, steps, model, optimizer, batch):
+    def step(self, step: int, steps: int, model: torch.nn.Module, optimizer: Any,
+             batch: Any) -> Iterator[None]:
         import torch
 
         torch.cuda.reset_peak_memory_stats()
@@ -108,11 +115,12 @@ class CpuAllocatorMeter(Meter):
     source = ("c10 CPU allocator (stash's counting allocator), every step, on top of the "
               "parameters, gradients, optimizer state and batch alive at its start")
 
-    def __init__(self, window) -> None:
+    def __init__(self, window: Window) -> None:
         self.window = window
 
     @contextlib.contextmanager
-    def step(self, step, steps, model, optimizer, batch):
+    def step(self, step: int, steps: int, model: torch.nn.Module, optimizer: Any,
+             batch: Any) -> Iterator[None]:
         base = live_training_bytes(model, optimizer, batch)
         self.window.reopen()
         yield
@@ -123,11 +131,12 @@ class CpuProfilerMeter(Meter):
     source = ("c10 CPU allocator via torch.profiler memory events, last step, on top of "
               "the parameters, gradients, optimizer state and batch alive at its start")
 
-    def watches(self, step, steps):
+    def watches(self, step: int, steps: int) -> bool:
         return step == steps - 1
 
     @contextlib.contextmanager
-    def step(self, step, steps, model, optimizer, batch):
+    def step(self, step: int, steps: int, model: torch.nn.Module, optimizer: Any,
+             batch: Any) -> Iterator[None]:
         if not self.watches(step, steps):
             yield
             return
@@ -139,7 +148,7 @@ class CpuProfilerMeter(Meter):
         self._note(base + peak_delta(prof), None)
 
 
-def peak_delta(prof) -> int:
+def peak_delta(prof: Any) -> int:
     """The most bytes the CPU allocator held above its level when profiling began."""
     events = [e for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and e.device_type() == _cpu_device_type()]
@@ -151,13 +160,13 @@ def peak_delta(prof) -> int:
     return peak
 
 
-def _cpu_device_type():
+def _cpu_device_type() -> Any:
     from torch.autograd import DeviceType
 
     return DeviceType.CPU
 
 
-def meter_for(device) -> Meter:
+def meter_for(device: Union[str, torch.device]) -> Meter:
     import torch
 
     if torch.device(device).type == "cuda":

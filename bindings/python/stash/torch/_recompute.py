@@ -2,13 +2,21 @@
 its recompute, and the recompute's own pack hook (Note [Selective recompute] in
 _offload.py). The handle owns the engine side: fetching offloaded inputs and counting."""
 
+from __future__ import annotations
+
 import contextlib
 import weakref
+from typing import (AbstractSet, Any, Callable, Dict, Iterable, List, Literal, NoReturn, Optional,
+                    Tuple, Union)
 
 import torch
 
 from .._lib import StashError
 from ._saved import SaveOrder
+
+# One save as the record of a forward holds it: (index, first, dtype, shape, device), or None
+# for a tensor SaveOrder does not number.
+Save = Optional[Tuple[int, bool, torch.dtype, torch.Size, torch.device]]
 
 
 class StopRecompute(Exception):
@@ -18,7 +26,8 @@ class StopRecompute(Exception):
     error either way."""
 
 
-def map_tensors(x, fn, kind=torch.Tensor):
+def map_tensors(x: Any, fn: Callable[[Any], Any],
+                kind: Union[type, Tuple[type, ...]] = torch.Tensor) -> Any:
     """x with every `kind` object t (tensors; the slots that stand for them) replaced by
     fn(t), through the containers _saved.tensors_in walks (tuples, named tuples, lists,
     dict values), in the same order."""
@@ -34,7 +43,7 @@ def map_tensors(x, fn, kind=torch.Tensor):
     return x
 
 
-def _autocast_mode_any(device_type):
+def _autocast_mode_any(device_type: str) -> Tuple[bool, torch.dtype]:
     """(enabled, dtype) of autocast for a device type, either API: torch >= 2.4 has one
     API for all, whose older spellings warn there; 1.13 .. 2.3 have one function per
     device."""
@@ -48,7 +57,7 @@ def _autocast_mode_any(device_type):
     return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
 
 
-def _one_api():
+def _one_api() -> bool:
     try:
         torch.is_autocast_enabled("cpu")
         torch.get_autocast_dtype("cpu")
@@ -58,7 +67,7 @@ def _one_api():
 
 
 if _one_api():  # chosen once: the mode is read at every recompute forward and replay
-    def _autocast_mode(device_type):
+    def _autocast_mode(device_type: str) -> Tuple[bool, torch.dtype]:
         return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 else:
     _autocast_mode = _autocast_mode_any
@@ -84,7 +93,7 @@ class ForwardState:
 
     __slots__ = ("cpu_rng", "cuda_rng", "autocast", "autocast_cache")
 
-    def __init__(self, cuda_devices, cpu_rng=None):
+    def __init__(self, cuda_devices: Iterable[int], cpu_rng: Optional[torch.Tensor] = None) -> None:
         # cpu_rng: a buffer to hold the CPU RNG state in (Note [RNG states kept in place]).
         self.cpu_rng = (torch.get_rng_state() if cpu_rng is None
                         else cpu_rng.copy_(torch.get_rng_state()))
@@ -92,7 +101,7 @@ class ForwardState:
         self.autocast = [(dt,) + _autocast_mode(dt) for dt in ("cpu", "cuda")]
         self.autocast_cache = torch.is_autocast_cache_enabled()
 
-    def restored(self):
+    def restored(self) -> _Restored:
         """A context manager that puts this state back for the replay and the outer RNG
         state back after it."""
         return _Restored(self)
@@ -104,10 +113,10 @@ class _Restored:
 
     __slots__ = ("state", "outer_cpu", "outer_cuda", "stack")
 
-    def __init__(self, state):
+    def __init__(self, state: ForwardState) -> None:
         self.state = state
 
-    def __enter__(self):
+    def __enter__(self) -> _Restored:
         st = self.state
         self.outer_cpu = torch.get_rng_state()
         self.outer_cuda = [(d, torch.cuda.get_rng_state(d)) for d, _ in st.cuda_rng]
@@ -129,7 +138,7 @@ class _Restored:
             raise
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         try:
             if self.stack is not None:
                 self.stack.close()
@@ -147,7 +156,7 @@ class HeldInput:
 
     __slots__ = ("t", "requires_grad", "version")
 
-    def __init__(self, t):
+    def __init__(self, t: torch.Tensor) -> None:
         self.t = t.detach()  # shares t's storage and version counter
         self.requires_grad = t.requires_grad
         self.version = t._version
@@ -159,7 +168,7 @@ class FetchedInput:
 
     __slots__ = ("fetched", "dtype", "size", "stride", "offset", "requires_grad")
 
-    def __init__(self, fetched, t):
+    def __init__(self, fetched: Any, t: torch.Tensor) -> None:
         self.fetched = fetched
         self.dtype, self.size, self.stride = t.dtype, t.size(), t.stride()
         self.offset = t.storage_offset()
@@ -172,11 +181,11 @@ class Placeholder:
 
     __slots__ = ("frame", "pos", "__weakref__")
 
-    def __init__(self, frame, pos):
+    def __init__(self, frame: Frame, pos: int) -> None:
         self.frame, self.pos = frame, pos
 
 
-def describe(save):
+def describe(save: Save) -> str:
     if save is None:
         return "a parameter, buffer or empty tensor (not numbered)"
     j, first, dtype, shape, device = save
@@ -191,25 +200,32 @@ class Frame:
     only, so it is freed with the last of them (autograd frees saved tensors as their
     nodes run, or with the graph)."""
 
-    def __init__(self, layer, step, forward, state):
+    args: Any    # the forward's (as slots), or None until it returns
+    kwargs: Any
+    saves: List[Save]
+    wanted: Dict[int, weakref.ref[Placeholder]]
+    captured: Dict[int, torch.Tensor]
+
+    def __init__(self, layer: int, step: Any, forward: Callable[..., Any],
+                 state: ForwardState) -> None:
         self.layer, self.step, self.forward, self.state = layer, step, forward, state
         self.args = self.kwargs = None  # set when the forward returns
         self.saves = []     # per pack call, in order: None or (index, first, dtype, shape, device)
         self.wanted = {}    # save position -> weakref to its Placeholder
         self.captured = {}  # save position -> recomputed tensor (detached), until unpacked
 
-    def place(self, save):
+    def place(self, save: Save) -> int:
         """Records the forward's next save; returns its position."""
         self.saves.append(save)
         return len(self.saves) - 1
 
-    def placeholder(self, pos):
+    def placeholder(self, pos: int) -> Placeholder:
         """What the pack hook returns for the save at `pos`, which the plan recomputes."""
         ph = Placeholder(self, pos)
         self.wanted[pos] = weakref.ref(ph)
         return ph
 
-    def mismatch(self, pos, got, why):
+    def mismatch(self, pos: int, got: str, why: str) -> StashError:
         return StashError(
             f"stash.torch.offload: block {self.layer} (micro-batch {self.step.mb}) saved a "
             f"different sequence of tensors when recomputed than in its forward ({why}): save "
@@ -227,26 +243,28 @@ class Replay:
     address, and a freed address reused by a later tensor would look like a view of the
     first."""
 
-    def __init__(self, frame, resident, inputs, on_save=None):
+    def __init__(self, frame: Frame, resident: AbstractSet[int], inputs: Iterable[int],
+                 on_save: Optional[Callable[[Frame, int, Optional[Tuple[int, bool]],
+                                            torch.Tensor], object]] = None) -> None:
         self.frame = frame
         self.on_save = on_save
         self.order = SaveOrder(resident, inputs, inputs)
         self.pos = 0
         self.stopped = False
-        self.error = None
+        self.error: Optional[StashError] = None
         alive = [p for p, ref in frame.wanted.items() if ref() is not None]
         self.want = set(alive)
         self.last = max(alive) if alive else -1
         self.captured = 0
 
-    def pack(self, t):
+    def pack(self, t: torch.Tensor) -> None:
         try:
             return self._pack(t)
         except StashError as e:
             self.error = e  # torch 1.13 reports it as a RuntimeError; recompute() raises this
             raise
 
-    def _pack(self, t):
+    def _pack(self, t: torch.Tensor) -> None:
         frame, pos = self.frame, self.pos
         self.pos += 1
         seen = self.order.see(t)
@@ -266,12 +284,12 @@ class Replay:
         return None  # the replay's own graph never runs backward: it keeps nothing
 
     @staticmethod
-    def unpack(_):
+    def unpack(_: Any) -> NoReturn:
         raise StashError("stash.torch.offload: backward through a recompute's own graph "
                          "(a gradient computed inside a block's forward is not supported "
                          "with recompute)")
 
-    def run(self, args, kwargs):
+    def run(self, args: Any, kwargs: Dict[str, Any]) -> None:
         """Runs the block's forward under the forward's RNG and autocast state, with grad,
         until the last wanted save. Raises StashError when the saves differ."""
         frame = self.frame

@@ -2,7 +2,9 @@
 and the offload hooks, so that a plan made from a recorded profile names the same tensors
 the hooks see (Note [What the record pass counts] in _record.py)."""
 
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from __future__ import annotations
+
+from typing import AbstractSet, Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch.nn import Parameter
@@ -30,12 +32,12 @@ def tensors_in(x: Any) -> Iterator[torch.Tensor]:
             yield from tensors_in(y)
 
 
-def call_block(block, x):
+def call_block(block: Any, x: Any) -> Any:
     """Block i's output is block i+1's input: a tuple is positional arguments."""
     return block(*x) if isinstance(x, tuple) else block(x)
 
 
-def is_fsdp(block) -> bool:
+def is_fsdp(block: Any) -> bool:
     """Whether FSDP2's fully_shard manages block's parameters."""
     try:
         from torch.distributed.fsdp import FSDPModule
@@ -44,11 +46,11 @@ def is_fsdp(block) -> bool:
     return isinstance(block, FSDPModule)
 
 
-def resident_storages(blocks):
+def resident_storages(blocks: Iterable[torch.nn.Module]) -> Set[int]:
     """Storage keys of every parameter and buffer of the blocks: never listed (they stay
     resident anyway and belong to fixed_bytes). Taken once per step: one walk over the
     modules' own tables (what parameters() and buffers() walk, twice and deduplicated)."""
-    keys = set()
+    keys: Set[int] = set()
     for block in blocks:
         for m in block.modules():
             for table in (m._parameters, m._buffers):
@@ -78,7 +80,8 @@ class SaveOrder:
     __slots__ = ("resident", "inputs", "earlier", "index", "keys", "_firsts", "_sizes",
                  "_entries")
 
-    def __init__(self, resident, inputs=(), earlier=()):
+    def __init__(self, resident: AbstractSet[int], inputs: Iterable[int] = (),
+                 earlier: Iterable[int] = ()) -> None:
         self.resident = resident
         self.inputs = set(inputs)
         self.earlier = self.inputs if earlier is inputs else set(earlier)
@@ -88,13 +91,14 @@ class SaveOrder:
         self._sizes: List[Optional[int]] = []  # per index: its bytes, once asked
         self._entries: List[Dict[str, Any]] = []
 
-    def see(self, t):
+    def see(self, t: torch.Tensor) -> Optional[Tuple[int, bool]]:
         if type(t) is torch.Tensor and t.numel():
             # Never a Parameter (Parameter's isinstance reads _is_param only on tensor
             # subclasses), and a storage with elements is not empty. A strided tensor's
             # pointer is its storage's plus its offset.
             try:
-                key = t.data_ptr() - t.storage_offset() * t.element_size()
+                # (The stubs type storage_offset() as int or SymInt; a real tensor's is an int.)
+                key: int = t.data_ptr() - t.storage_offset() * t.element_size()  # type: ignore[assignment]
             except RuntimeError:  # no storage (sparse): as storage_of raises
                 key = t.untyped_storage().data_ptr()
             empty = False
@@ -142,5 +146,5 @@ class SaveOrder:
                                   "recomputable": key not in self.earlier})
         return self._entries
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.keys)
