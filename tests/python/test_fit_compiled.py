@@ -160,6 +160,20 @@ def test_fit_plans_the_compiled_graph_of_other_families(family, share):
         assert s["peak"] < ref_peak, (s["peak"], ref_peak)
 
 
+def test_a_new_length_under_whole_model_compile_is_named(keep_all, recwarn):
+    """Note [One shape under whole-model compile]: the graph Dynamo makes for another
+    sequence length is not planned for it; fit says so once, naming what plans every
+    shape, and the measured length trains as before."""
+    ref, _, _ = keep_all
+    budget = int(0.85 * max(s["peak"] for s in ref[1:]))
+    got, _, h = train(budget, steps=5, seqs=[128, 128, 128, 160, 160])
+    named = [w for w in recwarn.list if "another shape" in str(w.message)]
+    assert len(named) == 1 and "Per-block compile or eager mode" in str(named[0].message)
+    assert [s.serial for s in h._compiled_st.steps] == [0, 0, 1, 1, 1]
+    assert all(torch.equal(a["loss"], b["loss"]) for a, b in zip(ref[:3], got[:3]))
+    assert got[2]["peak"] <= budget
+
+
 def test_fit_entered_after_compile_refuses_an_infeasible_budget():
     # Above the parameters and gradients (fit() accepts it), below what least memory needs.
     m = llama()

@@ -25,26 +25,20 @@ forward, and stash plans what the joint graph saves, through the min-cut partiti
 - The first step of a shape is the measuring step: every block recomputed from its input
   (all its nodes MUST_RECOMPUTE, each block an AC region of its own, as full activation
   checkpointing tags them), its times taken from the ticks and its peak from the meter.
-  At the next step's tick 0 the profile (Note [Recompute cost in a compiled block]) is
-  planned by the same planner (stash_plan_make), under the same budget, with the same
-  refusal (BudgetRefused, raised from that forward); the measured peak less the
-  canonical model's activation peak for least memory is the profile's fixed bytes, as
-  on CUDA in eager mode (Note [What the budget counts] in _fit.py), the optimizer's
-  state added when it did not exist yet. The plan takes effect at the next compile:
-  the wrapper's trace reads the plan's serial, so Dynamo's guard on it recompiles the
-  graph, and the partitioner tags the kept values MUST_SAVE and every other node of the
-  blocks MUST_RECOMPUTE, so that a recomputed value is rebuilt from kept values and the
-  block's input, as the planner priced it. The step that planned still runs the
-  measuring graph; the plan runs from the step after it.
-- Identical blocks have one signature and are solved once, as in eager mode.
-- Where fit cannot plan (a torch without custom_partitioner_fn, another partitioner
-  installed, a backend other than inductor, whose partition stash never sees), or for
-  an offload() handle (an explicit eager plan cannot name a graph's values), the tick
-  raises StashError at run time naming why and what works: per-block compile (Note
-  [Compiled blocks] in _offload.py) or eager. The tick's fake kernel marks the handle as
-  traced, so that where Dynamo gives up on the trace and runs the blocks eagerly inside
-  a compiled model (whose inner frames it compiles, inside the hooks), the eager
-  wrapper raises the same error instead of training on a half-compiled replay.
+  At the next step's tick 0 the profile (Note [One shape under whole-model compile]
+The plan's actions name the measured graph's saved values by position, and their bytes
+are the measured shape's. A graph compiled later for another shape (a new sequence
+length or batch size; Dynamo's automatic dynamic shapes after a second one) saves the
+same values at other sizes, and then gets the measured plan by position, or other
+values (one more, a size, in a Llama's first block at length 160), and then keeps all.
+Either can run over the budget: that Llama, planned at 85% of its keep-all peak at
+length 128, peaked 4.9% over that budget at 160. Least memory is no way out: a compiled
+block recomputed whole from its input peaks higher in its backward (5.40 MB at 128
+against the plan's 4.76; 6.47 MB at 160 against 6.32). So fit warns once, naming what
+plans every shape (per-block compile, or eager mode, where a new shape is derived from
+the measured ones: Note [A profile derived from the measured shapes] in _fit_shapes.py).
+Planning each shape's graph (its saved bytes are known at partition time) is issue
+21's open part.
 
 Note [Recompute cost in a compiled block]
 The ticks time each block's forward and backward on a measured run of the compiled
@@ -63,6 +57,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -278,6 +273,7 @@ class CompiledState:
         self.steps: List[StepTimes] = []
         self.installed = False
         self.error: Optional[StashError] = None
+        self.other_shape_warned = False  # Note [One shape under whole-model compile]
         _states[self.id] = self
 
     # --- trace time ----------------------------------------------------------------------
@@ -328,10 +324,21 @@ class CompiledState:
             for b, values in saved.items():
                 self.saved[b] = values
                 self.weights[b] = cut.weight.get(b, 0.0)
-        elif actions is not None and any(
-                len(saved.get(b, [])) != len(self.saved.get(b, [])) for b in saved):
-            # The recompiled graph saves other values than the measured one: keep all.
-            actions = [["keep"] * len(self.saved.get(b, [])) for b in range(self.n)]
+        elif actions is not None:
+            # Note [One shape under whole-model compile]
+            if not self.other_shape_warned and any(
+                    [v.nbytes for v in saved.get(b, [])]
+                    != [v.nbytes for v in self.saved.get(b, [])] for b in range(self.n)):
+                self.other_shape_warned = True
+                warnings.warn(
+                    "stash.torch.fit: torch.compile made a graph for another shape (a new "
+                    "sequence length or batch size, or dynamic shapes) than the one stash "
+                    "measured; under whole-model compile stash plans the measured shape "
+                    "only, and this graph's peak may be over the budget. Per-block compile "
+                    "or eager mode plans every shape.", stacklevel=2)
+            if any(len(saved.get(b, [])) != len(self.saved.get(b, [])) for b in saved):
+                # The recompiled graph saves other values than the measured one: keep all.
+                actions = [["keep"] * len(self.saved.get(b, [])) for b in range(self.n)]
         tag(gm, cut, saved, actions)
         self.partitioned[serial] = self.partitioned.get(serial, 0) + 1
 
