@@ -186,6 +186,16 @@ if want fit; then
       --size "${STASH_GPU_FIT_SIZE:-h200}" \
       --shares "${STASH_GPU_FIT_SHARES:-85,70,55}" --gib "${STASH_GPU_FIT_GIB:-40}" \
       --steps 5 --out "$out_dir/fit"
+  # Issue 20: a new length on most steps (a quarter of the model's longest to all of it)
+  # and one injected fault at 70%: every step's max_memory_allocated within its shape's
+  # budget, at most two measuring steps, losses bitwise with keep-all (else it fails).
+  lengths=1024-4096
+  [ "${STASH_GPU_FIT_SIZE:-h200}" = tiny ] && lengths=64-256
+  PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    STASH_LIB_DIR="$libdir" \
+    run "stash.bench.fit (Llama, bf16, new lengths, a fault)" 300 python3 -m stash.bench.fit \
+      --size "${STASH_GPU_FIT_SIZE:-h200}" --shares 70 --gib "" --steps 12 \
+      --lengths "$lengths" --fault-at 3 --out "$out_dir/fit-lengths"
 fi
 
 # stash.torch.fit under FSDP2 on NCCL at world size 1, and the link as 2 and 4 processes on

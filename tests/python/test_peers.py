@@ -266,8 +266,18 @@ def test_fit_figures_hold_every_step_to_the_budget():
     # A step without a reading is not within budget by default.
     missing = [dict(planned[0], allocated_bytes=None)] + planned[1:]
     assert fit_figures(_fit_row(missing, budget=1000), cuda=True)["within_budget"] is False
-    # keep-all: peaks only.
-    assert set(fit_figures(_fit_row(planned), cuda=True)) == {"step_peaks", "peak_bytes"}
+    # Each step against its own shape's budget where the report gives one.
+    own = [dict(s, step_budget_bytes=b) for s, b in zip(planned, [90, 101, 99])]
+    assert fit_figures(_fit_row(own, budget=50), cuda=True)["within_budget"] is True
+    own[2]["step_budget_bytes"] = 98
+    assert fit_figures(_fit_row(own, budget=1000), cuda=True)["within_budget"] is False
+    # A lost step has no reading and counts as lost, not as over the budget.
+    lost = planned + [{"lost": True, "wall_ms": None, "metered": False}]
+    f = fit_figures(_fit_row(lost, budget=100), cuda=True)
+    assert f["within_budget"] is True and f["lost_steps"] == 1 and f["measuring_steps"] == 1
+    # keep-all: peaks and counts only.
+    assert set(fit_figures(_fit_row(planned), cuda=True)) == {
+        "step_peaks", "peak_bytes", "lost_steps", "measuring_steps"}
 
 
 def test_bench_fit_tiny_run(tmp_path):
@@ -287,3 +297,31 @@ def test_bench_fit_tiny_run(tmp_path):
     assert refused["status"] != "ok" and refused["reason"].startswith("StashError")
     md = (out / "fit.md").read_text()
     assert "| 70% (" in md and "no plan can meet it" in md
+
+
+def test_bench_fit_new_lengths_and_a_fault(tmp_path):
+    """Issue 20's GPU check, run here at the tiny size: a new length on most steps and one
+    injected fault; every run skips the same step, plans the lengths it did not measure
+    (at most two measuring steps), keeps each step within its own shape's budget, and
+    trains bit for bit like keep-all."""
+    from stash.bench import fit
+
+    out = tmp_path / "fit"
+    assert fit.main(["--size", "tiny", "--steps", "8", "--shares", "70", "--gib", "0.025",
+                     "--lengths", "64-256", "--fault-at", "3", "--out", str(out),
+                     "--device", "cpu"]) == 0
+    doc = json.loads((out / "fit.json").read_text())
+    assert doc["fault_at"] == 3 and len(set(doc["lengths"])) >= 5, doc["lengths"]
+    keep = doc["keep_all"]
+    assert keep["losses"][3] is None and keep["fit"]["lost_steps"] == 1
+    for r in doc["runs"]:
+        assert r["status"] == "ok", r["reason"]
+        f = r["fit"]
+        assert f["lost_steps"] == 1 and f["measuring_steps"] <= 2, f
+        assert f["within_budget"], f
+        assert r["losses"] == keep["losses"]
+    assert "measuring / lost steps" in (out / "fit.md").read_text()
+    # The wrong argument is named.
+    with pytest.raises(SystemExit):
+        fit.main(["--size", "tiny", "--lengths", "64-1024", "--device", "cpu",
+                  "--out", str(out)])

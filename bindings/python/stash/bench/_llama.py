@@ -3,7 +3,7 @@ weights, no download), the same for every system a benchmark compares."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 SIZES: Dict[str, Dict[str, Any]] = {
     # hidden, layers, heads, kv heads, ffn, seq, batch, vocab, dtype
@@ -38,10 +38,18 @@ def model(size: Dict[str, Any], seed: int, device):
     return m
 
 
-def data(size: Dict[str, Any], steps: int, device) -> List[Any]:
-    """steps batches of token ids (batch x seq), the same for every run."""
+def data(size: Dict[str, Any], steps: int, device,
+         lengths: Optional[Tuple[int, int]] = None) -> List[Any]:
+    """steps batches of token ids (batch x seq), the same for every run; with lengths
+    (lo, hi), each batch's length is drawn from the multiples of 8 in [lo, hi] (seeded)."""
     import torch
 
     g = torch.Generator(device="cpu").manual_seed(1)
-    return [torch.randint(0, size["vocab"], (size["batch"], size["seq"]), generator=g).to(device)
-            for _ in range(steps)]
+    out = []
+    for _ in range(steps):
+        seq = size["seq"]
+        if lengths is not None:
+            lo, hi = (lengths[0] + 7) // 8, lengths[1] // 8
+            seq = 8 * int(torch.randint(lo, hi + 1, (1,), generator=g).item())
+        out.append(torch.randint(0, size["vocab"], (size["batch"], seq), generator=g).to(device))
+    return out

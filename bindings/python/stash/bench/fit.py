@@ -9,6 +9,14 @@ prints a Markdown table and writes JSON.
 
   python -m stash.bench.fit --size h200 --out out/fit      # bf16, SDPA, on a GPU
   python -m stash.bench.fit --size tiny --out out/fit      # CPU (the test double) or GPU
+  python -m stash.bench.fit --size h200 --lengths 1024-4096 --fault-at 3 --steps 12
+
+With --lengths LO-HI every step's batch has a length drawn from [LO, HI] (a new length
+on most steps; fit plans them from the measured ones, Note [A profile derived from the
+measured shapes] in stash/torch/_fit_shapes.py), and the command fails when a run
+measured more than twice. With --fault-at K, step K raises in the second decoder layer's
+forward and the loop skips it, in every run alike (keep-all included), so the losses
+still compare bit for bit.
 
 Each run is a row of the peers harness (stash.bench.peers' run_system: the same model,
 data, optimizer, loop and timing). On a GPU a step's peak is torch.cuda's
@@ -41,7 +49,9 @@ def fit_figures(row: Dict[str, Any], cuda: bool) -> Dict[str, Any]:
     median over planned steps of |step / predicted - 1| and the largest |peak / predicted
     - 1|."""
     out: Dict[str, Any] = {}
-    steps = row["steps"]
+    steps = [s for s in row["steps"] if not s.get("lost")]  # a lost step has no reading
+    out["lost_steps"] = len(row["steps"]) - len(steps)
+    out["measuring_steps"] = sum(s.get("mode") == "measure" for s in steps)
     key = "allocated_bytes" if cuda else "fit_peak_bytes"
     peaks = [s.get(key) for s in steps]
     out["step_peaks"] = peaks
@@ -52,7 +62,10 @@ def fit_figures(row: Dict[str, Any], cuda: bool) -> Dict[str, Any]:
         return out
     budget = st["budget_bytes"]
     out["budget_bytes"] = budget
-    out["within_budget"] = bool(known) and len(known) == len(peaks) and max(known) <= budget
+    # Each step against its own shape's budget in bytes (a share is resolved per shape:
+    # Note [What a share budget means] in stash/torch/_fit_options.py).
+    out["within_budget"] = bool(known) and len(known) == len(peaks) and all(
+        p <= (s.get("step_budget_bytes") or budget) for p, s in zip(peaks, steps))
     planned = [s for s in steps if s.get("mode") == "plan"]
     errs = [abs(s["step_ms"] / s["predicted_step_ms"] - 1) for s in planned
             if s.get("predicted_step_ms")]
@@ -69,16 +82,18 @@ def _pct(v: Optional[float]) -> str:
 
 def table(keep: Dict[str, Any], runs: List[Dict[str, Any]]) -> str:
     rows = ["| budget | peak GiB (every step, max) | within budget | tokens/s | vs keep-all "
-            "| step error | peak error | plan (keep/recompute/offload) |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| step error | peak error | measuring / lost steps "
+            "| plan (keep/recompute/offload) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     kp = keep["fit"]["peak_bytes"]
+    lost = keep["fit"]["lost_steps"]
     rows.append(f"| keep-all | {kp / GIB:.2f} | - | {keep['tokens_per_s']:.0f} | 100.0% "
-                "| - | - | - |" if kp is not None else
+                f"| - | - | - / {lost} | - |" if kp is not None else
                 f"| keep-all | n/a (no device allocator) | - | {keep['tokens_per_s']:.0f} "
-                "| 100.0% | - | - | - |")
+                f"| 100.0% | - | - | - / {lost} | - |")
     for r in runs:
         if r["status"] != "ok":
-            rows.append(f"| {r['budget']} | - | - | - | - | - | - | {r['reason']} |")
+            rows.append(f"| {r['budget']} | - | - | - | - | - | - | - | {r['reason']} |")
             continue
         f = r["fit"]
         a = (r["stash"].get("plan") or {}).get("actions", {})
@@ -87,6 +102,7 @@ def table(keep: Dict[str, Any], runs: List[Dict[str, Any]]) -> str:
             f"| {'yes' if f['within_budget'] else 'NO'} | {r['tokens_per_s']:.0f} "
             f"| {100 * r['tokens_per_s'] / keep['tokens_per_s']:.1f}% "
             f"| {_pct(f['step_error'])} | {_pct(f['peak_error'])} "
+            f"| {f['measuring_steps']} / {f['lost_steps']} "
             f"| {a.get('keep', 0)}/{a.get('recompute', 0)}/{a.get('offload', 0)} |")
     return "\n".join(rows)
 
@@ -101,24 +117,42 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--out", default="out/fit", help="folder for fit.json and fit.md")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps at the start")
+    ap.add_argument("--lengths", default="", metavar="LO-HI",
+                    help="a length from LO to HI tokens for every step's batch")
+    ap.add_argument("--fault-at", type=int, default=None, metavar="K",
+                    help="step K raises in a block's forward; the loop skips it")
     a = ap.parse_args(argv)
     if a.steps < 2 or a.warmup < 0 or a.warmup >= a.steps:
         ap.error("--steps must be at least 2 and --warmup smaller than --steps")
+    if a.fault_at is not None and not 0 <= a.fault_at < a.steps:
+        ap.error("--fault-at must be a step: from 0 to --steps - 1")
+    lengths = None
+    if a.lengths:
+        try:
+            lo, hi = (int(x) for x in a.lengths.split("-"))
+        except ValueError:
+            ap.error(f"--lengths {a.lengths!r}: give LO-HI in tokens, e.g. 1024-4096")
+        if not 8 <= lo <= hi:
+            ap.error(f"--lengths {a.lengths!r}: need 8 <= LO <= HI")
+        lengths = (lo, hi)
 
     import torch
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     cuda = device == "cuda"
     size = _llama.SIZES[a.size]
+    if lengths is not None and lengths[1] > size["seq"]:
+        ap.error(f"--lengths {a.lengths!r}: the {a.size} Llama takes at most {size['seq']} "
+                 "tokens")
     os.makedirs(a.out, exist_ok=True)
-    batches = _llama.data(size, a.steps, device)
+    batches = _llama.data(size, a.steps, device, lengths)
     meter = meter_for(device)
     link = None if cuda else {"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0}
     print(f"stash.bench.fit: {a.size} Llama ({size}), {a.steps} steps per run, {device}",
           flush=True)
 
     def run(system) -> Dict[str, Any]:
-        r = run_system(system, size, batches, device, meter, a.warmup)
+        r = run_system(system, size, batches, device, meter, a.warmup, a.fault_at)
         if r["status"] == "ok":
             r["fit"] = fit_figures(r, cuda)
         return r
@@ -148,16 +182,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     md = table(keep, runs)
     print(md)
     doc = {"size": a.size, "config": size, "device": device, "steps": a.steps,
-           "warmup": a.warmup, "torch": torch.__version__, "keep_all": keep, "runs": runs}
+           "warmup": a.warmup, "lengths": [int(b.shape[1]) for b in batches],
+           "fault_at": a.fault_at, "torch": torch.__version__, "keep_all": keep,
+           "runs": runs}
     with open(os.path.join(a.out, "fit.json"), "w") as f:
         json.dump(doc, f, indent=1)
     with open(os.path.join(a.out, "fit.md"), "w") as f:
         f.write(md + "\n")
     # A budget fit refuses (a StashError naming why, when it starts or when it plans) is a
-    # result; any other failure, or a step over its budget, fails the command.
+    # result; any other failure, a step over its budget, a run whose losses differ from
+    # keep-all's, or more than two measuring steps over varied lengths, fails the command.
     bad = [r["budget"] for r in runs
            if (r["status"] != "ok" and not r["reason"].startswith("StashError"))
-           or (r["status"] == "ok" and not r["fit"]["within_budget"])]
+           or (r["status"] == "ok" and (
+               not r["fit"]["within_budget"] or r["losses"] != keep["losses"]
+               or (lengths is not None and r["fit"]["measuring_steps"] > 2)))]
     if bad:
         print(f"stash.bench.fit: failed or over budget: {', '.join(bad)}", file=sys.stderr)
         return 1

@@ -65,7 +65,8 @@ from typing import Any, Dict, List, Optional
 from . import _llama
 from .._lib import StashError
 from ..torch._meter import Meter, meter_for
-from ._peer_systems import System, peer_systems, stash_systems, system_by_name
+from ._peer_systems import (System, decoder_layers, peer_systems, stash_systems,
+                            system_by_name)
 from ._svg import knee, peers_svg, stash_curve
 
 GIB = float(1 << 30)
@@ -77,7 +78,11 @@ def loss_check(losses: List[float], reference: List[float], compiled: bool,
     """Note [Which losses must match]."""
     if not reference or len(losses) != len(reference):
         return {"rule": "n/a", "ok": None, "max_rel_diff": None}
-    rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, reference))
+    # A step both lost (an injected fault: run_system's fault_at) is no comparison.
+    pairs = [(a, b) for a, b in zip(losses, reference) if a is not None or b is not None]
+    if any(a is None or b is None for a, b in pairs):
+        return {"rule": "n/a", "ok": False, "max_rel_diff": None}
+    rel = max([abs(a - b) / max(abs(b), 1e-30) for a, b in pairs] or [0.0])
     if compiled:
         tol = TOLERANCE.get(dtype, 1e-2)
         return {"rule": f"rel <= {tol:g}", "tolerance": tol, "max_rel_diff": rel,
@@ -99,9 +104,20 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+class InjectedFault(Exception):
+    """The exception run_system's fault_at raises in a block's forward."""
+
+
+def _raise_injected(module: Any, args: Any) -> None:
+    raise InjectedFault("stash.bench: an injected fault in a block's forward")
+
+
 def run_system(system: System, size: Dict[str, Any], batches: List[Any], device,
-               meter: Meter, warmup: int) -> Dict[str, Any]:
-    """Trains a fresh model under system for len(batches) steps; its row."""
+               meter: Meter, warmup: int, fault_at: Optional[int] = None) -> Dict[str, Any]:
+    """Trains a fresh model under system for len(batches) steps; its row. fault_at: the
+    step whose forward raises in the second decoder layer (InjectedFault); the loop
+    catches it and goes on, as a training loop that skips a bad batch does (the step is
+    recorded lost, its loss None)."""
     import torch
 
     row = _row(system)
@@ -118,18 +134,34 @@ def run_system(system: System, size: Dict[str, Any], batches: List[Any], device,
         torch.manual_seed(1234)
         n = len(batches)
         for i, ids in enumerate(batches):
-            with meter.step(i, n, model, opt, ids):
-                _sync(device)
-                t0 = time.perf_counter()
-                with session.forward():
-                    loss = model(input_ids=ids, labels=ids).loss
-                loss.backward()
-                opt.step()
+            fault = None
+            if i == fault_at:
+                layers = decoder_layers(model)
+                fault = layers[min(1, len(layers) - 1)].register_forward_pre_hook(
+                    _raise_injected)
+            try:
+                with meter.step(i, n, model, opt, ids):
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    with session.forward():
+                        loss = model(input_ids=ids, labels=ids).loss
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    _sync(device)
+                    ms = (time.perf_counter() - t0) * 1e3
+            except InjectedFault:
                 opt.zero_grad(set_to_none=True)
-                _sync(device)
-                ms = (time.perf_counter() - t0) * 1e3
+                row["losses"].append(None)
+                row["steps"].append({"wall_ms": None, "metered": meter.watches(i, n),
+                                     "lost": True, "tokens": int(ids.numel())})
+                continue
+            finally:
+                if fault is not None:
+                    fault.remove()
             row["losses"].append(loss.item())
             row["steps"].append({"wall_ms": ms, "metered": meter.watches(i, n),
+                                 "tokens": int(ids.numel()),
                                  **{f"{k}_bytes": v for k, v in meter.last.items()}})
         report = session.stash_report()
     except Exception as e:
@@ -154,15 +186,22 @@ def run_system(system: System, size: Dict[str, Any], batches: List[Any], device,
         for s, r in zip(row["steps"], report["steps"]):
             s.update(mode=r["mode"], fit_peak_bytes=r["measured_peak_bytes"],
                      predicted_peak_bytes=r["predicted_peak_bytes"], step_ms=r["step_ms"],
-                     predicted_step_ms=r["predicted_step_ms"])
+                     predicted_step_ms=r["predicted_step_ms"],
+                     step_budget_bytes=r.get("budget_bytes"))
+    done = [s for s in row["steps"] if not s.get("lost")]
     timed = [s for i, s in enumerate(row["steps"])
-             if i >= warmup and not s["metered"] and s.get("mode", "plan") == "plan"]
+             if i >= warmup and not s["metered"] and not s.get("lost")
+             and s.get("mode", "plan") == "plan"]
     if not timed:
-        timed = [s for s in row["steps"] if not s["metered"]][-1:] or row["steps"][-1:]
+        timed = [s for s in done if not s["metered"]][-1:] or done[-1:]
         row["timing_note"] = "no step after the warm-up: timed the last unmetered step"
     row["median_step_ms"] = statistics.median(s["wall_ms"] for s in timed)
     row["timed_steps"] = len(timed)
-    row["tokens_per_s"] = size["batch"] * size["seq"] / (row["median_step_ms"] / 1e3)
+    if len({s["tokens"] for s in timed}) == 1:
+        row["tokens_per_s"] = timed[0]["tokens"] / (row["median_step_ms"] / 1e3)
+    else:  # lengths that vary: the timed steps' tokens over their time
+        row["tokens_per_s"] = (sum(s["tokens"] for s in timed)
+                               / (sum(s["wall_ms"] for s in timed) / 1e3))
     row["peak_bytes"] = meter.allocated
     row["reserved_bytes"] = meter.reserved
     if report is not None:
