@@ -449,3 +449,29 @@ def test_gradient_accumulation_with_micro_batches():
     assert [s["mode"] for s in steps] == ["measure", "plan", "plan"]
     assert all(s["micro_batches"] == 2 for s in steps)
     got[2].close()
+
+
+def test_the_optimizer_state_is_counted_again_when_it_changes():
+    """_optimizer_state_bytes skips the walk over every state tensor while the state keeps
+    its shape (Note [What it costs] in _fit.py), and counts again when it does not."""
+    from stash.torch._fit_support import _optimizer_state_bytes
+
+    a, b = torch.nn.Parameter(torch.ones(64)), torch.nn.Parameter(torch.ones(32))
+    opt = torch.optim.AdamW([a], lr=0.1)
+    assert _optimizer_state_bytes(opt) == 0
+    a.grad = torch.ones(64)
+    opt.step()
+    first = _optimizer_state_bytes(opt)
+    assert first >= 2 * 64 * 4
+    opt.step()  # in place: the same bytes, from the cache
+    assert _optimizer_state_bytes(opt) == first
+    opt.add_param_group({"params": [b]})
+    b.grad = torch.ones(32)
+    opt.step()  # a new parameter's state
+    assert _optimizer_state_bytes(opt) >= first + 2 * 32 * 4
+    before = _optimizer_state_bytes(opt)
+    saved = opt.state_dict()
+    for st in saved["state"].values():  # a state twice the size, loaded in its place
+        st["exp_avg"] = torch.cat([st["exp_avg"], st["exp_avg"]])
+    opt.load_state_dict(saved)
+    assert _optimizer_state_bytes(opt) == before + (64 + 32) * 4

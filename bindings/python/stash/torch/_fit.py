@@ -128,7 +128,8 @@ timing events (fit(timing=True), the default) are recorded in every step that co
 the report's exposed copy time and write_trace read them. What a step counts at its
 start (the gradients and optimizer state alive, for the CPU meter's base) is counted
 once; the parameter list is kept between steps; the optimizer's state is counted again
-only when it holds other tensors than last time, and a shape's key is hashed once. A
+only when it changes shape (_fit_support._optimizer_state_bytes), and a shape's key is
+hashed once. A
 block that runs without hooks in a step that copies nothing has no backward boundary but
 the last block's (Note [Backward boundaries by a tensor hook] in _boundary.py says what a
 boundary costs). On the CPU peers' tiny Llama, a keep-everything plan cost 4% over plain
