@@ -10,9 +10,10 @@ previous block's output, which is this block's input) marks its end. The identit
 
 Note [Backward boundaries by a tensor hook]
 A Python autograd.Function costs a node in the graph, a view, and a Python call in each
-direction: about 30 us a block on the CPU, most of what a keep-everything step costs over
-plain training. A hook on the output tensor (Tensor.register_hook) runs at the same point,
-once the output's gradient is complete, and costs a dict entry. So a tensor that requires
+direction (about 7 us a block in tests/benchmarks/hook_cost.py). A hook on the output
+tensor (Tensor.register_hook) runs at the same point, once the output's gradient is
+complete, with no node, no view and no call in forward (about 4 us there; inside a
+Hugging Face forward both cost more, BENCHMARKS.md says how much). So a tensor that requires
 grad is marked with a hook, and the Function stays for a tensor some block has already
 marked (a block that returns its input unchanged): two hooks on one tensor would run in
 the order they were registered, the upstream block's first, where the Function's views

@@ -93,7 +93,8 @@ class ForwardState:
 
     __slots__ = ("cpu_rng", "cuda_rng", "autocast", "autocast_cache")
 
-    def __init__(self, cuda_devices: Iterable[int], cpu_rng: Optional[torch.Tensor] = None) -> None:
+    def __init__(self, cuda_devices: Iterable[int],
+                 cpu_rng: Optional[torch.Tensor] = None) -> None:
         # cpu_rng: a buffer to hold the CPU RNG state in (Note [RNG states kept in place]).
         self.cpu_rng = (torch.get_rng_state() if cpu_rng is None
                         else cpu_rng.copy_(torch.get_rng_state()))
