@@ -60,7 +60,7 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _llama
 from .._lib import StashError
@@ -104,6 +104,21 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def _train_step(model: Any, opt: Any, session: Any, ids: Any, device: Any) -> Tuple[Any, float]:
+    """One training step as every system runs it: forward under the system's session, loss,
+    backward, optimizer step, gradients to None; its loss and wall time in ms (the device
+    synchronized before and after)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    with session.forward():
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    _sync(device)
+    return loss, (time.perf_counter() - t0) * 1e3
+
+
 class InjectedFault(Exception):
     """The exception run_system's fault_at raises in a block's forward."""
 
@@ -141,15 +156,7 @@ def run_system(system: System, size: Dict[str, Any], batches: List[Any], device,
                     _raise_injected)
             try:
                 with meter.step(i, n, model, opt, ids):
-                    _sync(device)
-                    t0 = time.perf_counter()
-                    with session.forward():
-                        loss = model(input_ids=ids, labels=ids).loss
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    _sync(device)
-                    ms = (time.perf_counter() - t0) * 1e3
+                    loss, ms = _train_step(model, opt, session, ids, device)
             except InjectedFault:
                 opt.zero_grad(set_to_none=True)
                 row["losses"].append(None)
@@ -227,16 +234,9 @@ def time_interleaved(systems: List[System], size: Dict[str, Any], device, steps:
         for k, ids in enumerate(batches):
             turn = k % len(runs)
             for system, model, opt, session in runs[turn:] + runs[:turn]:
-                _sync(device)
-                t0 = time.perf_counter()
-                with session.forward():
-                    loss = model(input_ids=ids, labels=ids).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                _sync(device)
+                _, ms = _train_step(model, opt, session, ids, device)
                 if k >= warmup:
-                    times[system.name].append((time.perf_counter() - t0) * 1e3)
+                    times[system.name].append(ms)
         return times
     finally:
         for _, _, _, session in runs:
