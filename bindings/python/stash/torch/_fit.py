@@ -526,8 +526,8 @@ class BudgetHandle(OffloadHandle):
                 rec.counted = self._fixed_counted()
                 rec.state_at_start = state
                 rec.grads_at_start = grads
-            rec.meter_base = self._alive_bytes(inputs, state)
             rec.meter_inputs = _tensor_bytes(inputs)
+            rec.meter_base = self._alive_bytes((), state) + rec.meter_inputs
             self._counting.reopen()
 
     def _exposed_total(self) -> float:

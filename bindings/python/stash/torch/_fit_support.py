@@ -193,11 +193,12 @@ def _optimizer_state_bytes(opt: Any) -> int:
     shape = tuple((id(st), len(st)) for st in opt.state.values())
     first = _first_state_tensor(opt)
     hit = _STATE_BYTES.get(opt)
-    if hit is not None and hit[0] == shape and hit[1]() is first:
+    if hit is not None and hit[0] == shape and (
+            hit[1]() if hit[1] is not None else None) is first:
         return hit[2]
     n = _tensor_bytes(v for st in opt.state.values() for v in st.values()
                       if isinstance(v, torch.Tensor))
-    _STATE_BYTES[opt] = (shape, (weakref.ref(first) if first is not None else (lambda: None)), n)
+    _STATE_BYTES[opt] = (shape, weakref.ref(first) if first is not None else None, n)
     return n
 
 
