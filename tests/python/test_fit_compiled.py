@@ -23,26 +23,24 @@ VOCAB = 256
 STEPS = 5
 
 
-def llama(seed=0):
+def _decoder(config, model, seed):
+    """A 2-layer decoder of one of Hugging Face's Llama-shaped families, in train mode."""
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
+    cfg = config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         use_cache=False, attn_implementation="sdpa")
-    m = transformers.LlamaForCausalLM(cfg)
+    m = model(cfg)
     m.train()
     return m
+
+
+def llama(seed=0):
+    return _decoder(transformers.LlamaConfig, transformers.LlamaForCausalLM, seed)
 
 
 def qwen2(seed=0):
-    torch.manual_seed(seed)
-    cfg = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        use_cache=False, attn_implementation="sdpa")
-    m = transformers.Qwen2ForCausalLM(cfg)
-    m.train()
-    return m
+    return _decoder(transformers.Qwen2Config, transformers.Qwen2ForCausalLM, seed)
 
 
 def gpt2(seed=0):

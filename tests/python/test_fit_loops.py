@@ -90,11 +90,14 @@ def inject(model, blocks, opt, where, kind, armed):
         raise AssertionError(where)
 
 
-def run(data, where, kind, fail_at, budget=None, check=None):
+def run(data, where, kind, fail_at, budget=None, check=None, watch=None):
     """AdamW training that loses step `fail_at` to an injected `kind` at `where` (the loop
     catches it, zeroes the gradients and goes on); the losses of the steps that ran, the
-    final parameters, and the handle (fit at `budget`, else plain training)."""
+    final parameters, and the handle (fit at `budget`, else plain training). check(h, i)
+    runs after step i; watch(blocks) once, before the first step."""
     model, blocks, opt, h = trained(budget)
+    if watch is not None:
+        watch(blocks)
     armed = [False]
     inject(model, blocks, opt, where, kind, armed)
     losses = []
@@ -174,31 +177,20 @@ def test_a_plan_that_keeps_everything_marks_one_boundary_and_loses_a_step_cleanl
     # given back, and training is still plain training's.
     data = batches(5)
     expected = run(data, where, "error", 2)
-    marked = []
+    seen, marked = [], []  # per block's output as it returns; per step
 
-    def watch(h, i):
+    def watch(blocks):
+        for b in blocks:
+            b.register_forward_hook(
+                lambda m, a, out: seen.append(getattr(out, "_stash_marked", False)))
+
+    def check(h, i):
         nothing_held(h, i, 2 if where == "backward" else None)
+        marked.append(seen[:])
+        seen.clear()
 
-    model, blocks, opt, h = trained("1GiB")
-    for b in blocks:
-        b.register_forward_hook(
-            lambda m, a, out: marked[-1].append(getattr(out, "_stash_marked", False)))
-    armed = [False]
-    inject(model, blocks, opt, where, "error", armed)
-    losses = []
-    for i, ids in enumerate(data):
-        armed[0] = i == 2
-        marked.append([])
-        try:
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach().clone())
-        except Injected:
-            losses.append(None)
-        opt.zero_grad()
-        watch(h, i)
-    same((losses, [p.detach().clone() for p in model.parameters()]), expected)
+    *got, h = run(data, where, "error", 2, budget="1GiB", check=check, watch=watch)
+    same(got, expected)
     steps = h.report()["steps"]
     assert [s["aborted"] is not None for s in steps] == [False, False, True, False, False]
     assert h.report()["plan"]["actions"]["keep"] > 0
