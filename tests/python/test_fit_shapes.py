@@ -97,3 +97,57 @@ def test_a_derived_plan_that_fails_its_check_is_measured_next_time():
     assert [s["mode"] for s in steps] == ["measure", "measure", "plan", "measure", "plan"], steps
     assert steps[2]["plan_source"] == "derived" and "saved" in steps[2]["check"], steps[2]
     assert steps[4]["plan_source"] == "measured" and steps[4]["check"] is None
+
+
+def _smallest_named(error):
+    import re
+    return int(re.search(r"smallest feasible budget .*? \((\d+) bytes\)", str(error)).group(1))
+
+
+def _loop_that_skips_runtime_errors(model, opt, data):
+    """A loop that skips a batch on RuntimeError, as loops that skip out-of-memory
+    batches do; the steps it skipped."""
+    skipped = []
+    for i, ids in enumerate(data):
+        try:
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+        except RuntimeError:
+            skipped.append(i)
+        opt.zero_grad()
+    return skipped
+
+
+def test_a_new_length_that_cannot_fit_is_refused_before_it_runs():
+    """Note [A shape that cannot fit] in _fit_plan.py: at the smallest budget the first
+    length accepts, a longer length derived from it is refused before its step runs (its
+    measuring step would peak over the budget); the refusal is also a warning (Note [A
+    refusal is also a warning]), so a loop that skips RuntimeErrors still hears it; and
+    the budget it names is accepted by the same run."""
+    data = batches(2, seq=64) + batches(1, seq=80, seed=2)
+    params = sum(p.numel() * p.element_size() for p in mistral()[0].parameters())
+    model, blocks, opt, h = trained(4 * params)  # below least memory: refused at step 1
+    with pytest.raises(stash.StashError, match="smallest feasible budget") as e:
+        for ids in data[:2]:
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    first = _smallest_named(e.value)
+
+    model, blocks, opt, h = trained(first)
+    with pytest.warns(RuntimeWarning, match="does not fit the budget") as w:
+        skipped = _loop_that_skips_runtime_errors(model, opt, data)
+    assert skipped == [2] and h.engine is None, skipped
+    assert any("goes on without stash" in str(x.message) for x in w)
+    steps = h.report()["steps"]
+    assert [s["mode"] for s in steps] == ["measure", "plan"], steps
+    assert not any(s["over_budget"] for s in steps), steps
+    refusal = next(str(x.message) for x in w if "does not fit" in str(x.message))
+    assert "(160 tokens)" in refusal, refusal  # 2 x 80
+
+    model, blocks, opt, h = trained(_smallest_named(refusal))
+    assert _loop_that_skips_runtime_errors(model, opt, data) == []
+    steps = h.report()["steps"]
+    assert [s["mode"] for s in steps] == ["measure", "plan", "plan"], steps
+    assert steps[2]["plan_source"] == "derived" and not steps[2]["over_budget"], steps
+    h.close()

@@ -460,7 +460,7 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
     it as fit plans an eager one (Note [Planning the compiled graph]). refused: what the
     handle does before a BudgetRefused propagates (it restores the blocks)."""
     from ._compile_plan import calibrated_fixed_bytes, compiled_profile, plan_actions_of
-    from ._fit_plan import BudgetRefused, plan_measured
+    from ._fit_plan import BudgetRefused, plan_measured, warn_closed
 
     def planner(state: CompiledState) -> List[List[str]]:
         m = state.measured()
@@ -471,8 +471,9 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         state.profile = doc
         try:
             plan, figures = plan_measured(doc, m.peak, budget, solver)
-        except BudgetRefused:
+        except BudgetRefused as e:
             refused()
+            warn_closed(e)
             raise
         state.plan, state.figures = plan, figures
         return plan_actions_of(plan)

@@ -176,7 +176,7 @@ from ._fit_options import Budget, FitOptions
 from ._fit_shape_plans import ShapePlans
 from ._fit_shapes import shape_family, shape_tokens
 from ._fit_cache import ShapeCache
-from ._fit_plan import link_section
+from ._fit_plan import link_section, warn_closed
 from ._fit_measure import (MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda,
                            measured_profile)
 from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
@@ -724,6 +724,7 @@ class BudgetHandle(OffloadHandle):
         if ranks is not None:
             ranks.fail(str(error))  # every other rank raises with it
         self.close()
+        warn_closed(error)
         raise error
 
     def _before_optimizer_step(self, opt: torch.optim.Optimizer, args: Tuple[Any, ...],

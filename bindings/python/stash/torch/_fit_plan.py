@@ -3,10 +3,29 @@ handed what they need by the handle. The link section, the budget in bytes of a 
 plan from a measured profile and its refusals, a plan from a derived one, and the prefix
 closure of recompute (Note [Recompute cost as the replay pays it] in _fit.py). The
 handle decides what a refusal does (it restores the blocks and raises; across ranks
-every rank raises)."""
+every rank raises).
+
+Note [A refusal is also a warning]
+A refusal (BudgetRefused, or any error that closes fit) is raised, and fit has closed: the
+blocks are restored and later steps run as plain training. A loop that catches
+RuntimeError to skip a bad batch, as loops that skip an out-of-memory batch do, also
+catches StashError (a RuntimeError, as torch.OutOfMemoryError is), and would go on
+unplanned, over the budget, with nothing said. So the refusal is also a RuntimeWarning,
+which such a loop does not swallow.
+
+Note [A shape that cannot fit]
+A shape never measured whose derived profile (Note [A profile derived from the measured
+shapes] in _fit_shapes.py) has no plan within the budget is refused, not measured: its
+measuring step, least memory, would itself peak over the budget (the derived smallest
+feasible budget was within 0.4% of the measured least-memory peak on a Phi-3 at lengths
+144-200 derived from 128 and 160). The refusal names that shape's smallest feasible
+budget. A shape that cannot be derived (one measured shape far from it, or a derived
+plan whose first run failed its check) is measured, and its measurement decides.
+"""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._lib import StashError
@@ -23,6 +42,12 @@ Doc = Dict[str, Any]
 class BudgetRefused(StashError):
     """No plan meets the budget (or the measuring step itself did not): the message names
     the smallest budget the same run accepts."""
+
+
+def warn_closed(error: StashError) -> None:
+    """Note [A refusal is also a warning]."""
+    warnings.warn(f"{error} stash.torch.fit has closed: training that catches this "
+                  "error goes on without stash, unplanned.", RuntimeWarning, stacklevel=3)
 
 
 def _smallest_accepted(min_feasible: int, measured: Optional[int]) -> int:
@@ -130,6 +155,21 @@ def plan_derived(bases: Sequence[Tuple[int, Doc, int]], tokens: int, budget: Bud
     plan, figures = make_plan(on, budget.planner_text, solver=solver)
     plan, figures = prefix_closed(on, plan, figures)
     return doc, plan, figures
+
+
+def derived_refusal(e: InfeasibleBudget, budget: Budget, tokens: int,
+                    measured: Sequence[int]) -> BudgetRefused:
+    """Note [A shape that cannot fit]: the refusal of a shape of `tokens` whose profile,
+    derived from the measured shapes of these token counts, has no plan."""
+    smallest = _smallest_accepted(e.min_feasible_bytes, None)
+    lengths = ", ".join(str(t) for t in sorted(set(measured)))
+    return BudgetRefused(
+        f"stash.torch.fit: a new input shape ({tokens} tokens) does not fit the budget of "
+        f"{_gib(e.budget_bytes)} (requested {budget}): derived from the shapes measured "
+        f"so far ({lengths} tokens), its smallest feasible budget is {_gib(smallest)} "
+        f"({smallest} bytes), and its measuring step would peak over the budget; give "
+        "the budget of the largest shape the run trains. The blocks are restored; "
+        "this step did not run.", e.status)
 
 
 def _least_memory_over(doc: Doc, measured: int, budget: int) -> BudgetRefused:

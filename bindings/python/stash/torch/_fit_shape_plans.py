@@ -16,7 +16,8 @@ from .._planner import InfeasibleBudget
 from ._fit_cache import Entry, ShapeCache
 from ._fit_gradients import planned_without, shift_fixed, view
 from ._fit_options import Budget, FitOptions
-from ._fit_plan import BudgetRefused, budget_of, plan_derived, plan_measured
+from ._fit_plan import (BudgetRefused, budget_of, derived_refusal, plan_derived,
+                        plan_measured)
 from ._fit_ranks import (Ranks, cached_plan_agreed, combine_measured, publish_plan,
                          published_plan)
 from ._fit_support import StepRecord, _actions_of, _DerivedLayer, _gib
@@ -174,11 +175,13 @@ class ShapePlans:
                  if k != key and self.shapes.get(k, (None,))[0] == family
                  and not e.get("derived") and "profile" in e and self.shapes[k][1]]
         without = self.without_gradients
+        refusal: Optional[BudgetRefused] = None
         try:
             made = plan_derived(bases, tokens, self.budget, self.options.solver, without)
-        except InfeasibleBudget:
-            self.underivable.add(key)
-            return None
+        except InfeasibleBudget as e:  # Note [A shape that cannot fit] in _fit_plan.py
+            refusal = derived_refusal(e, self.budget, tokens, [b[0] for b in bases])
+        if refusal is not None:
+            self._fail(refusal)
         if made is None:
             return None
         doc, plan, figures = made
