@@ -1,7 +1,7 @@
 // cuda_prim.h: stash's one layer over the CUDA runtime: thin wrappers, RAII owners of
 // streams and events, and the one family of check macros. The allocator, the engine, the
 // measurement code (runtime/), the workload's backends (kernels/workload/) and the demo's
-// training program (tools/workload/) all use it.
+// training program (tools/demo/driver/) all use it.
 //
 // Note [One CUDA primitive layer]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

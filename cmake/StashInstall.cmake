@@ -56,8 +56,8 @@ install(TARGETS libstash EXPORT stashTargets
 install(TARGETS stash_preload stash_torch stash_inject
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime)
 install(TARGETS stash RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
-# Note [Finding the shipped profiles] in tools/cli/cmd_demo.cpp: <exe dir>/../share/stash.
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/tools/profiles/
+# Note [Finding the shipped profiles] in tools/demo/cli/cmd_demo.cpp: <exe dir>/../share/stash.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/tools/demo/profiles/
   DESTINATION ${CMAKE_INSTALL_DATADIR}/stash/profiles COMPONENT runtime
   FILES_MATCHING PATTERN "*.json")
 install(FILES ${PROJECT_SOURCE_DIR}/bindings/include/stash.h

@@ -3,7 +3,7 @@
 //
 // One implementation for every folder that measures: the profiler's per-scope times
 // (runtime/measure), the link and copy benchmarks (runtime/measure, runtime/engine), the
-// workload's event timer (tools/workload) and the CLI. They are plain C++ and know nothing
+// workload's event timer (tools/demo/driver) and the CLI. They are plain C++ and know nothing
 // of stash's domain, so they sit in core/, below every folder that measures.
 #pragma once
 

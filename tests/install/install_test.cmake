@@ -30,7 +30,7 @@ file(REMOVE_RECURSE ${prefix} ${consumer})
 step("cmake --install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
 
 # --- 2. the layout ------------------------------------------------------------------------
-file(GLOB profiles RELATIVE ${SOURCE_DIR}/tools/profiles ${SOURCE_DIR}/tools/profiles/*.json)
+file(GLOB profiles RELATIVE ${SOURCE_DIR}/tools/demo/profiles ${SOURCE_DIR}/tools/demo/profiles/*.json)
 list(TRANSFORM profiles PREPEND "${DATADIR}/stash/profiles/")
 # GNUInstallDirs' folders: bin, include, lib (lib64 or lib/<multiarch> on some systems), share.
 set(expected

@@ -1,5 +1,5 @@
 // Analytic profiles (planner/model/analytic.h): schema-valid, plausible against hand
-// computations, and the shipped tools/profiles/ files are what the model generates today.
+// computations, and the shipped tools/demo/profiles/ files are what the model generates today.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -163,10 +163,10 @@ TEST(Analytic, UnknownNamesAndBadNumbersAreInputErrors) {
   EXPECT_THROW(model("llama3-8b", "h100", 1, -4), input_error);
 }
 
-// tools/profiles/<arch>_<device>_b<B>_s<S>.json must be exactly what the model writes now:
+// tools/demo/profiles/<arch>_<device>_b<B>_s<S>.json must be exactly what the model writes now:
 // regenerate them with `stash profile-model` when the model changes.
 TEST(Analytic, ShippedProfilesAreCurrent) {
-  const std::string dir = std::string(STASH_SOURCE_DIR) + "/tools/profiles";
+  const std::string dir = std::string(STASH_SOURCE_DIR) + "/tools/demo/profiles";
   const std::regex name(R"((.+)_(h100|h200|gb200)_b(\d+)_s(\d+)\.json)");
   DIR* d = opendir(dir.c_str());
   ASSERT_NE(d, nullptr) << dir;

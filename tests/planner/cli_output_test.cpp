@@ -15,7 +15,7 @@
 namespace {
 
 const std::string kProfile =
-    std::string(STASH_SOURCE_DIR) + "/tools/profiles/llama3-8b_h200_b4_s4096.json";
+    std::string(STASH_SOURCE_DIR) + "/tools/demo/profiles/llama3-8b_h200_b4_s4096.json";
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path);

@@ -1,4 +1,4 @@
-// driver_test.cpp: the workload's training step over the engine (tools/workload).
+// driver_test.cpp: the workload's training step over the engine (tools/demo/driver).
 // On the test double the host backend runs stream-ordered against the real engine, pool and
 // copies; on a GPU the same tests run the CUDA backend (skipped where it is not built).
 #include <cuda_runtime_api.h>
@@ -14,17 +14,17 @@
 
 #include "checked_backend.h"
 #include "double_api.h"
-#include "tools/workload/session.h"
-#include "tools/workload/scope_timer.h"
-#include "tools/workload/skeleton.h"
-#include "tools/workload/test_double.h"
-#include "tools/workload/virtual_cost.h"
+#include "tools/demo/driver/session.h"
+#include "tools/demo/driver/scope_timer.h"
+#include "tools/demo/driver/skeleton.h"
+#include "tools/demo/driver/test_double.h"
+#include "tools/demo/driver/virtual_cost.h"
 #include "planner/model/plan.h"
 #include "planner/solvers/planner.h"
 #include "planner/model/profile.h"
 
 
-// Note [The test double seam] (tools/workload/test_double.h) restates the double's call
+// Note [The test double seam] (tools/demo/driver/test_double.h) restates the double's call
 // because tools/ may not include tests/; here the two are held together.
 static_assert(std::is_same_v<stash::workload::test_double::enqueue_compute_fn,
                              decltype(&stashdbl_enqueue_compute)>);

@@ -1,9 +1,10 @@
 // command.h: how `stash` subcommands plug into the CLI.
 //
-// Each tools/cli/cmd_*.cpp defines one subcommand and registers it with a static
-// CommandRegistrar; main.cpp builds the CLI11 app from the registry. Files are compiled
-// straight into the executable (not a static library), so the registrars are never
-// dropped by the linker.
+// Each tools/cli/cmd_*.cpp (and tools/demo/cli/cmd_demo.cpp, in the demo's room) defines
+// one subcommand and registers it with a static subcommand_registrar; main.cpp builds the
+// CLI11 app from the registry. Files are compiled straight into the executable, or linked
+// into it from an object library (tools/demo/CMakeLists.txt), never from a static
+// library, so the registrars are never dropped by the linker.
 #pragma once
 
 #include <functional>

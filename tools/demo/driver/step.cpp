@@ -5,8 +5,8 @@
 #include <string>
 #include <utility>
 
-#include "tools/workload/model.h"
-#include "tools/workload/model_detail.h"
+#include "tools/demo/driver/model.h"
+#include "tools/demo/driver/model_detail.h"
 
 namespace stash::workload {
 

@@ -22,7 +22,7 @@
 #include <optional>
 #include <string>
 
-#include "tools/workload/model.h"
+#include "tools/demo/driver/model.h"
 #include "planner/model/profile.h"
 
 namespace stash::workload {

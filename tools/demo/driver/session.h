@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/workload/model.h"
+#include "tools/demo/driver/model.h"
 #include "stash.h"
 
 namespace stash::workload {

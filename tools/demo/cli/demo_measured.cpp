@@ -18,9 +18,9 @@
 
 #include "cuda_prim.h"
 #include "demo.h"
-#include "tools/workload/session.h"
-#include "tools/workload/skeleton.h"
-#include "tools/workload/virtual_cost.h"
+#include "tools/demo/driver/session.h"
+#include "tools/demo/driver/skeleton.h"
+#include "tools/demo/driver/virtual_cost.h"
 #include "core/json_file.h"
 #include "planner/plots/memory_svg.h"
 #include "planner/solvers/planner.h"

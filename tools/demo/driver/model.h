@@ -66,7 +66,7 @@
 #include <vector>
 
 #include "kernels/workload/backend.h"
-#include "tools/workload/scope_timer.h"
+#include "tools/demo/driver/scope_timer.h"
 #include "stash.h"
 
 namespace stash::workload {

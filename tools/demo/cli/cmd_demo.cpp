@@ -1,7 +1,7 @@
 // `stash demo`: the main job end to end (docs/workload.md).
 //
 // With a GPU and the CUDA backend built: measure the link, profile the built-in workload
-// (tools/workload) in-process with CUPTI (CUDA events when CUPTI is unavailable),
+// (tools/demo/driver) in-process with CUPTI (CUDA events when CUPTI is unavailable),
 // plan at the keep-all peak x 1.0, 0.85, 0.7, 0.55 and at the smallest feasible budget, run
 // every plan with the prefetch engine, check its gradients against keep-all bit for bit,
 // and print measured against predicted (planner/simulator/simulator.h). Without one: the same plans
@@ -36,8 +36,8 @@
 #include "command.h"
 #include "demo.h"
 #include "cuda_prim.h"
-#include "tools/workload/model.h"
-#include "tools/workload/test_double.h"
+#include "tools/demo/driver/model.h"
+#include "tools/demo/driver/test_double.h"
 
 namespace stash::cli::demo {
 namespace {
@@ -81,7 +81,7 @@ std::string find_shipped_profile(const std::string& name) {
     dirs.push_back(dir + "/profiles");
     dirs.push_back(dir + "/../share/stash/profiles");
   }
-  dirs.push_back(std::string(STASH_SOURCE_DIR) + "/tools/profiles");
+  dirs.push_back(std::string(STASH_SOURCE_DIR) + "/tools/demo/profiles");
   for (const std::string& d : dirs)
     if (is_file(d + "/" + name)) return d + "/" + name;
   std::string looked;

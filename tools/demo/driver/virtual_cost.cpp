@@ -1,12 +1,12 @@
 // virtual_cost.cpp: Note [Virtual cost of host ops] (virtual_cost.h).
-#include "tools/workload/virtual_cost.h"
+#include "tools/demo/driver/virtual_cost.h"
 
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "cuda_prim.h"
-#include "tools/workload/test_double.h"
+#include "tools/demo/driver/test_double.h"
 
 namespace stash::workload {
 namespace {

@@ -1,5 +1,5 @@
 // test_double.cpp: Note [The test double seam] (test_double.h).
-#include "tools/workload/test_double.h"
+#include "tools/demo/driver/test_double.h"
 
 #include <dlfcn.h>
 

@@ -7,7 +7,7 @@
 
 #include "cuda_prim.h"
 #include "core/error.h"
-#include "tools/workload/scope_timer.h"
+#include "tools/demo/driver/scope_timer.h"
 #include "stash.h"
 
 namespace stash::workload::detail {

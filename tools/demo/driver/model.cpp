@@ -1,6 +1,6 @@
 // model.cpp: the model's memory (layout, parameters, data), its construction, read-back
 // and peaks. The training step itself is in step.cpp.
-#include "tools/workload/model.h"
+#include "tools/demo/driver/model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "tools/workload/model_detail.h"
-#include "tools/workload/test_double.h"
+#include "tools/demo/driver/model_detail.h"
+#include "tools/demo/driver/test_double.h"
 
 namespace stash::workload {
 

@@ -1,11 +1,11 @@
 // session.cpp: stream, pool, engine and model for one run (session.h).
-#include "tools/workload/session.h"
+#include "tools/demo/driver/session.h"
 
 #include <stdexcept>
 #include <string>
 #include <utility>
 
-#include "tools/workload/model_detail.h"
+#include "tools/demo/driver/model_detail.h"
 
 namespace stash::workload {
 

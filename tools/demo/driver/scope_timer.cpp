@@ -1,11 +1,11 @@
 // scope_timer.cpp: CUDA-event timing of profiler scopes (scope_timer.h).
-#include "tools/workload/scope_timer.h"
+#include "tools/demo/driver/scope_timer.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
-#include "tools/workload/model_detail.h"
+#include "tools/demo/driver/model_detail.h"
 #include "core/stats.h"
 
 namespace stash::workload {

@@ -1,4 +1,4 @@
-// demo.h: what the files of `stash demo` share (private to tools/cli/; see the file-top
+// demo.h: what the files of `stash demo` share (private to tools/demo/cli/; see the file-top
 // comment in cmd_demo.cpp for which file holds what).
 //
 // Everything here lives in stash::cli::demo; each file keeps the rest in an unnamed
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/bytes.h"
-#include "tools/workload/model.h"
+#include "tools/demo/driver/model.h"
 #include "planner/solvers/planner.h"
 #include "planner/simulator/simulator.h"
 

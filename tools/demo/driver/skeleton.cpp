@@ -1,5 +1,5 @@
 // skeleton.cpp: the workload's profile skeleton (skeleton.h).
-#include "tools/workload/skeleton.h"
+#include "tools/demo/driver/skeleton.h"
 
 #include <cuda_runtime_api.h>
 
