@@ -15,7 +15,8 @@
 #include <cstring>
 #include <mutex>
 
-#include "streams.h"
+#include "capture.h"
+#include "op_specs.h"
 
 namespace stash::dbl {
 namespace {
@@ -34,20 +35,23 @@ Side locate(const MemoryTable& mem, const void* p, size_t n) {
   return s;
 }
 
-cudaError_t copy(void* dst, const void* src, size_t count, int kind,
-                 cudaStream_t stream, bool sync_api, const char* api) {
-  State& st = state();
-  std::unique_lock<std::mutex> lk(st.mu);
-  Stream* s = find_stream(st, stream);
-  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+}  // namespace
+
+cudaError_t copy_spec(State& st, void* dst, const void* src, size_t count, int kind,
+                      const char* api, OpSpec* out, bool* host_waits, bool* empty) {
+  *host_waits = false;
+  *empty = false;
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
-    return fail(cudaErrorInvalidMemcpyDirection);
+    return cudaErrorInvalidMemcpyDirection;
   }
-  if (count == 0) return cudaSuccess;
-  if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
+  if (count == 0) {
+    *empty = true;
+    return cudaSuccess;
+  }
+  if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
   const Side d = locate(st.memory, dst, count);
   const Side sr = locate(st.memory, src, count);
-  if (d.bad || sr.bad) return fail(cudaErrorInvalidValue);
+  if (d.bad || sr.bad) return cudaErrorInvalidValue;
   const bool dd = d.loc.device(), sd = sr.loc.device();
   bool ok = true;
   switch (kind) {
@@ -57,7 +61,7 @@ cudaError_t copy(void* dst, const void* src, size_t count, int kind,
     case cudaMemcpyDeviceToDevice: ok = dd && sd; break;
     default: break;
   }
-  if (!ok) return fail(cudaErrorInvalidValue);
+  if (!ok) return cudaErrorInvalidValue;
 
   OpSpec spec;
   spec.api = api;
@@ -65,17 +69,72 @@ cudaError_t copy(void* dst, const void* src, size_t count, int kind,
   if (d.loc.block) spec.keep.push_back(d.loc.block);
   if (sr.loc.block) spec.keep.push_back(sr.loc.block);
   spec.run = [dst, src, count] { std::memmove(dst, src, count); };
-  bool pageable = false;
   if (dd != sd) {
     spec.is_copy = true;
     spec.dir = dd ? CopyDir::kH2D : CopyDir::kD2H;
     spec.bytes = count;
-    pageable = !(dd ? sr.loc.pinned() : d.loc.pinned());
+    *host_waits = !(dd ? sr.loc.pinned() : d.loc.pinned());
   } else if (!dd) {
-    pageable = !d.loc.pinned() || !sr.loc.pinned();
+    *host_waits = !d.loc.pinned() || !sr.loc.pinned();
+  }
+  *out = std::move(spec);
+  return cudaSuccess;
+}
+
+cudaError_t memset_spec(State& st, void* ptr, int value, size_t count, const char* api,
+                        OpSpec* out, bool* empty) {
+  *empty = false;
+  if (count == 0) {
+    *empty = true;
+    return cudaSuccess;
+  }
+  const Side side = locate(st.memory, ptr, count);
+  // Pageable host memory is not device-visible; foreign memory is under the opt-in.
+  if (side.bad || (!side.loc.block && !side.loc.device())) return cudaErrorInvalidValue;
+  OpSpec spec;
+  spec.api = api;
+  spec.accesses = {{ptr, count, true}};
+  if (side.loc.block) spec.keep.push_back(side.loc.block);
+  spec.run = [ptr, value, count] { std::memset(ptr, value, count); };
+  *out = std::move(spec);
+  return cudaSuccess;
+}
+
+namespace {
+
+// Note [Capture rules] in capture.h: a synchronous copy or memset is a potentially
+// unsafe call and uses the legacy stream; an async one on a capturing stream is a node.
+cudaError_t copy(void* dst, const void* src, size_t count, int kind,
+                 cudaStream_t stream, bool sync_api, const char* api) {
+  State& st = state();
+  std::unique_lock<std::mutex> lk(st.mu);
+  Stream* s = find_stream(st, stream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (sync_api) {
+    if (cudaError_t e = refuse_unsafe(st); e != cudaSuccess) return fail(e);
+  }
+  bool captured = false;
+  if (cudaError_t e = route_op(st, *s, &captured); e != cudaSuccess) return fail(e);
+  OpSpec spec;
+  bool host_waits = false, empty = false;
+  if (cudaError_t e = copy_spec(st, dst, src, count, kind, api, &spec, &host_waits, &empty);
+      e != cudaSuccess) {
+    return fail(e);
+  }
+  if (empty) return cudaSuccess;
+  if (captured) {
+    Node n;
+    n.kind = NodeKind::kMemcpy;
+    n.api = api;
+    n.dst = dst;
+    n.src = src;
+    n.count = count;
+    n.copy_kind = kind;
+    add_node(st, *s, std::move(n));
+    return cudaSuccess;
   }
   const Enqueued e = enqueue(st, *s, std::move(spec));
-  if (sync_api || pageable) {
+  if (sync_api || host_waits) {
     const VectorClock clock = s->clock;
     wait_done(st, lk, e.done);
     host_observe(st, clock, e.end);
@@ -89,15 +148,27 @@ cudaError_t memset(void* ptr, int value, size_t count, cudaStream_t stream, bool
   std::unique_lock<std::mutex> lk(st.mu);
   Stream* s = find_stream(st, stream);
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  if (count == 0) return cudaSuccess;
-  const Side side = locate(st.memory, ptr, count);
-  // Pageable host memory is not device-visible; foreign memory is under the opt-in.
-  if (side.bad || (!side.loc.block && !side.loc.device())) return fail(cudaErrorInvalidValue);
+  if (sync_api) {
+    if (cudaError_t e = refuse_unsafe(st); e != cudaSuccess) return fail(e);
+  }
+  bool captured = false;
+  if (cudaError_t e = route_op(st, *s, &captured); e != cudaSuccess) return fail(e);
   OpSpec spec;
-  spec.api = api;
-  spec.accesses = {{ptr, count, true}};
-  if (side.loc.block) spec.keep.push_back(side.loc.block);
-  spec.run = [ptr, value, count] { std::memset(ptr, value, count); };
+  bool empty = false;
+  if (cudaError_t e = memset_spec(st, ptr, value, count, api, &spec, &empty); e != cudaSuccess) {
+    return fail(e);
+  }
+  if (empty) return cudaSuccess;
+  if (captured) {
+    Node n;
+    n.kind = NodeKind::kMemset;
+    n.api = api;
+    n.dst = ptr;
+    n.value = value;
+    n.count = count;
+    add_node(st, *s, std::move(n));
+    return cudaSuccess;
+  }
   const Enqueued e = enqueue(st, *s, std::move(spec));
   if (sync_api) {
     const VectorClock clock = s->clock;

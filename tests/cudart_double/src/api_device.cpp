@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "capture.h"
 #include "streams.h"
 
 namespace stash::dbl {
@@ -234,17 +235,24 @@ STASHDBL_EXPORT cudaError_t cudaDeviceSynchronize(void) {
   STASHDBL_ENTER("cudaDeviceSynchronize");
   State& st = state();
   std::unique_lock<std::mutex> lk(st.mu);
+  if (cudaError_t e = refuse_device_sync(st); e != cudaSuccess) return fail(e);
   sync_device(st, lk);
   return cudaSuccess;
 }
 
-// Waits for all work, then destroys every stream, event and allocation, as CUDA does;
+// Ends every capture, waits for all work, then destroys every stream, event, graph,
+// executable graph and allocation, as CUDA does;
 // their handles become invalid. Configuration (memory size, bandwidths) is kept.
 STASHDBL_EXPORT cudaError_t cudaDeviceReset(void) {
   STASHDBL_ENTER("cudaDeviceReset");
   State& st = state();
   std::unique_lock<std::mutex> lk(st.mu);
+  abort_all_captures(st);
   sync_device(st, lk);
+  std::vector<cudaGraphExec_t> execs;
+  for (auto& [h, e] : st.execs) execs.push_back(reinterpret_cast<cudaGraphExec_t>(e.get()));
+  for (cudaGraphExec_t e : execs) destroy_exec(st, e);
+  st.graphs.clear();
   std::vector<Stream*> live;
   for (auto& [h, s] : st.streams) live.push_back(s.get());
   for (Stream* s : live) destroy_stream(st, s);

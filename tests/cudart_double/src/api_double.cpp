@@ -3,6 +3,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "capture.h"
+#include "op_specs.h"
 #include "streams.h"
 
 using namespace stash::dbl;
@@ -20,6 +22,8 @@ STASHDBL_EXPORT void stashdbl_reset(void) {
   st.host_now = 0.0;
   st.memory.set_total(MemoryTable::kDefaultTotal);
   st.memory.set_foreign_is_device(st.foreign_is_device_default);
+  abort_all_captures(st);
+  thread_capture_mode() = cudaStreamCaptureModeGlobal;
   auto rewind = [](Stream& s) {
     s.last_end = 0.0;
     s.paused = false;
@@ -80,20 +84,37 @@ STASHDBL_EXPORT cudaError_t stashdbl_enqueue_compute(cudaStream_t stream, double
   std::lock_guard<std::mutex> lk(st.mu);
   Stream* s = find_stream(st, stream);
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  OpSpec spec;
-  spec.api = st.checker.intern(name && *name ? name : "stashdbl_enqueue_compute");
-  spec.duration_ms = ms;
-  for (size_t i = 0; i < n_reads; ++i) {
-    spec.accesses.push_back({reads[i], read_sizes[i], false});
-    if (BlockRef b = st.memory.containing(reads[i], 1)) spec.keep.push_back(b);
+  bool captured = false;
+  if (cudaError_t e = route_op(st, *s, &captured); e != cudaSuccess) return fail(e);
+  ComputeArgs args;
+  args.api = st.checker.intern(name && *name ? name : "stashdbl_enqueue_compute");
+  args.ms = ms;
+  for (size_t i = 0; i < n_reads; ++i) args.accesses.push_back({reads[i], read_sizes[i], false});
+  for (size_t i = 0; i < n_writes; ++i) args.accesses.push_back({writes[i], write_sizes[i], true});
+  if (captured) {
+    Node n;
+    n.kind = NodeKind::kCompute;
+    n.api = args.api;
+    n.compute = std::move(args);
+    add_node(st, *s, std::move(n));
+    return cudaSuccess;
   }
-  for (size_t i = 0; i < n_writes; ++i) {
-    spec.accesses.push_back({writes[i], write_sizes[i], true});
-    if (BlockRef b = st.memory.containing(writes[i], 1)) spec.keep.push_back(b);
-  }
-  enqueue(st, *s, std::move(spec));
+  enqueue(st, *s, compute_spec(st, args));
   return cudaSuccess;
 }
+
+namespace stash::dbl {
+OpSpec compute_spec(State& st, const ComputeArgs& args) {
+  OpSpec spec;
+  spec.api = args.api;
+  spec.duration_ms = args.ms;
+  spec.accesses = args.accesses;
+  for (const Access& a : args.accesses) {
+    if (BlockRef b = st.memory.containing(a.ptr, 1)) spec.keep.push_back(b);
+  }
+  return spec;
+}
+}  // namespace stash::dbl
 
 namespace {
 cudaError_t set_paused(cudaStream_t stream, bool paused) {

@@ -2,6 +2,7 @@
 // and pointer queries. See memory.h for the accounting and release rules.
 #include <mutex>
 
+#include "capture.h"
 #include "streams.h"
 
 namespace stash::dbl {
@@ -18,8 +19,26 @@ cudaError_t malloc_async(void** ptr, size_t size, cudaStream_t stream, const cha
   std::lock_guard<std::mutex> lk(st.mu);
   Stream* s = find_stream(st, stream);
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  bool captured = false;
+  if (cudaError_t e = route_op(st, *s, &captured); e != cudaSuccess) return fail(e);
   if (size == 0) {
     *ptr = nullptr;
+    return cudaSuccess;
+  }
+  if (captured) {
+    // Note [Graph memory] (capture.h): an allocation node; the address is the graph's.
+    BlockRef b = MemoryTable::map(size, MemKind::kDevice);
+    if (!b) return fail(cudaErrorMemoryAllocation);
+    b->graph = true;
+    b->from_pool = true;
+    st.memory.insert(b);
+    s->capture->graph->allocations.push_back(b);
+    Node n;
+    n.kind = NodeKind::kAlloc;
+    n.api = api;
+    n.block = b;
+    add_node(st, *s, std::move(n));
+    *ptr = reinterpret_cast<void*>(b->base);
     return cudaSuccess;
   }
   BlockRef b;
@@ -68,6 +87,7 @@ STASHDBL_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
   }
   State& st = state();
   std::lock_guard<std::mutex> lk(st.mu);
+  if (cudaError_t e = refuse_unsafe(st); e != cudaSuccess) return fail(e);  // Note [Capture rules]
   BlockRef b;
   if (cudaError_t e = st.memory.alloc_device(size, /*from_pool=*/false, &b); e != cudaSuccess) {
     return fail(e);
@@ -84,6 +104,7 @@ STASHDBL_EXPORT cudaError_t cudaFree(void* devPtr) {
   if (devPtr == nullptr) return cudaSuccess;
   State& st = state();
   std::lock_guard<std::mutex> lk(st.mu);
+  if (cudaError_t e = refuse_unsafe(st); e != cudaSuccess) return fail(e);  // Note [Capture rules]
   BlockRef b = st.memory.at_base(devPtr);
   if (!b || b->kind != MemKind::kDevice) return fail(cudaErrorInvalidValue);
   host_access(st, devPtr, b->size, /*is_write=*/true, "cudaFree");
@@ -113,8 +134,21 @@ STASHDBL_EXPORT cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
   std::lock_guard<std::mutex> lk(st.mu);
   Stream* s = find_stream(st, hStream);
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  bool captured = false;
+  if (cudaError_t e = route_op(st, *s, &captured); e != cudaSuccess) return fail(e);
   BlockRef b = st.memory.at_base(devPtr);
   if (!b || b->kind != MemKind::kDevice) return fail(cudaErrorInvalidValue);
+  if (captured) {
+    // A free node: only of a graph allocation, as documented (Note [Graph memory]).
+    if (!b->graph) return fail(cudaErrorInvalidValue);
+    st.memory.erase(b);
+    Node n;
+    n.kind = NodeKind::kFree;
+    n.api = "cudaFreeAsync";
+    n.block = b;
+    add_node(st, *s, std::move(n));
+    return cudaSuccess;
+  }
   st.memory.erase(b);
   OpSpec spec;
   spec.api = "cudaFreeAsync";

@@ -1,9 +1,11 @@
-// api_stream.cpp: stream, event, host-function and capture entry points.
-// Semantics live in streams.h; this file validates arguments and takes the lock.
+// api_stream.cpp: stream, event and host-function entry points.
+// Semantics live in streams.h (capture in capture.h, its entry points in api_graph.cpp);
+// this file validates arguments and takes the lock.
 #include <algorithm>
 #include <mutex>
 #include <utility>
 
+#include "capture.h"
 #include "streams.h"
 
 namespace stash::dbl {
@@ -69,8 +71,9 @@ cudaError_t event_record(cudaEvent_t event, cudaStream_t stream, unsigned flags)
   Stream* s = find_stream(st, stream);
   Event* ev = find_event(st, event);
   if (s == nullptr || ev == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  record_event(st, *ev, *s);
-  return cudaSuccess;
+  // Note [Capture rules]: external event nodes are not modelled.
+  if (flags != 0 && s->capture) return fail(cudaErrorNotSupported);
+  return ret(capture_aware_record(st, *ev, *s));
 }
 
 }  // namespace
@@ -109,6 +112,7 @@ STASHDBL_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     return fail(cudaErrorInvalidResourceHandle);
   }
   return with_stream(stream, [](State& st, Lock&, Stream& s) {
+    leave_capture(st, s);
     destroy_stream(st, &s);
     return cudaSuccess;
   });
@@ -117,6 +121,7 @@ STASHDBL_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 STASHDBL_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   STASHDBL_ENTER("cudaStreamSynchronize");
   return with_stream(stream, [](State& st, Lock& lk, Stream& s) {
+    if (cudaError_t e = refuse_stream_sync(st, s); e != cudaSuccess) return fail(e);
     sync_stream(st, lk, s);
     return cudaSuccess;
   });
@@ -125,6 +130,7 @@ STASHDBL_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 STASHDBL_EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream) {
   STASHDBL_ENTER("cudaStreamQuery");
   return with_stream(stream, [](State& st, Lock&, Stream& s) {
+    if (cudaError_t e = refuse_stream_sync(st, s); e != cudaSuccess) return fail(e);
     return query_stream(st, s) ? cudaSuccess : cudaErrorNotReady;
   });
 }
@@ -174,8 +180,9 @@ STASHDBL_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t
   Stream* s = find_stream(st, stream);
   Event* ev = find_event(st, event);
   if (s == nullptr || ev == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  wait_event(st, *s, *ev);
-  return cudaSuccess;
+  // Note [Capture rules]: external event nodes are not modelled.
+  if (flags != 0 && (s->capture || in_active_capture(*ev))) return fail(cudaErrorNotSupported);
+  return ret(capture_aware_wait(st, *s, *ev));
 }
 
 STASHDBL_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
@@ -183,6 +190,17 @@ STASHDBL_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t
   STASHDBL_ENTER("cudaLaunchHostFunc");
   if (fn == nullptr) return fail(cudaErrorInvalidValue);
   return with_stream(stream, [fn, userData](State& st, Lock&, Stream& s) {
+    bool captured = false;
+    if (cudaError_t e = route_op(st, s, &captured); e != cudaSuccess) return fail(e);
+    if (captured) {
+      Node n;
+      n.kind = NodeKind::kHost;
+      n.api = "cudaLaunchHostFunc";
+      n.fn = fn;
+      n.user = userData;
+      add_node(st, s, std::move(n));
+      return cudaSuccess;
+    }
     OpSpec spec;
     spec.api = "cudaLaunchHostFunc";
     spec.run = [fn, userData] { fn(userData); };
@@ -197,6 +215,9 @@ STASHDBL_EXPORT cudaError_t cudaStreamAddCallback(cudaStream_t stream,
   STASHDBL_ENTER("cudaStreamAddCallback");
   if (callback == nullptr || flags != 0) return fail(cudaErrorInvalidValue);
   return with_stream(stream, [stream, callback, userData](State& st, Lock&, Stream& s) {
+    bool captured = false;
+    if (cudaError_t e = route_op(st, s, &captured); e != cudaSuccess) return fail(e);
+    if (captured) return fail(cudaErrorNotSupported);  // Note [Capture rules]
     OpSpec spec;
     spec.api = "cudaStreamAddCallback";
     spec.run = [stream, callback, userData] { callback(stream, cudaSuccess, userData); };
@@ -240,6 +261,7 @@ STASHDBL_EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stre
 STASHDBL_EXPORT cudaError_t cudaEventQuery(cudaEvent_t event) {
   STASHDBL_ENTER("cudaEventQuery");
   return with_event(event, [](State& st, Lock&, Event& ev) {
+    if (in_active_capture(ev)) return fail(cudaErrorCapturedEvent);
     return query_event(st, ev) ? cudaSuccess : cudaErrorNotReady;
   });
 }
@@ -247,6 +269,7 @@ STASHDBL_EXPORT cudaError_t cudaEventQuery(cudaEvent_t event) {
 STASHDBL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   STASHDBL_ENTER("cudaEventSynchronize");
   return with_event(event, [](State& st, Lock& lk, Event& ev) {
+    if (in_active_capture(ev)) return fail(cudaErrorCapturedEvent);
     sync_event(st, lk, ev);
     return cudaSuccess;
   });
@@ -261,50 +284,11 @@ STASHDBL_EXPORT cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, c
   Event* a = find_event(st, start);
   Event* b = find_event(st, end);
   if (a == nullptr || b == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (in_active_capture(*a) || in_active_capture(*b)) return fail(cudaErrorCapturedEvent);
   if (!a->timing() || !b->timing()) return fail(cudaErrorInvalidResourceHandle);
   if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle);
   if (!a->done->done || !b->done->done) return fail(cudaErrorNotReady);
   *ms = static_cast<float>(b->end - a->end);
-  return cudaSuccess;
-}
-
-// --- capture: the double never captures ------------------------------------------------
-
-STASHDBL_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
-                                                 cudaStreamCaptureStatus* pCaptureStatus) {
-  STASHDBL_ENTER("cudaStreamIsCapturing");
-  if (pCaptureStatus == nullptr) return fail(cudaErrorInvalidValue);
-  return with_stream(stream, [pCaptureStatus](State&, Lock&, Stream&) {
-    *pCaptureStatus = cudaStreamCaptureStatusNone;
-    return cudaSuccess;
-  });
-}
-
-STASHDBL_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
-                                                    cudaStreamCaptureStatus* captureStatus_out,
-                                                    unsigned long long* id_out,
-                                                    cudaGraph_t* graph_out,
-                                                    const cudaGraphNode_t** dependencies_out,
-                                                    const cudaGraphEdgeData** edgeData_out,
-                                                    size_t* numDependencies_out) {
-  STASHDBL_ENTER("cudaStreamGetCaptureInfo");
-  if (captureStatus_out == nullptr) return fail(cudaErrorInvalidValue);
-  return with_stream(stream, [=](State&, Lock&, Stream&) {
-    *captureStatus_out = cudaStreamCaptureStatusNone;
-    if (id_out) *id_out = 0;
-    if (graph_out) *graph_out = nullptr;
-    if (dependencies_out) *dependencies_out = nullptr;
-    if (edgeData_out) *edgeData_out = nullptr;
-    if (numDependencies_out) *numDependencies_out = 0;
-    return cudaSuccess;
-  });
-}
-
-STASHDBL_EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
-  STASHDBL_ENTER("cudaThreadExchangeStreamCaptureMode");
-  if (mode == nullptr) return fail(cudaErrorInvalidValue);
-  thread_local cudaStreamCaptureMode current = cudaStreamCaptureModeGlobal;
-  std::swap(current, *mode);
   return cudaSuccess;
 }
 
@@ -342,15 +326,6 @@ STASHDBL_EXPORT cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t s, cudaHostFn_t
 STASHDBL_EXPORT cudaError_t cudaStreamAddCallback_ptsz(cudaStream_t s, cudaStreamCallback_t cb,
                                                       void* u, unsigned f) {
   return cudaStreamAddCallback(s, cb, u, f);
-}
-STASHDBL_EXPORT cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s,
-                                                      cudaStreamCaptureStatus* c) {
-  return cudaStreamIsCapturing(s, c);
-}
-STASHDBL_EXPORT cudaError_t cudaStreamGetCaptureInfo_ptsz(
-    cudaStream_t s, cudaStreamCaptureStatus* c, unsigned long long* id, cudaGraph_t* g,
-    const cudaGraphNode_t** d, const cudaGraphEdgeData** e, size_t* n) {
-  return cudaStreamGetCaptureInfo(s, c, id, g, d, e, n);
 }
 STASHDBL_EXPORT cudaError_t cudaMallocAsync_ptsz(void** p, size_t n, cudaStream_t s) {
   return cudaMallocAsync(p, n, s);

@@ -52,6 +52,26 @@ cudaError_t MemoryTable::alloc_device(size_t bytes, bool from_pool, BlockRef* ou
   return cudaSuccess;
 }
 
+cudaError_t MemoryTable::adopt_pool(const std::vector<BlockRef>& blocks) {
+  uint64_t need = 0;
+  for (const BlockRef& b : blocks) need += b->size;
+  uint64_t from_cache = std::min<uint64_t>(pool_.cached, need);
+  if (device_in_use() + need - from_cache > total_) {
+    trim_pool(0);
+    from_cache = 0;
+    if (device_in_use() + need > total_) return cudaErrorMemoryAllocation;
+  }
+  pool_.cached -= from_cache;
+  pool_.used += need;
+  pool_.used_high = std::max(pool_.used_high, pool_.used);
+  pool_.reserved_high = std::max(pool_.reserved_high, pool_.reserved());
+  for (const BlockRef& b : blocks) {
+    b->from_pool = true;
+    insert(b);
+  }
+  return cudaSuccess;
+}
+
 void MemoryTable::release_device(const BlockRef& b) {
   if (b->from_pool) {
     pool_.used -= b->size;

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "cudart_api.h"
 
@@ -49,6 +50,7 @@ struct Block {
   MemKind kind = MemKind::kDevice;
   unsigned flags = 0;
   bool from_pool = false;  // cudaMallocAsync / cudaMallocFromPoolAsync
+  bool graph = false;      // a graph allocation (Note [Graph memory] in capture.h)
   void* mapping = nullptr;
   size_t mapping_size = 0;  // 0: not owned (registered memory)
   ~Block();
@@ -79,6 +81,10 @@ class MemoryTable {
 
   // Device memory: fails with cudaErrorMemoryAllocation past the configured total.
   cudaError_t alloc_device(size_t bytes, bool from_pool, BlockRef* out);
+  // Note [Graph memory] in capture.h: puts mapped graph allocations into the table,
+  // counted as default-pool memory; cudaErrorMemoryAllocation (and nothing done) when
+  // they do not fit.
+  cudaError_t adopt_pool(const std::vector<BlockRef>& blocks);
   // Takes a device block out of the table; its bytes stop counting (pool: become cached).
   void release_device(const BlockRef& b);
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "capture.h"
 #include "streams.h"
 
 namespace stash::dbl {

@@ -37,6 +37,9 @@ namespace stash::dbl {
 
 struct Stream;
 struct Event;
+struct Capture;
+struct Graph;
+struct GraphExec;
 
 struct State {
   std::mutex mu;
@@ -59,6 +62,12 @@ struct State {
   std::unordered_map<const void*, std::unique_ptr<Stream>> streams;
   std::vector<std::unique_ptr<Stream>> graveyard;  // destroyed, worker still draining
   std::unordered_map<const void*, std::unique_ptr<Event>> events;
+
+  // Note [Capture rules] (capture.h): captures under way, graphs, executable graphs.
+  std::vector<std::shared_ptr<Capture>> captures;
+  uint64_t next_capture_id = 1;
+  std::unordered_map<const void*, std::shared_ptr<Graph>> graphs;
+  std::unordered_map<const void*, std::unique_ptr<GraphExec>> execs;
 
   State();  // out of line: Stream and Event are complete only in streams.h
   ~State();

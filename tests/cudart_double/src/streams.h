@@ -34,6 +34,8 @@
 
 namespace stash::dbl {
 
+struct Capture;
+
 struct Completion {
   bool done = false;
 };
@@ -65,6 +67,15 @@ struct Stream {
   bool exited = false;
   std::thread worker;
 
+  // Note [Capture rules] (capture.h): the capture this stream is a member of, its lane
+  // there, the nodes its next node depends on, and what cudaStreamGetCaptureInfo hands
+  // out for them (valid until the next call on the stream).
+  std::shared_ptr<Capture> capture;
+  size_t capture_lane = 0;
+  std::vector<size_t> capture_deps;
+  std::vector<cudaGraphNode_t> capture_dep_handles;
+  std::vector<cudaGraphEdgeData> capture_edges;
+
   bool blocking() const { return !legacy && (flags & cudaStreamNonBlocking) == 0; }
   cudaStream_t handle() { return legacy ? nullptr : reinterpret_cast<cudaStream_t>(this); }
 };
@@ -75,6 +86,10 @@ struct Event {
   VectorClock clock;  // the recording stream's clock at the record
   double end = 0.0;   // virtual completion time of the record
   CompletionRef done;
+  // Last recorded in this capture (Note [Capture rules]): the recording stream's
+  // dependency set then. The fields above keep the last record outside a capture.
+  std::shared_ptr<Capture> capture;
+  std::vector<size_t> capture_deps;
   bool timing() const { return (flags & cudaEventDisableTiming) == 0; }
 };
 
