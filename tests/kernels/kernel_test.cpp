@@ -5,8 +5,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include "kernels/fill_checksum.h"
-#include "kernels/pattern.h"
+#include "tests/kernels/fill_checksum.h"
+#include "tests/kernels/pattern.h"
 
 namespace k = stash::kernels;
 

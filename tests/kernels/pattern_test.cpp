@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/pattern.h"
+#include "tests/kernels/pattern.h"
 
 namespace k = stash::kernels;
 

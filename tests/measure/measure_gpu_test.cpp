@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "kernels/fill_checksum.h"
+#include "tests/kernels/fill_checksum.h"
 #include "planner/model/profile.h"
 #include "runtime/measure/attribution.h"
 #include "runtime/measure/cupti_profiler.h"

@@ -8,7 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
 
-#include "kernels/fill_checksum.h"
+#include "tests/kernels/fill_checksum.h"
 #include "runtime/measure/scope_name.h"
 #include "runtime/nvtx_domain.h"
 
