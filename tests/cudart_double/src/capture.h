@@ -76,7 +76,8 @@
 // ends. Each launch puts it back and counts it as default-pool memory (the double has no
 // separate graph pool), stream-ordered like cudaMallocAsync; a free node (in the graph or
 // a later cudaFreeAsync/cudaFree) returns it. Launching while an allocation of the graph
-// is still live fails with cudaErrorInvalidValue.
+// is still live fails with cudaErrorInvalidValue. Not enforced: the runtime's limit of
+// one executable graph at a time for a graph with memory nodes.
 #pragma once
 
 #include <cstdint>

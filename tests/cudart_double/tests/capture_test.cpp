@@ -3,6 +3,7 @@
 // TEST_F on CaptureOnDouble) also run on a real GPU (.gpu variant) and pin the double to
 // the real runtime's answers.
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -572,10 +573,19 @@ TEST_F(CaptureOnDouble, GraphAllocationsCountAsPoolMemoryWhileLive) {
   CUDA_OK(e.launch(s));
   CUDA_OK(cudaMemGetInfo(&free, &total));
   EXPECT_EQ(free, total - (size_t{256} << 20));
+  cudaMemPool_t pool;
+  CUDA_OK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  uint64_t used = 0;
+  CUDA_OK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  EXPECT_EQ(used, uint64_t{256} << 20);
   CUDA_OK(cudaFreeAsync(p, s));
   CUDA_OK(cudaStreamSynchronize(s));
   CUDA_OK(cudaMemGetInfo(&free, &total));
   EXPECT_EQ(free, total);
+  // Leave the pool's high-water marks as found (Api.StreamOrderedFree... reads them).
+  uint64_t zero = 0;
+  CUDA_OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  CUDA_OK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
 }
 
 TEST_F(CaptureOnDouble, DestroyingTheOriginEndsItsCapture) {
