@@ -2,8 +2,6 @@
 // computations, and the shipped tools/demo/profiles/ files are what the model generates today.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <dirent.h>
@@ -195,25 +193,6 @@ TEST(Analytic, ShippedProfilesAreCurrent) {
               archs.count("llama3.2-11b-vision"));
   EXPECT_GE(signatures_seen.size(), 2u);
 }
-
-#ifdef STASH_CLI_PATH
-int run(const std::string& args) {
-  const int rc = std::system((std::string(STASH_CLI_PATH) + " " + args + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-TEST(ProfileModelCli, WritesALoadableProfileAndRejectsUnknownNames) {
-  const std::string out = ::testing::TempDir() + "stash_profile_model_cli.json";
-  ASSERT_EQ(run("profile-model --arch llama3-70b --device gb200 --batch 1 --seq 4096 -o " + out), 0);
-  const step_profile p = load_profile(out);
-  EXPECT_EQ(p.layers.size(), 80u);
-  EXPECT_EQ(p.device_name, "NVIDIA GB200");
-  std::remove(out.c_str());
-  EXPECT_EQ(run("profile-model --arch llama4 --device h100 --batch 1 --seq 4096"), 2);
-  EXPECT_EQ(run("profile-model --arch llama3-8b --device h100"), 2);  // batch, seq missing
-  EXPECT_EQ(run("profile-model --list"), 0);
-}
-#endif
 
 }  // namespace
 }  // namespace stash::planner

@@ -1,7 +1,6 @@
-// Pareto sweep: envelope, bisection, knee, CSV and SVG (planner/solvers/pareto.h), and the CLI.
+// Pareto sweep: envelope, bisection, knee, CSV and SVG (planner/solvers/pareto.h).
+// `stash pareto` itself is tested in tests/cli.
 #include <gtest/gtest.h>
-
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
@@ -242,33 +241,6 @@ TEST(Pareto, SvgIsAWellFormedPlotWithAxesCurveKneeAndReferences) {
   flat.knee = pareto_curve::npos;
   EXPECT_EQ(pareto_svg(flat, "t").find("id=\"knee\""), std::string::npos);
 }
-
-#ifdef STASH_CLI_PATH
-int run(const std::string& args) {
-  const int rc = std::system((std::string(STASH_CLI_PATH) + " " + args + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-TEST(ParetoCli, WritesCsvAndSvgAndRejectsBadRanges) {
-  const std::string dir = ::testing::TempDir();
-  const std::string profile = dir + "stash_pareto_cli_profile.json";
-  std::ofstream(profile) << profile_json_text(small_llama());
-  const std::string csv = dir + "stash_pareto_cli.csv", svg = dir + "stash_pareto_cli.svg";
-  ASSERT_EQ(run("pareto --profile " + profile + " --points 12 -o " + csv + " --svg " + svg), 0);
-  std::ifstream c(csv), s(svg);
-  std::stringstream cs, ss;
-  cs << c.rdbuf();
-  ss << s.rdbuf();
-  EXPECT_EQ(count(cs.str(), "\n"), 13);  // header + 12 points
-  std::string why;
-  EXPECT_TRUE(well_formed_xml(ss.str(), &why)) << why;
-  EXPECT_EQ(run("pareto --profile " + profile + " --from 90GiB --to 80GiB"), 2);
-  // Below the fixed bytes: infeasible (exit 1), as `stash plan` says it.
-  EXPECT_EQ(run("pareto --profile " + profile + " --from 1GiB"), 1);
-  EXPECT_NE(run("pareto --profile " + profile + " --solver magic"), 0);
-  for (const auto& f : {profile, csv, svg}) std::remove(f.c_str());
-}
-#endif
 
 }  // namespace
 }  // namespace stash::planner

@@ -1,4 +1,5 @@
-// plan_fixtures.h: seeded synthetic profiles for the planner's tests and solve benchmark.
+// plan_fixtures.h: synthetic profiles, seeded and hand-built, for the planner's tests, the
+// CLI tests (tests/cli) and the solve benchmark (tests/benchmarks).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,38 @@
 namespace stash::planner::testing {
 
 inline constexpr std::uint64_t kMiB = 1048576;
+// 1 MiB per ms, so copy times in hand-built cases are MiB counts.
+inline constexpr double kMiBPerMsGbps = kMiB / 1e6;
+
+// A hand-built profile: one layer per entry of fwd/bwd (ms), no tensors yet, a link of
+// 1 MiB/ms each way (2 both ways), 1 TiB of device and pinnable memory, no fixed bytes.
+inline step_profile hand_profile(std::vector<double> fwd, std::vector<double> bwd) {
+  step_profile p;
+  p.device_name = "test";
+  p.device_memory_bytes = 1ull << 40;
+  p.link = {kMiBPerMsGbps, kMiBPerMsGbps, 2 * kMiBPerMsGbps, 1};
+  p.pinnable_bytes = 1ull << 40;
+  p.fixed_bytes = 0;
+  for (std::size_t i = 0; i < fwd.size(); ++i) {
+    layer_profile l;
+    l.name = "layers." + std::to_string(i);
+    l.signature = "block";
+    l.fwd_ms = fwd[i];
+    l.bwd_ms = bwd[i];
+    p.layers.push_back(l);
+  }
+  return p;
+}
+
+// Appends a saved tensor to a hand-built profile's layer.
+inline void add_tensor(step_profile& p, std::size_t layer, const std::string& name,
+                       std::uint64_t bytes, double recompute_ms = 0.1) {
+  tensor_profile t;
+  t.name = name;
+  t.bytes = bytes;
+  t.recompute_ms = recompute_ms;
+  p.layers[layer].tensors.push_back(t);
+}
 
 // A llama3-8b-like block (bf16, seq 2048, `batch` sequences per micro-batch) with about
 // 20 saved tensors whose sizes and recompute times are jittered by the seed. Layer 0's

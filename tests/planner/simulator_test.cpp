@@ -2,8 +2,6 @@
 // (Note [Simulator vs canonical model] in planner/simulator/simulator.h).
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan_fixtures.h"
 #include "planner/model/plan.h"
 #include "planner/simulator/simulator.h"
 
@@ -19,35 +18,9 @@ namespace stash::planner {
 namespace {
 
 constexpr std::uint64_t MiB = 1048576;
-// 1 MiB per ms, so copy times in these hand cases are MiB counts.
-constexpr double kMiBPerMsGbps = MiB / 1e6;
-
-step_profile hand_profile(std::vector<double> fwd, std::vector<double> bwd) {
-  step_profile p;
-  p.device_name = "test";
-  p.device_memory_bytes = 1ull << 40;
-  p.link = {kMiBPerMsGbps, kMiBPerMsGbps, 2 * kMiBPerMsGbps, 1};
-  p.pinnable_bytes = 1ull << 40;
-  p.fixed_bytes = 0;
-  for (std::size_t i = 0; i < fwd.size(); ++i) {
-    layer_profile l;
-    l.name = "layers." + std::to_string(i);
-    l.signature = "block";
-    l.fwd_ms = fwd[i];
-    l.bwd_ms = bwd[i];
-    p.layers.push_back(l);
-  }
-  return p;
-}
-
-void add_tensor(step_profile& p, std::size_t layer, const std::string& name, std::uint64_t bytes,
-                double recompute_ms = 0.1) {
-  tensor_profile t;
-  t.name = name;
-  t.bytes = bytes;
-  t.recompute_ms = recompute_ms;
-  p.layers[layer].tensors.push_back(t);
-}
+using testing::add_tensor;
+using testing::hand_profile;
+using testing::kMiBPerMsGbps;
 
 double waits(const sim_result& r, const std::string& name) {
   double sum = 0;
@@ -391,90 +364,6 @@ TEST(SimulatorProperty, RelaxationsNeverSlowAndDepthTradesMemoryForTime) {
     EXPECT_GE(two.peak_bytes, base.peak_bytes) << trial;
   }
 }
-
-
-#ifdef STASH_CLI_PATH
-// `stash plan` then `stash simulate --trace`: the figures printed match the canonical model
-// (depth 1) and the trace parses back.
-TEST(SimulateCli, PrintsFiguresAndWritesTheTrace) {
-  const std::string dir = ::testing::TempDir();
-  const std::string profile = dir + "stash_sim_cli_profile.json", plan = dir + "stash_sim_cli_plan.json",
-                    trace = dir + "stash_sim_cli_trace.json", out = dir + "stash_sim_cli.out";
-  step_profile p = hand_profile({2, 2, 2, 2}, {4, 4, 4, 4});
-  for (int i = 0; i < 4; ++i) {
-    add_tensor(p, i, "input", 64 * MiB, 0);
-    p.layers[i].tensors[0].recomputable = false;
-    add_tensor(p, i, "h", 96 * MiB, 0.5);
-  }
-  p.device_memory_bytes = 1ull << 34;
-  std::ofstream(profile) << nlohmann::json(profile_to_json(p)).dump();
-  const std::string cli = STASH_CLI_PATH;
-  auto run = [&](const std::string& args) {
-    const int rc = std::system((cli + " " + args + " >" + out + " 2>&1").c_str());
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  };
-  ASSERT_EQ(run("plan --profile " + profile + " --budget 400MiB -o " + plan), 0);
-  ASSERT_EQ(run("simulate --profile " + profile + " --plan " + plan + " --trace " + trace), 0);
-  std::ifstream o(out);
-  std::stringstream text;
-  text << o.rdbuf();
-  EXPECT_NE(text.str().find("overlap report"), std::string::npos) << text.str();
-  const std::size_t at = text.str().find("  step ");
-  ASSERT_NE(at, std::string::npos) << text.str();
-  double sim_ms = 0, canonical_ms = 0;
-  ASSERT_EQ(std::sscanf(text.str().c_str() + at, " step %lf ms (canonical model %lf ms", &sim_ms,
-                        &canonical_ms), 2) << text.str();
-  EXPECT_GT(sim_ms, 24);  // at least the compute
-  EXPECT_NEAR(sim_ms, canonical_ms, 1e-3);
-  std::ifstream t(trace);
-  const trace_writer tw = trace_from_json(nlohmann::json::parse(t));
-  EXPECT_FALSE(tw.spans().empty());
-  EXPECT_EQ(text.str().find("step overhead"), std::string::npos) << "no overhead, no mention";
-  // With a step overhead: the same plan, both figures up by it, and the compute line says so.
-  p.step_overhead_ms = 1.25;
-  std::ofstream(profile) << nlohmann::json(profile_to_json(p)).dump();
-  ASSERT_EQ(run("simulate --profile " + profile + " --plan " + plan), 0);
-  std::ifstream o2(out);
-  std::stringstream text2;
-  text2 << o2.rdbuf();
-  const std::size_t at2 = text2.str().find("  step ");
-  ASSERT_NE(at2, std::string::npos) << text2.str();
-  double sim2 = 0, canonical2 = 0;
-  ASSERT_EQ(std::sscanf(text2.str().c_str() + at2, " step %lf ms (canonical model %lf ms", &sim2,
-                        &canonical2), 2) << text2.str();
-  EXPECT_NEAR(sim2, sim_ms + 1.25, 2e-3);
-  EXPECT_NEAR(sim2, canonical2, 1e-3);
-  EXPECT_NE(text2.str().find("step overhead 1.250 ms"), std::string::npos) << text2.str();
-  EXPECT_NE(run("simulate --profile " + profile + " --plan " + plan + " --lookahead 0"), 0);
-  EXPECT_EQ(run("simulate --profile " + profile + " --plan /nonexistent.json"), 2);
-  // --memory-svg: the predicted device memory with the plan's budget, and with --measured a
-  // trace's last pass beside it (here the simulator's own trace, so both peak alike).
-  const std::string svg = dir + "stash_sim_cli_memory.svg";
-  ASSERT_EQ(run("simulate --profile " + profile + " --plan " + plan + " --trace " + trace +
-                " --memory-svg " + svg + " --measured " + trace), 0);
-  std::ifstream sv(svg);
-  std::stringstream plot;
-  plot << sv.rdbuf();
-  const std::size_t pred = plot.str().find("predicted (stash simulate): peak ");
-  const std::size_t meas = plot.str().find(", last pass): peak ");
-  ASSERT_NE(pred, std::string::npos) << plot.str();
-  ASSERT_NE(meas, std::string::npos) << plot.str();
-  const std::string pred_peak = plot.str().substr(pred + 33, 12);
-  EXPECT_EQ(plot.str().substr(meas + 19, 12), pred_peak);
-  EXPECT_NE(plot.str().find("budget 400.00 MiB"), std::string::npos) << plot.str();
-  EXPECT_EQ(run("simulate --profile " + profile + " --plan " + plan + " --measured " + trace), 2)
-      << "--measured without --memory-svg";
-  // A file that is not a trace fails before anything is printed, naming the file.
-  EXPECT_EQ(run("simulate --profile " + profile + " --plan " + plan + " --memory-svg " + svg +
-                " --measured " + plan), 2);
-  std::ifstream bad(out);
-  std::stringstream bad_text;
-  bad_text << bad.rdbuf();
-  EXPECT_EQ(bad_text.str().find("overlap report"), std::string::npos) << bad_text.str();
-  EXPECT_NE(bad_text.str().find(plan + ": trace: expected"), std::string::npos) << bad_text.str();
-  for (const auto& f : {profile, plan, trace, out, svg}) std::remove(f.c_str());
-}
-#endif
 
 }  // namespace
 }  // namespace stash::planner

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "plan_fixtures.h"
+#include "tests/planner/plan_fixtures.h"
 #include "planner/solvers/planner.h"
 
 using namespace stash::planner;

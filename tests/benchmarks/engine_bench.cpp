@@ -1,7 +1,7 @@
 // engine_bench: CPU cost of the offload submit path (prefetch_engine::offload), per tensor.
 //
 // Run on the test double, from the build directory:
-//   LD_LIBRARY_PATH=cudart_double tests/runtime/runtime_engine_bench
+//   LD_LIBRARY_PATH=cudart_double tests/benchmarks/runtime_engine_bench
 //       --benchmark_repetitions=10 --benchmark_report_aggregates_only=true
 // The engine's copy stream is paused while a batch of 64 offloads is submitted, so the
 // figure is the submit path only (stash's bookkeeping plus the runtime calls it makes),

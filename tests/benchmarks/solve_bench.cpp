@@ -2,11 +2,12 @@
 //
 //   planner_solve_bench [--reps N] [--exact-limit S] [--small N] [--fraction F]
 //
-// Synthetic llama-like profiles (plan_fixtures.h, seeded) at 32, 80 and 126 layers of 20
-// tensors, budget a fraction F (default 0.5) of the way from the smallest feasible budget to
-// the keep-all peak. Reports medians over N repetitions in one run; exact runs once per
-// size with its time limit. Then small instances (2..4 llama layers, and random profiles)
-// where exact proves optimality: greedy's and ilp's step time over exact's.
+// Synthetic llama-like profiles (tests/planner/plan_fixtures.h, seeded) at 32, 80 and 126
+// layers of 20 tensors, budget a fraction F (default 0.5) of the way from the smallest
+// feasible budget to the keep-all peak. Reports medians over N repetitions in one run;
+// exact runs once per size with its time limit. Then small instances (2..4 llama layers,
+// and random profiles) where exact proves optimality: greedy's and ilp's step time over
+// exact's.
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -18,7 +19,7 @@
 
 #include "planner/solvers/planner.h"
 #include "core/stats.h"
-#include "plan_fixtures.h"
+#include "tests/planner/plan_fixtures.h"
 
 using namespace stash::planner;
 using stash::median;
