@@ -16,7 +16,7 @@
 // Both are answered here and nowhere else: the double's exported functions are looked up
 // by name in the running process (a real runtime does not export them, so the answers are
 // "no" and nullptr there). The signature is restated below rather than included, because
-// tools/ may not depend on tests/; tests/workload_driver/driver_test.cpp static_asserts that
+// tools/ may not depend on tests/; tests/demo/driver_test.cpp static_asserts that
 // it is the double's own. Python reaches the double through its own seam, the STASH_CUDART
 // environment variable (bindings/python/stash).
 #pragma once
