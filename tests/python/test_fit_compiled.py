@@ -1,7 +1,7 @@
 """stash.torch.fit and offload under whole-model torch.compile (Note [Planning the compiled
 graph] in stash/torch/_compiled.py), on the CPU with inductor: tiny Hugging Face Llama,
-Qwen2 and GPT-2 models (2 layers, hidden 64), compiled whole after fit was entered (or
-before, where a test says so).
+Qwen2 and GPT-2 models (2 layers, hidden 64; a wider Llama for offload), compiled whole
+after fit was entered (or before, where a test says so).
 
 The double runs with STASHDBL_FOREIGN_IS_DEVICE=1, as in test_fit.py."""
 
@@ -54,8 +54,22 @@ def gpt2(seed=0):
     return m
 
 
+def wide_llama(seed=0):
+    """3 layers, hidden 128: at sequence 512 its saved values are 1-4 MiB, above the
+    planner's smallest offload (1 MiB), so a plan may offload them."""
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        use_cache=False, attn_implementation="sdpa")
+    m = transformers.LlamaForCausalLM(cfg)
+    m.train()
+    return m
+
+
 MODELS = {"llama": (llama, lambda m: m.model.layers), "qwen2": (qwen2, lambda m: m.model.layers),
-          "gpt2": (gpt2, lambda m: m.transformer.h)}
+          "gpt2": (gpt2, lambda m: m.transformer.h),
+          "wide_llama": (wide_llama, lambda m: m.model.layers)}
 
 
 def train(budget=None, steps=STEPS, backend="inductor", before=True, family="llama",
@@ -194,3 +208,85 @@ def test_offload_under_whole_model_compile_names_what_works():
 def test_fit_under_a_backend_stash_cannot_partition_names_it():
     with pytest.raises(stash.StashError, match="backend other than inductor"):
         train("85%", steps=1, backend="aot_eager")
+
+
+def _offload_run(reorder=False):
+    """wide_llama compiled whole at 70% of its compiled keep-all, sequence 512, against
+    the same run without stash. reorder: the forward's stash::offload nodes are moved to
+    just before their stash::offloaded (after block b+2's tick), as a pass that reorders
+    extern kernels might (Note [Offload in the compiled graph], the guard)."""
+    import stash.torch._compiled as compiled
+    ref, ref_params, _ = train(family="wide_llama", seqs=[512] * STEPS)
+    ref_peak = max(s["peak"] for s in ref[1:])
+    budget = int(0.7 * ref_peak)
+    original = compiled.insert_offloads
+
+    def late(fw, bw, offloads, *args):
+        done = original(fw, bw, offloads, *args)
+        for node in list(fw.graph.nodes):
+            if node.target is torch.ops.stash.offloaded.default:
+                node.prepend(node.args[0])  # the offload, right before its settle
+        fw.graph.lint()
+        fw.recompile()
+        return done
+
+    if reorder:
+        compiled.insert_offloads = late
+    try:
+        got, params, h = train(budget, family="wide_llama", seqs=[512] * STEPS)
+    finally:
+        compiled.insert_offloads = original
+    return ref, ref_params, ref_peak, budget, got, params, h
+
+
+def _same_training(ref, ref_params, got, params):
+    # Within the compiled tolerance (Note [Planning the compiled graph]); an offloaded
+    # value comes back bit for bit, so offload adds nothing to it.
+    assert all(torch.allclose(a["loss"], b["loss"], rtol=1e-5, atol=0)
+               for a, b in zip(ref, got)), ([a["loss"] for a in ref], [b["loss"] for b in got])
+    diff = max((a - b).abs().max().item() for a, b in zip(ref_params, params))
+    assert diff <= 1e-5, diff
+
+
+def test_fit_offloads_saved_values_of_the_compiled_graph():
+    """Note [Offload in the compiled graph]: the plan offloads some of the graph's saved
+    values; the forward hands them to the engine and the backward fetches them back;
+    training agrees with compiled training without stash, and every planned step is
+    within the budget on the meter."""
+    ref, ref_params, ref_peak, budget, got, params, h = _offload_run()
+    st = h._compiled_st
+    assert [s.serial for s in st.steps] == [0, 0, 1, 1, 1]
+    offloads = [(b, j) for b, layer in enumerate(st.actions) for j, a in enumerate(layer)
+                if a == "offload"]
+    assert offloads, st.actions
+    report = st.report()
+    assert report["offloaded"] == {1: offloads}, report["offloaded"]
+    # One offload per value per planned step, each one covered by its tick's wait.
+    assert report["offload_calls"] == 3 * len(offloads) and report["guarded"] == 0, report
+    stats = h.engine.stats()
+    assert stats["offloaded_count"] == 3 * len(offloads), stats
+    assert stats["prefetched_count"] == 3 * len(offloads), stats
+    assert stats["pinned"]["current_bytes"] == 0, stats["pinned"]  # nothing held between
+    _same_training(ref, ref_params, got, params)
+    for s in got[2:]:
+        assert s["peak"] <= budget, (s["peak"], budget)
+        assert s["peak"] < ref_peak, (s["peak"], ref_peak)
+    # fit's report() lists the compiled steps, each within the budget on fit's meter.
+    steps = h.report()["steps"]
+    assert [s["mode"] for s in steps] == ["measure", "measure", "plan", "plan", "plan"], steps
+    assert all(s["compiled"] and not s["over_budget"] and s["step_ms"] > 0 for s in steps)
+    assert all(s["measured_peak_bytes"] <= s["predicted_peak_bytes"] for s in steps[2:]), steps
+    assert h.report()["plan"]["actions"]["offload"] == len(offloads)
+    assert "plan" in h.format_report()
+    h.close()
+
+
+def test_an_offload_moved_past_its_tick_is_guarded():
+    """The guard of Note [Offload in the compiled graph]: an offload a pass moved after
+    the tick whose wait should cover it is waited for from the host, and training is the
+    same."""
+    ref, ref_params, _, budget, got, params, h = _offload_run(reorder=True)
+    report = h._compiled_st.report()
+    assert report["offload_calls"] > 0 and report["guarded"] == report["offload_calls"], report
+    _same_training(ref, ref_params, got, params)
+    h.close()

@@ -30,6 +30,7 @@ class SavedValue:
     nbytes: int
     recomputable: bool  # False: the block's input (recompute starts from it)
     cost: float         # relative cost of recomputing it (its chain), within its block
+    offloadable: bool = False  # a dense tensor (_dense)
 
 
 @dataclass
@@ -51,6 +52,14 @@ def _val_bytes(node: fx.Node) -> int:
     if isinstance(val, torch.Tensor):
         return int(val.numel()) * int(val.element_size())
     return 0
+
+
+def _dense(node: fx.Node) -> bool:
+    """Whether a value is a contiguous tensor with elements: what stash::fetch rebuilds
+    from a flat buffer (Note [Offload in the compiled graph] in _compiled_offload.py)."""
+    val = node.meta.get("val")
+    return (isinstance(val, torch.Tensor) and val.layout == torch.strided
+            and int(val.numel()) > 0 and bool(val.is_contiguous()))
 
 
 def _cost(node: fx.Node) -> float:
@@ -152,7 +161,7 @@ def saved_by_block(gm: fx.GraphModule, cut: GraphBlocks, saved: Sequence[str]
                     stack.append(a)
         cost = 0.0 if boundary else sum(_cost(n) for n in chain)
         out.setdefault(block, []).append(SavedValue(node.name, _val_bytes(node),
-                                                    not boundary, cost))
+                                                    not boundary, cost, _dense(node)))
     return out
 
 
@@ -160,7 +169,8 @@ def layer_doc(name: str, kind: str, values: Sequence[SavedValue], fwd_ms: float,
               bwd_ms: float, weight: float) -> Doc:
     """A profile layer: the block's saved values as tensors, each recomputable one priced
     at its share of the block's measured forward (Note [Recompute cost in a compiled
-    block] in _compiled.py). Nothing is offloadable (this slice plans keep and recompute)."""
+    block] in _compiled.py). A dense value may be offloaded (Note [Offload in the compiled
+    graph] in _compiled_offload.py); the block's input may not be recomputed."""
     tensors = []
     seen_input = False
     for j, v in enumerate(values):
@@ -171,10 +181,11 @@ def layer_doc(name: str, kind: str, values: Sequence[SavedValue], fwd_ms: float,
             "name": tname, "bytes": int(v.nbytes),
             "recompute_ms": float(fwd_ms * v.cost / weight) if weight > 0 and v.recomputable
             else 0.0,
-            "offloadable": False, "recomputable": v.recomputable,
-            "must_keep": not v.recomputable})
+            "offloadable": v.offloadable, "recomputable": v.recomputable,
+            "must_keep": not (v.recomputable or v.offloadable)})
     digest = hashlib.sha256(json.dumps(
-        [(t["bytes"], t["recomputable"]) for t in tensors]).encode()).hexdigest()[:16]
+        [(t["bytes"], t["recomputable"], t["offloadable"]) for t in tensors]
+    ).encode()).hexdigest()[:16]
     return {"name": name, "signature": f"{kind}:compiled:{digest}", "fwd_ms": float(fwd_ms),
             "bwd_ms": float(bwd_ms), "bwd_temp_bytes": 0, "tensors": tensors}
 
@@ -183,8 +194,9 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
         actions: Optional[Sequence[Sequence[str]]]) -> None:
     """Tags the joint graph's forward nodes in fit's blocks for the min-cut partitioner
     (Note [Planning the compiled graph] in _compiled.py): the ticks MUST_SAVE (never run
-    again); with `actions` (per block, per saved value: "keep" or "recompute") the kept
-    values MUST_SAVE and every other node of the block MUST_RECOMPUTE; without, every
+    again); with `actions` (per block, per saved value: "keep", "offload" or "recompute")
+    the kept and offloaded values MUST_SAVE (insert_offloads moves the offloaded ones
+    after partitioning) and every other node of the block MUST_RECOMPUTE; without, every
     node of the blocks MUST_RECOMPUTE (least memory: each block recomputed from its
     input). Each block is an AC region of its own (ac_graph_id), so the partitioner saves
     the boundary between two blocks, as it does for checkpointed blocks."""
@@ -241,3 +253,83 @@ def calibrated_fixed_bytes(doc: Doc, measured_peak: int, counted: int, missing: 
 
 def plan_actions_of(plan: Doc) -> List[List[str]]:
     return [[str(t["action"]) for t in layer["tensors"]] for layer in plan["layers"]]
+
+
+@dataclass
+class Offload:
+    """One saved value a plan offloads: its node's name in the joint graph, its block and
+    its index among the block's saved values."""
+
+    name: str
+    block: int
+    index: int
+
+
+def _tick_nodes(graph: fx.Graph, tick: Any, handle_id: int) -> Dict[int, fx.Node]:
+    return {int(n.args[2]): n for n in graph.nodes
+            if _is_tick(n, tick) and n.args[1] == handle_id}
+
+
+def insert_offloads(fw: fx.GraphModule, bw: fx.GraphModule, offloads: Sequence[Offload],
+                    handle_id: int, n_blocks: int, ops: Any) -> List[Offload]:
+    """Note [Offload in the compiled graph] in _compiled_offload.py: rewrites a partitioned pair so
+    that each offloaded value leaves the forward as a token and comes back in backward
+    through stash::fetch. ops: the namespace of stash's ops (torch.ops.stash). Returns the
+    offloads done (a value the forward does not return, or returns as a model output, is
+    kept)."""
+    out_node = fw.graph.find_nodes(op="output")[0]
+    outputs = list(out_node.args[0])
+    by_name = {n.name: n for n in outputs if isinstance(n, fx.Node)}
+    first_saved = len(outputs) - sum(1 for n in bw.graph.nodes if n.op == "placeholder"
+                                     and not n.name.startswith("tangents"))
+    ticks = _tick_nodes(fw.graph, ops.tick.default, handle_id)
+    placeholders = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
+    bw_order = {n: i for i, n in enumerate(bw.graph.nodes)}
+    order = {n: i for i, n in enumerate(fw.graph.nodes)}
+    done: List[Offload] = []
+    for o in offloads:
+        node = by_name.get(o.name)
+        if (node is None or o.name not in placeholders
+                or any(outputs[i] is node for i in range(first_saved))):
+            continue
+        after = ticks.get(o.block + 2, ticks.get(n_blocks))
+        if after is None:
+            continue
+        val = node.meta["val"]
+        # The copy starts right after the value is made; the settle waits for block
+        # b+2's tick, where the engine has made the compute stream wait for block b's
+        # copies, and holds the value in the graph until then.
+        with fw.graph.inserting_after(node):
+            token = fw.graph.call_function(
+                ops.offload.default, (node, handle_id, o.block, o.index))
+        token.meta["val"] = torch.empty((), dtype=torch.uint8, device=val.device)
+        # A tick before the value (not seen): settled at once, which the run-time guard
+        # makes safe (CompiledMoves.settle).
+        anchor = after if order[after] > order[node] else token
+        with fw.graph.inserting_after(anchor):
+            settled = fw.graph.call_function(
+                ops.offloaded.default, (token, node, after, handle_id, o.block, o.index),
+                name=f"stash_offloaded_{o.name}")
+        settled.meta["val"] = token.meta["val"]
+        outputs = [settled if x is node else x for x in outputs]
+        old = placeholders[o.name]
+        with bw.graph.inserting_after(old):
+            new = bw.graph.placeholder(settled.name)
+        new.meta["val"] = settled.meta["val"]
+        users = list(old.users)
+        first = min(users, key=lambda u: bw_order[u]) if users else None
+        with bw.graph.inserting_before(first) if first is not None else \
+                bw.graph.inserting_after(new):
+            fetched = bw.graph.call_function(
+                ops.fetch.default, (new, handle_id, o.block, o.index, list(val.shape),
+                                    list(val.stride()), val.dtype))
+        fetched.meta["val"] = val
+        old.replace_all_uses_with(fetched)
+        bw.graph.erase_node(old)
+        done.append(o)
+    out_node.update_arg(0, tuple(outputs))
+    fw.graph.lint()
+    bw.graph.lint()
+    fw.recompile()
+    bw.recompile()
+    return done

@@ -65,8 +65,9 @@ import torch
 import torch.fx as fx
 
 from .._lib import StashError
-from ._compile_plan import (GraphBlocks, SavedValue, cut_blocks, layer_doc, saved_at_keep_all,
-                            saved_by_block, tag)
+from ._compile_plan import (GraphBlocks, Offload, SavedValue, cut_blocks, insert_offloads,
+                            layer_doc, saved_at_keep_all, saved_by_block, tag)
+from ._compiled_offload import CompiledMoves
 
 __all__ = ["CompiledState", "compiled_wrapper"]
 
@@ -163,11 +164,19 @@ def _partition(gm: fx.GraphModule, joint_inputs: Sequence[Any],
     """Note [Planning the compiled graph]: graphs with a fit handle's ticks are tagged by
     its plan, then min-cut partitions them; others go to min-cut as they are."""
     partition = _min_cut()
+    moves: List[Tuple[CompiledState, int, List[Offload]]] = []
     for state in list(_states.values()):
         cut = cut_blocks(gm.graph, torch.ops.stash.tick.default, state.id, state.n)
         if cut is not None:
-            state.partitioning(gm, cut, joint_inputs, partition, kwargs)
-    return partition(gm, joint_inputs, **kwargs)
+            serial, offloads = state.partitioning(gm, cut, joint_inputs, partition, kwargs)
+            if offloads:
+                moves.append((state, serial, offloads))
+    fw, bw = partition(gm, joint_inputs, **kwargs)
+    for state, serial, offloads in moves:
+        # Note [Offload in the compiled graph] in _compiled_offload.py
+        done = insert_offloads(fw, bw, offloads, state.id, state.n, torch.ops.stash)
+        state.offloaded[serial] = [(o.block, o.index) for o in done]
+    return fw, bw
 
 
 _BASE = _partitioner_base()
@@ -274,6 +283,10 @@ class CompiledState:
         self.installed = False
         self.error: Optional[StashError] = None
         self.other_shape_warned = False  # Note [One shape under whole-model compile]
+        # Note [Offload in the compiled graph] in _compiled_offload.py: the engine's side,
+        # and per plan serial the (block, index) of the values its graphs offload.
+        self.moves: Optional[CompiledMoves] = None
+        self.offloaded: Dict[int, List[Tuple[int, int]]] = {}
         _states[self.id] = self
 
     # --- trace time ----------------------------------------------------------------------
@@ -310,13 +323,14 @@ class CompiledState:
 
     def partitioning(self, gm: fx.GraphModule, cut: GraphBlocks, joint_inputs: Sequence[Any],
                      partition: Callable[..., Tuple[fx.GraphModule, fx.GraphModule]],
-                     kwargs: Dict[str, Any]) -> None:
+                     kwargs: Dict[str, Any]) -> Tuple[int, List[Offload]]:
         """The partitioner met a joint graph with this handle's ticks: record what it
-        saves at keep-all and tag it for the measuring step or the plan."""
+        saves at keep-all and tag it for the measuring step or the plan; the graph's plan
+        serial and the values to offload once it is partitioned."""
         serials = {int(t.args[3]) for t in cut.ticks.values()}  # type: ignore[arg-type]
         serial = max(serials)
         if serial < 0:
-            return
+            return serial, []
         names = saved_at_keep_all(gm, joint_inputs, partition, kwargs)
         saved = saved_by_block(gm, cut, names)
         actions = self.actions if serial > 0 else None
@@ -341,6 +355,12 @@ class CompiledState:
                 actions = [["keep"] * len(self.saved.get(b, [])) for b in range(self.n)]
         tag(gm, cut, saved, actions)
         self.partitioned[serial] = self.partitioned.get(serial, 0) + 1
+        if actions is None or self.moves is None:
+            return serial, []
+        return serial, [Offload(v.name, b, j) for b, values in saved.items()
+                        for j, v in enumerate(values)
+                        if b < len(actions) and j < len(actions[b])
+                        and actions[b][j] == "offload"]
 
     # --- run time --------------------------------------------------------------------------
 
@@ -351,11 +371,15 @@ class CompiledState:
             self._step_begins(serial, x)
         if self.steps:
             self.steps[-1].fwd[block] = time.perf_counter()
+        if self.moves is not None and serial > 0:
+            self.moves.forward_tick(block)
 
     def backward_tick(self, block: int) -> None:
         if not self.steps:
             return
         step = self.steps[-1]
+        if self.moves is not None and step.serial > 0:
+            self.moves.backward_tick(block)
         step.bwd[block] = time.perf_counter()
         if block == 0:
             step.peak = step.base + self._meter_peak()
@@ -380,6 +404,8 @@ class CompiledState:
                 and self.measured() is not None):
             self.actions = self._plan()
             self.serial = 1
+            if self.moves is not None:
+                self.moves.plan(self.actions)
         step = StepTimes(serial, self.n)
         step.missing = self._missing() if serial == 0 else 0
         step.base = self._meter_open(x)
@@ -420,9 +446,42 @@ class CompiledState:
                            "bwd_ms": [s.bwd_ms(i) for i in range(self.n)]}
                           for s in self.steps],
                 "actions": self.actions,
-                "saved_bytes": {b: sum(v.nbytes for v in vs) for b, vs in self.saved.items()}}
+                "saved_bytes": {b: sum(v.nbytes for v in vs) for b, vs in self.saved.items()},
+                "offloaded": {k: list(v) for k, v in self.offloaded.items()},
+                "offload_calls": self.moves.offloads if self.moves is not None else 0,
+                "guarded": self.moves.guarded if self.moves is not None else 0}
+
+    def step_entries(self, budget_bytes: Optional[int]) -> List[Dict[str, Any]]:
+        """The compiled steps as fit's report() lists steps (_fit_report.step_entry): a
+        step's time is its blocks' forward and backward (tick 0 to the backward tick of
+        block 0); a step whose backward never reached block 0 is aborted."""
+        out = []
+        for k, s in enumerate(self.steps):
+            planned = s.serial > 0 and self.figures is not None
+            done = s.peak is not None
+            if not done and k == len(self.steps) - 1:
+                continue  # running now
+            a, b = s.fwd[0], s.bwd[0]
+            out.append({
+                "step": k, "mode": "plan" if s.serial > 0 else "measure", "shape": None,
+                "measured_peak_bytes": s.peak if done else 0, "measured_peak_at": None,
+                "predicted_peak_bytes": (int(self.figures["predicted_peak_bytes"])
+                                         if planned and self.figures else None),
+                "budget_bytes": budget_bytes,
+                "step_ms": (b - a) * 1e3 if a is not None and b is not None else 0.0,
+                "predicted_step_ms": (float(self.figures["predicted_step_ms"])
+                                      if planned and self.figures else None),
+                "exposed_copy_ms": 0.0, "micro_batches": 1, "planning_ms": 0.0,
+                "aborted": None if done else "its backward did not reach block 0",
+                "plan_source": "measured" if s.serial > 0 else None, "check": None,
+                "over_budget": bool(done and budget_bytes is not None
+                                    and (s.peak or 0) > budget_bytes),
+                "compiled": True})
+        return out
 
     def close(self) -> None:
+        if self.moves is not None:
+            self.moves.close()
         _states.pop(self.id, None)
         if self.installed:
             self.installed = False
@@ -470,7 +529,9 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         doc["fixed_bytes"] = calibrated_fixed_bytes(doc, m.peak, counted(), m.missing)
         state.profile = doc
         try:
-            plan, figures = plan_measured(doc, m.peak, budget, solver)
+            # The partitioner recomputes each value's own chain (Note [Recompute cost
+            # in a compiled block]): no prefix closure.
+            plan, figures = plan_measured(doc, m.peak, budget, solver, replayed=False)
         except BudgetRefused as e:
             refused()
             warn_closed(e)

@@ -183,6 +183,7 @@ from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
 from ._fit_report import fit_report, format_report
 from ._offload import OffloadHandle
 from ._compiled import fit_compiled_state
+from ._compiled_offload import CompiledMoves
 from ._cpu_meter import window as cpu_window
 from ._record import _device_info, _pinnable_bytes
 from ._saved import storage_of, tensors_in
@@ -705,7 +706,7 @@ class BudgetHandle(OffloadHandle):
             return self._counting.peak() if self._counting is not None else 0
 
         opt = self.optimizer
-        return fit_compiled_state(
+        state = fit_compiled_state(
             self.blocks, budget=self.budget, solver=self.options.solver,
             describe=lambda: (_device_info(self.device), self._link_section,
                               {"pinnable_bytes": _pinnable_bytes()}),
@@ -713,6 +714,14 @@ class BudgetHandle(OffloadHandle):
             counted=self._fixed_counted, refused=self.close,
             missing=lambda: (_optimizer_state_estimate(opt)
                              if opt is not None and not len(opt.state) else 0))
+        # Note [Offload in the compiled graph] in _compiled_offload.py
+        cudart, stream = self._cudart, self._cpu_stream
+        state.moves = CompiledMoves(
+            state.id, self._n, hand_over=self._hand_over, fetch=self._fetch,
+            set_plan=self._set_engine_plan, engine=lambda: self.engine,
+            host_wait=(lambda: None) if self._cuda or cudart is None
+            else (lambda: cudart.stream_synchronize(stream)))
+        return state
 
     def _timing_kind(self) -> str:
         """The clock the plan's times come from: "host-clock" (CPU) or "cuda-events"."""
@@ -782,6 +791,16 @@ class BudgetHandle(OffloadHandle):
         for rec in self._records:  # a share resolved after the step ran (its plan came later)
             if rec.finished and rec.budget_bytes is None and rec.aborted is None:
                 rec.budget_bytes = self._plans.budget_for(rec.key)
+        compiled = self._compiled_st
+        if compiled is not None and compiled.steps and not self._records:
+            # Note [Planning the compiled graph] in _compiled.py: the steps ran compiled.
+            nbytes = self.budget.nbytes if self.budget.nbytes is not None else (
+                int(compiled.figures["budget_bytes"]) if compiled.figures else None)
+            r = fit_report([], {"profile": compiled.profile, "plan": compiled.plan},
+                           self.budget, nbytes, timing="host-clock (compiled ticks)",
+                           meter=self._meter_name(), ranks=self._ranks)
+            r["steps"] = compiled.step_entries(nbytes)
+            return r
         return fit_report(self._records, self._plans.entry, self.budget, self.budget_bytes,
                           timing=self._timing_kind(), meter=self._meter_name(),
                           ranks=self._ranks)

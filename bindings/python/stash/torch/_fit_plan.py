@@ -109,10 +109,12 @@ def _keep_all_peak(doc: Doc) -> int:
     return int(evaluate(doc, keep, 1 << 62, strict=False)["predicted_peak_bytes"])
 
 
-def plan_measured(doc: Doc, measured: Optional[int], budget: Budget,
-                  solver: str) -> Tuple[Doc, Dict[str, Any]]:
+def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str,
+                  replayed: bool = True) -> Tuple[Doc, Dict[str, Any]]:
     """(plan, figures) for a measured profile; BudgetRefused when no plan meets the budget
-    or the measuring step (least memory) did not."""
+    or the measuring step (least memory) did not. replayed: recompute replays a prefix of
+    the block (eager; Note [Recompute cost as the replay pays it] in _fit.py), not each
+    value's own chain (a compiled graph's partitioner)."""
     # Note [The measuring step]: least-memory mode must fit before anything is planned.
     # A byte budget is checked against it first; a share is a budget only once the
     # planner has the keep-all peak, so it is checked right after.
@@ -132,7 +134,7 @@ def plan_measured(doc: Doc, measured: Optional[int], budget: Budget,
             "restored; nothing was changed.", e.status) from e
     if measured is not None and measured > figures["budget_bytes"]:
         raise _least_memory_over(doc, measured, figures["budget_bytes"])
-    return prefix_closed(doc, plan, figures)
+    return prefix_closed(doc, plan, figures) if replayed else (plan, figures)
 
 
 def plan_derived(bases: Sequence[Tuple[int, Doc, int]], tokens: int, budget: Budget,

@@ -102,7 +102,7 @@ import itertools
 import threading
 import warnings
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Set, Tuple
 
 import torch
 
@@ -120,7 +120,7 @@ class _Fetched:
 
     __slots__ = ("step", "key", "index", "flat")
 
-    def __init__(self, step, key, index):
+    def __init__(self, step: Any, key: Tuple[int, int, int], index: int) -> None:
         # key: the engine's (micro-batch, layer, slot); index: the plan's index in the layer
         self.step, self.key, self.index, self.flat = step, key, index, None
 
@@ -185,12 +185,12 @@ class _Step:
 
     _serials = itertools.count()
 
-    def __init__(self, mb, resident):
+    def __init__(self, mb: int, resident: Any) -> None:
         self.mb = mb
         self.serial = next(self._serials)  # this forward's, among all of the process
         self._resident = resident  # a callable until first asked (plain layers never ask)
         self.next_block = 0
-        self.live = set()          # keys offered and not released
+        self.live: Set[Tuple[int, int, int]] = set()  # keys offered and not released
         self.backward_open = None  # the block whose backward began and has not ended
         self.backward_started = False
         self.abandoned = False
@@ -198,7 +198,7 @@ class _Step:
         # that ends early]).
         self.token = _GraphToken()
         self.token_ref = None
-        self.last_output = set()  # storage keys of the last block's output
+        self.last_output: Set[Any] = set()  # storage keys of the last block's output
         self.thread = threading.get_ident()
 
 
