@@ -45,7 +45,7 @@ import torch
 
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._lib import StashError
-from ._offload_hooks import _Fetched, _Step
+from ._step import _Fetched, _Step
 
 __all__ = ["CompiledMoves"]
 

@@ -175,6 +175,7 @@ from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, ReplaySpan, Span, S
 from ._fit_options import Budget, FitOptions
 from ._fit_shape_plans import ShapePlans
 from ._fit_shapes import shape_family, shape_tokens
+from ._fit_bytes import TrainingBytes
 from ._fit_cache import ShapeCache
 from ._fit_plan import link_section, warn_closed
 from ._fit_measure import (MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda,
@@ -215,7 +216,7 @@ class BudgetHandle(OffloadHandle):
                 f"parameters and gradients alone ({_gib(params + grads)}); no plan can meet it")
         # State before OffloadHandle.__init__, which calls _initial_actions.
         self._mode = "measure"
-        self._params_cache: Optional[Tuple[Any, List[torch.Tensor]]] = None  # _parameters
+        self._bytes = TrainingBytes(blocks, optimizer)  # what is not an activation
         self._records: List[StepRecord] = []
         self._step: Optional[StepRecord] = None
         self._opt_state_counted: Optional[int] = None
@@ -224,15 +225,14 @@ class BudgetHandle(OffloadHandle):
         self._ranks = Ranks.current(options.dist_timeout_s)
         self._plans = ShapePlans(
             ShapeCache(options.cache_dir, self._digest, self.budget, options.solver),
-            self.budget, options, self._ranks, self._fail, self._fixed_counted)
+            self.budget, options, self._ranks, self._fail, self._bytes.fixed_counted)
         super().__init__(blocks, None, **options.engine_kwargs())
         self._clock = _Clock(self._cuda)
         self._cupti = Profiler()
         # Note [The CPU allocator's meter] in _meter.py: None on CUDA, or where it cannot be
         # built (fit then counts the storages it tracks).
         self._counting = None if self._cuda else cpu_window()
-        self._recorder = MeasuringRecorder(self._n, self._counting, self._state_bytes)
-        self._resident_bytes: Optional[int] = None  # parameters and buffers (_alive_bytes)
+        self._recorder = MeasuringRecorder(self._n, self._counting, self._bytes.state)
         # None: CUPTI not tried (CPU); else (used, why not).
         self._cupti_used: Optional[Tuple[bool, Optional[str]]] = None
         self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
@@ -450,7 +450,7 @@ class BudgetHandle(OffloadHandle):
                                device=_device_info(self.device), link=self._link_section,
                                host={"pinnable_bytes": _pinnable_bytes()},
                                timing=self._timing_kind(), cupti=self._cupti_summary)
-        counted = self._fixed_counted()
+        counted = self._bytes.fixed_counted()
         self._opt_state_counted = _optimizer_state_estimate(self.optimizer)
         if self._cuda:
             missing = self._opt_state_counted if (
@@ -458,8 +458,7 @@ class BudgetHandle(OffloadHandle):
             doc["fixed_bytes"] = fixed_bytes_cuda(doc, rec, self._recorder.actions_seen(),
                                                   counted, missing)
         else:
-            doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted, _tensor_bytes(
-                p for p in self._parameters() if p.requires_grad))
+            doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted, self._bytes.trainable())
         self._plans.measured(rec.key, {"profile": doc, "measured_peak_bytes": rec.peak_bytes})
 
     def _cupti_summary(self, fwd: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -474,15 +473,6 @@ class BudgetHandle(OffloadHandle):
                     / max(1e-9, sum(f["span_ms"] for f in fwd))}
         return {"used": False, "reason": reason or self._cupti.reason or "no records"}
 
-    def _fixed_counted(self) -> int:
-        """Parameters, gradients (as if allocated), buffers and optimizer state, from their
-        tensors: the CPU path's non-activation bytes."""
-        params = self._parameters()
-        n = _tensor_bytes(params) + _tensor_bytes(p for p in params if p.requires_grad)
-        n += _tensor_bytes(x for b in self.blocks for x in b.buffers())
-        n += _optimizer_state_estimate(self.optimizer)
-        return n
-
     def _begin_record(self, key: str, inputs: Sequence[torch.Tensor] = ()) -> None:
         """A new step begins (block 0, micro-batch 0): close the previous one, choose the
         step's mode and plan."""
@@ -494,7 +484,7 @@ class BudgetHandle(OffloadHandle):
                 prev.end = now
             self._finish(prev)
         t0 = time.perf_counter()
-        grads = self._gradient_bytes_alive()
+        grads = self._bytes.gradients_alive()
         mode = self._choose(key, without_gradients=grads == 0)
         setup_ms = (time.perf_counter() - t0) * 1e3  # planning (and a first link measurement)
         if self._cuda:
@@ -522,13 +512,13 @@ class BudgetHandle(OffloadHandle):
         self._recorder.begin_step(tracking=not self._cuda and (
             mode == "measure" or self._counting is None))
         if self._counting is not None:  # Note [The CPU allocator's meter] in _meter.py
-            state = self._state_bytes(grads)
+            state = self._bytes.state(grads)
             if mode == "measure":
-                rec.counted = self._fixed_counted()
+                rec.counted = self._bytes.fixed_counted()
                 rec.state_at_start = state
                 rec.grads_at_start = grads
             rec.meter_inputs = _tensor_bytes(inputs)
-            rec.meter_base = self._alive_bytes((), state) + rec.meter_inputs
+            rec.meter_base = self._bytes.alive((), state) + rec.meter_inputs
             self._counting.reopen()
 
     def _exposed_total(self) -> float:
@@ -633,51 +623,7 @@ class BudgetHandle(OffloadHandle):
         elif self._counting is not None and rec.meter_base is not None:
             rec.meter_peak = max(rec.meter_running, rec.meter_base + self._counting.peak())
         else:
-            rec.meter_peak = self._fixed_counted() + rec.live_peak
-
-    def _parameters(self) -> List[torch.Tensor]:
-        """The blocks' parameters and, when fit knows the optimizer, the whole model's
-        (embeddings and head included), each once. Note [What it costs]: walking the
-        blocks' modules costs more than a step's own bookkeeping, so the list is kept
-        while the optimizer's groups stay the same (a block that gains parameters after
-        fit began is not seen: it is not seen by the optimizer either)."""
-        groups = self.optimizer.param_groups if self.optimizer is not None else []
-        key = tuple((id(g["params"]), len(g["params"])) for g in groups)
-        cached = self._params_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        seen: Dict[int, torch.Tensor] = {}
-        for p in [p for b in self.blocks for p in b.parameters()] + [
-                p for g in groups for p in g["params"]]:
-            seen.setdefault(id(p), p)
-        params = list(seen.values())
-        self._params_cache = (key, params)
-        return params
-
-    def _gradient_bytes_alive(self) -> int:
-        """The gradients that exist now, by storage (Note [Gradients by position] in
-        _fit_gradients.py)."""
-        return _tensor_bytes(p.grad for p in self._parameters() if p.grad is not None)
-
-    def _state_bytes(self, grads: Optional[int] = None) -> int:
-        """The gradients (grads, when the caller has just counted them) and optimizer state
-        that exist now, by storage."""
-        opt = self.optimizer
-        if grads is None:
-            grads = self._gradient_bytes_alive()
-        return grads + (_optimizer_state_bytes(opt) if opt is not None else 0)
-
-    def _alive_bytes(self, inputs: Sequence[torch.Tensor], state: Optional[int] = None) -> int:
-        """What is alive when block 0 starts, by storage: the parameters (the optimizer's
-        too) and buffers, the gradients and optimizer state that exist (state, when the
-        caller has just counted them), block 0's inputs. The parameters' and buffers'
-        bytes are taken once (they live as long as fit)."""
-        if self._resident_bytes is None:
-            self._resident_bytes = _tensor_bytes(self._parameters() + [
-                x for b in self.blocks for x in b.buffers()])
-        if state is None:
-            state = self._state_bytes()
-        return self._resident_bytes + state + _tensor_bytes(inputs)
+            rec.meter_peak = self._bytes.fixed_counted() + rec.live_peak
 
     def _switch(self, actions, mode):
         if mode == self._mode and actions is self.actions:
@@ -698,7 +644,7 @@ class BudgetHandle(OffloadHandle):
                 return 0
             if self._counting is not None:
                 self._counting.reopen()
-            return self._alive_bytes([x])
+            return self._bytes.alive([x])
 
         def meter_peak() -> int:
             if self._cuda:
@@ -711,7 +657,7 @@ class BudgetHandle(OffloadHandle):
             describe=lambda: (_device_info(self.device), self._link_section,
                               {"pinnable_bytes": _pinnable_bytes()}),
             meter=(meter_open, meter_peak),
-            counted=self._fixed_counted, refused=self.close,
+            counted=self._bytes.fixed_counted, refused=self.close,
             missing=lambda: (_optimizer_state_estimate(opt)
                              if opt is not None and not len(opt.state) else 0))
         # Note [Offload in the compiled graph] in _compiled_offload.py

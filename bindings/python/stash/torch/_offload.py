@@ -92,7 +92,8 @@ import torch
 from .._engine import Engine, plan_actions
 from .._lib import StashError, parse_bytes
 from ._compiled import CompiledState, compiled_wrapper
-from ._offload_hooks import OffloadHooks, _Fetched
+from ._offload_hooks import OffloadHooks
+from ._step import _Fetched
 from ._offload_streams import EngineStreams, _CudaRt
 from ._recompute import FetchedInput, HeldInput, Replay, map_tensors
 from ._saved import is_fsdp, resident_storages, storage_of, tensors_in
