@@ -146,3 +146,54 @@ def test_fit_keeps_the_budget_through_lengths_and_a_lost_step():
         assert (a is None) == (b is None)
         if a is not None:
             assert abs(a - b) <= 2e-2 * abs(a), (keep_losses, losses)
+
+
+def test_whole_model_compile_offloads_within_the_budget():
+    """Issue 21 (Note [Offload in the compiled graph] in stash/torch/_compiled_offload.py):
+    fit under torch.compile(model) at 70% of compiled keep-all's peak. The plan offloads
+    some of the graph's saved values, every planned step's max_memory_allocated is within
+    the budget and below keep-all's, and the losses follow compiled keep-all's (bf16)."""
+    def go(budget):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        cfg = transformers.LlamaConfig(
+            vocab_size=8192, hidden_size=1024, intermediate_size=4096, num_hidden_layers=3,
+            num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
+            use_cache=False, attn_implementation="sdpa")
+        with torch.device("cuda"):
+            model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        h = stash.torch.fit(model.model.layers, budget, optimizer=opt) if budget else None
+        cm = torch.compile(model)
+        g = torch.Generator().manual_seed(1)
+        losses, peaks = [], []
+        for _ in range(5):
+            ids = torch.randint(0, 8192, (4, 1024), generator=g).cuda()
+            torch.cuda.reset_peak_memory_stats()
+            loss = cm(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated())
+            losses.append(loss.item())
+        report = h.report() if h else None
+        compiled = h._compiled_st.report() if h else None
+        if h:
+            h.close()
+        return losses, peaks, report, compiled
+
+    ref_losses, ref_peaks, _, _ = go(None)
+    keep = max(ref_peaks[1:])
+    budget = int(0.7 * keep)
+    losses, peaks, report, compiled = go(budget)
+    assert [s["mode"] for s in report["steps"]] == ["measure", "measure", "plan", "plan",
+                                                    "plan"], report["steps"]
+    assert compiled["offloaded"].get(1), compiled  # the plan's graph offloads
+    assert compiled["guarded"] == 0, compiled
+    for p in peaks[2:]:
+        assert p <= budget, (peaks, budget)
+        assert p < keep, (peaks, keep)
+    for a, b in zip(ref_losses, losses):
+        assert abs(a - b) <= 2e-2 * abs(a), (ref_losses, losses)

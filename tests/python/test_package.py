@@ -72,7 +72,8 @@ def test_enum_values_match_the_header():
 
 def test_planner_through_the_c_api():
     here = os.path.dirname(os.path.abspath(__file__))
-    profile = os.path.join(here, "..", "..", "tools", "profiles", "llama3-8b_h200_b4_s4096.json")
+    profile = os.path.join(here, "..", "..", "tools", "demo", "profiles",
+                           "llama3-8b_h200_b4_s4096.json")
     with open(profile) as f:
         text = f.read()
     plan, figures = _planner.make_plan(text, "70%")
@@ -116,7 +117,8 @@ def test_parse_bytes_is_libstashs():
 def test_profile_validate_is_the_planners():
     # libstash's reader (stash_profile_validate) judges the profile; Python adds no rule.
     here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.join(here, "..", "..", "tools", "profiles", "llama3-8b_h200_b4_s4096.json")
+    path = os.path.join(here, "..", "..", "tools", "demo", "profiles",
+                           "llama3-8b_h200_b4_s4096.json")
     with open(path) as f:
         doc = json.load(f)
     assert stash.profile.validate(doc) is doc

@@ -247,6 +247,33 @@ class StashFit(System):
         return _FitSession(handle)
 
 
+class StashCompiled(StashFit):
+    """stash.torch.fit over decoder layers each compiled with torch.compile (the form the
+    compile-B rows take, at torch's default partitioner), at a compile-B row's peak:
+    stash's plan against the min-cut knapsack's at the same memory, both compiled."""
+
+    def __init__(self, budget, label: str, reference: str, link=None):
+        super().__init__(budget, label, reference=reference, link=link)
+        self.name = f"stash+compile@{reference}"
+        self.compiled = True
+
+    def start(self, model, optimizer, device) -> Session:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        for layer in decoder_layers(model):
+            layer.compile()
+        session = super().start(model, optimizer, device)
+        close = session.close
+
+        def closed() -> None:
+            close()
+            torch._dynamo.reset()
+
+        session.close = closed  # type: ignore[method-assign]
+        return session
+
+
 def peer_systems(compile_budgets: List[float]) -> List[System]:
     """Every peer in the order the table lists them, keep-all first."""
     return ([KeepAll(), FullCheckpoint(), SelectiveCheckpoint(), SaveOnCpu(),
@@ -255,8 +282,9 @@ def peer_systems(compile_budgets: List[float]) -> List[System]:
 
 def stash_systems(results: List[Dict[str, Any]], shares: List[float], link=None,
                   gib: float = float(1 << 30)) -> List[System]:
-    """stash's rows: one at each peer's measured peak (peers that ran), then at each share
-    of keep-all's measured peak. A peer that did not run gives no budget; its own row says
+    """stash's rows: one at each peer's measured peak (peers that ran; at a compile-B row's
+    also one with the layers compiled, StashCompiled), then at each share of keep-all's
+    measured peak. A peer that did not run gives no budget; its own row says
     why. Budgets are whole bytes of the same meter the peers were measured with."""
     keep = next((r for r in results if r["kind"] == "keep-all" and r["status"] == "ok"), None)
     out: List[System] = []
@@ -267,6 +295,10 @@ def stash_systems(results: List[Dict[str, Any]], shares: List[float], link=None,
         b = int(r["peak_bytes"])
         out.append(StashFit(b, f"stash at {r['name']}'s peak ({b / gib:.2f} GiB)",
                             reference=r["name"], link=link))
+        if r["kind"] == "compile":
+            out.append(StashCompiled(b, f"stash, layers compiled, at {r['name']}'s peak "
+                                        f"({b / gib:.2f} GiB)", reference=r["name"],
+                                     link=link))
     if keep is not None and keep["peak_bytes"]:
         for s in shares:
             b = int(round(keep["peak_bytes"] * s / 100.0))

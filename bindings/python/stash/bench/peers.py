@@ -14,6 +14,8 @@ on the same batches with AdamW, for --steps steps:
   compile-B           per-layer torch.compile with activation_memory_budget B (0.3, 0.5, 0.7)
   stash@...           stash.torch.fit over the decoder layers at every peer's measured
                       peak (keep-all's too), then at --shares of keep-all's (85%, 70%, 55%)
+  stash+compile@...   the same over the layers compiled (layer.compile()), at each
+                      compile-B row's peak: stash's plan against torch's, both compiled
 For each: the measured peak (Note [One meter for every row] in _meter.py), tokens/s (the
 median step after the warm-up), the losses against keep-all's (bitwise for the eager
 systems; within a relative tolerance for compiled ones, Note [Which losses must match]),
