@@ -141,6 +141,7 @@ status pinned_pool::try_allocate(size_t r, size_t requested, void** out,
       slab_added_.wait(lock);
       continue;
     }
+    if (frozen_) return exhausted(requested, status::out_of_memory);
     bool cap_reached = false;
     const status g = grow(r, &cap_reached);
     if (g == status::ok) continue;
@@ -294,6 +295,11 @@ status pinned_pool::deallocate(void* p, const cudaStream_t* streams, size_t n) n
 }
 
 void pinned_pool::reap() noexcept { reap_into(map_, guard_); }
+
+void pinned_pool::set_frozen(bool frozen) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  frozen_ = frozen;
+}
 
 size_t pinned_pool::release_cached() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);

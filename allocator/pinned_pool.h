@@ -85,6 +85,10 @@ class pinned_pool {
   pool_stats stats() noexcept;
   void reset_peak() noexcept;
   bool owns(const void* p) noexcept;
+  // Frozen: allocate never pins (no cudaHostAlloc) and never waits; it serves free blocks
+  // or returns out_of_memory at once. For graph capture, where both are forbidden (Note
+  // [Capturing a step] in runtime/engine/prefetch_engine.h).
+  void set_frozen(bool frozen) noexcept;
   // Blocks until a background reservation has finished; its status.
   status wait_for_reservation() noexcept;
 
@@ -95,6 +99,7 @@ class pinned_pool {
   status try_allocate(size_t bytes, size_t requested, void** out,
                       std::unique_lock<std::mutex>& lock) noexcept;
   status grow(size_t bytes, bool* cap_reached) noexcept;     // lock held
+  bool frozen_ = false;                                      // lock held
   status insert_slab(const pinned_slab& slab, bool keep) noexcept;  // lock held
   status reserve_locked(size_t bytes) noexcept;              // lock held
   size_t release_cached_locked(size_t below_bytes) noexcept;  // lock held

@@ -185,6 +185,35 @@ STASH_API stash_status_t stash_engine_synchronize(stash_engine_t* e) {
                      [&](eng::prefetch_engine& x) { return x.synchronize(); });
 }
 
+STASH_API stash_status_t stash_engine_capture_begin(stash_engine_t* e,
+                                                    size_t pinned_bytes) {
+  return with_engine("stash_engine_capture_begin", e, [&](eng::prefetch_engine& x) {
+    return x.begin_capture(pinned_bytes);
+  });
+}
+
+STASH_API stash_status_t stash_engine_capture_end(stash_engine_t* e) {
+  return with_engine("stash_engine_capture_end", e,
+                     [&](eng::prefetch_engine& x) { return x.end_capture(); });
+}
+
+STASH_API stash_status_t stash_engine_replay(stash_engine_t* e) {
+  return with_engine("stash_engine_replay", e,
+                     [&](eng::prefetch_engine& x) { return x.replay(); });
+}
+
+STASH_API stash_status_t stash_engine_graph_state(stash_engine_t* e, int* capturing, int* ready,
+                                                  uint64_t* captures, uint64_t* replays) {
+  return with_engine("stash_engine_graph_state", e, [&](eng::prefetch_engine& x) {
+    const eng::prefetch_engine::graph_state g = x.graph();
+    if (capturing) *capturing = g.capturing ? 1 : 0;
+    if (ready) *ready = g.ready ? 1 : 0;
+    if (captures) *captures = g.captures;
+    if (replays) *replays = g.replays;
+    return status::ok;
+  });
+}
+
 STASH_API void stash_engine_stats_init(stash_engine_stats_t* stats) {
   if (!stats) return;
   std::memset(stats, 0, sizeof *stats);

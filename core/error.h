@@ -56,6 +56,7 @@ namespace stash {
   X(tensor_failed, STASH_ERROR_TENSOR_FAILED, 104, "tensor failed")                    \
   X(bad_profile, STASH_ERROR_BAD_PROFILE, 105, "bad profile")                          \
   X(infeasible_budget, STASH_ERROR_INFEASIBLE_BUDGET, 106, "infeasible budget")        \
+  X(capture, STASH_ERROR_CAPTURE, 107, "refused under graph capture")                 \
   X(profiling_unavailable, STASH_ERROR_PROFILING_UNAVAILABLE, 200, "profiling unavailable") \
   X(profiler_state, STASH_ERROR_PROFILER_STATE, 201, "profiler in the wrong state")
 

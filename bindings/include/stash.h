@@ -92,6 +92,11 @@ typedef enum stash_status_t {
                                            names the field */
   STASH_ERROR_INFEASIBLE_BUDGET = 106,  /* no valid plan at this budget; the message and
                                            stash_plan_result_t give the smallest one */
+  /* the engine under CUDA graphs (new after 0.3.0) */
+  STASH_ERROR_CAPTURE = 107,            /* a call a graph capture forbids (a host wait, a
+                                           pinned or event allocation, a re-plan), or a
+                                           replay of a step captured under another plan;
+                                           the message names the call */
   /* 200..299: the profiler (since 0.1.0; in this enum since 0.3.0, same numbers) */
   STASH_ERROR_PROFILING_UNAVAILABLE = 200, /* CUPTI cannot start */
   STASH_ERROR_PROFILER_STATE = 201,        /* not started / started twice */
@@ -723,6 +728,37 @@ STASH_API stash_status_t stash_engine_tensor_state(stash_engine_t* engine,
 
 /* Blocks until the engine's copies are done and runs pending release callbacks. */
 STASH_API stash_status_t stash_engine_synchronize(stash_engine_t* engine);
+
+/* CUDA graphs (new after 0.3.0; docs/engine.md, "Under CUDA graphs"). A plan is static, so a
+ * whole step (every forward_begin to the last release, with the caller's work on the
+ * compute stream) can be captured once and replayed:
+ *   stash_engine_capture_begin(e, pinned_bytes);   waits for the engine's copies, pins
+ *                                                  what is missing for pinned_bytes to be
+ *                                                  free (0: nothing), reserves events,
+ *                                                  begins a global-mode capture of the
+ *                                                  compute stream
+ *   ... the step's calls and work, as eagerly ...  recorded, not run
+ *   stash_engine_capture_end(e);                   the step's graph, held by the engine
+ *   stash_engine_replay(e);                        per step: one cudaGraphLaunch on the
+ *                                                  compute stream
+ * Run the step eagerly once first (it sizes the device and pinned pools, which may not
+ * grow under capture), and give pinned_bytes for every micro-batch's offloaded bytes when
+ * a step has several. During the capture, calls that would do what capture forbids (a
+ * host wait: the in-flight cap, stash_engine_synchronize; pinning or creating events; an
+ * offload whose producer is not the compute stream; stash_engine_set_plan) fail with
+ * STASH_ERROR_CAPTURE naming the call, without invalidating the CUDA capture;
+ * capture_end then discards the graph and returns that refusal. A captured plan is fixed:
+ * stash_engine_set_plan drops the graph, and replay then fails with STASH_ERROR_CAPTURE
+ * until the step is captured again. Replays are not traced (write_trace and overlap
+ * cover eager steps) and stats count a captured step once, at capture. */
+STASH_API stash_status_t stash_engine_capture_begin(stash_engine_t* engine,
+                                                    size_t pinned_bytes);
+STASH_API stash_status_t stash_engine_capture_end(stash_engine_t* engine);
+STASH_API stash_status_t stash_engine_replay(stash_engine_t* engine);
+/* Each out pointer may be NULL. ready: a captured step can be replayed. */
+STASH_API stash_status_t stash_engine_graph_state(stash_engine_t* engine, int* capturing,
+                                                  int* ready, uint64_t* captures,
+                                                  uint64_t* replays);
 
 /* Fields: 0.1.0 through pinned; 0.2.0 ordered_handback_count and ordered_handback_bytes.
  * Filled as far as struct_size goes (any size that holds struct_size). */

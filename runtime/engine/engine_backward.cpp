@@ -395,6 +395,8 @@ void prefetch_engine::sample_device(timed_op& t, bool compute) noexcept {
 
 planner::trace_writer prefetch_engine::trace() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (capturing_)  // Note [Capturing a step]: harvesting would query captured events
+    throw error(status::capture, "trace during a graph capture: end the capture first");
   if (!trace_) throw error(status::invalid_argument, "trace: the engine was created with timing off");
   trace_->harvest(true, plan_);
   return trace_->writer();

@@ -56,6 +56,15 @@ prefetch_engine::prefetch_engine(const engine_config& config)
 
 prefetch_engine::~prefetch_engine() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (capturing_) {  // abandoned mid-capture: end it, keep no graph (nothing ran)
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(config_.compute, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    prim::clear_runtime_error();
+    capturing_ = false;
+    while (!in_flight_.empty()) retire_front();
+    if (parked_trace_) trace_ = std::move(parked_trace_);
+  }
+  drop_graph();
   prim::stream_synchronize(d2h_.get());
   prim::stream_synchronize(h2d_.get());
   while (!in_flight_.empty()) {
@@ -79,11 +88,18 @@ prefetch_engine::~prefetch_engine() {
 
 status prefetch_engine::set_plan(engine_plan plan) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (capturing_)  // Note [Capturing a step]
+    return refuse("set_plan during a graph capture: a new plan changes the step being "
+                  "captured; end the capture, then set the plan and capture again");
   for (const micro_batch_slot& s : slots_)
     if (s.used && s.live > 0)
       return fail(illegal_transition,
                   "set_plan: micro-batch %u still holds %zu tensors; release them first", s.id,
                   s.live);
+  if (graph_) {  // Note [Capturing a step]: the captured step was this plan's
+    drop_graph();
+    dropped_by_plan_ = true;
+  }
   try {
     while (!in_flight_.empty()) {
       prim::event_synchronize(in_flight_.front().done);
@@ -223,6 +239,11 @@ status prefetch_engine::offload(tensor_key k, void* device, std::size_t bytes,
   if (config_.pool && !config_.pool->owns(device))
     return fail(status::invalid_argument,
                 "offload: %p is not the start of a block of the engine's device pool", device);
+  if (capturing_ && producer != config_.compute)  // Note [Capturing a step]
+    return refuse("offload of tensor (micro-batch %u, layer %u, index %u) during a graph "
+                  "capture: its producer is not the compute stream, so the block could not "
+                  "be handed back as the compute stream's memory after the capture",
+                  k.micro_batch, k.layer, k.index);
   ++s->live;
   r->state = tensor_state::on_device;
   r->owns_device = true;  // until the copy is enqueued and the block handed back
@@ -230,6 +251,14 @@ status prefetch_engine::offload(tensor_key k, void* device, std::size_t bytes,
   if (st != status::ok) return tensor_fail(*r, st);
   void* host = nullptr;
   st = pinned_->allocate(bytes, &host);
+  if (st != status::ok && capturing_) {
+    keep_on_device(*s, *r, st);  // intact on the device, the engine's until release
+    return refuse("offload of tensor (micro-batch %u, layer %u, index %u), %zu bytes, during "
+                  "a graph capture: the pinned pool has no free block for it and may neither "
+                  "pin more (cudaHostAlloc) nor wait during capture; give the step's pinned bytes "
+                  "at capture begin (pinned_bytes) or run the step eagerly first",
+                  k.micro_batch, k.layer, k.index, bytes);
+  }
   if (st != status::ok) return keep_on_device(*s, *r, st);
   pinned_in_use_ += bytes;
 
@@ -353,6 +382,11 @@ status prefetch_engine::make_room(std::size_t bytes) noexcept {
             stats_.in_flight_bytes + bytes > config_.max_in_flight_bytes);
   };
   if (!over()) return status::ok;
+  if (capturing_)  // Note [Capturing a step]
+    return refuse("offload during a graph capture: the in-flight cap (%zu bytes, %zu copies) "
+                  "would make the host wait for a copy (cudaEventSynchronize), which capture "
+                  "forbids; capture with the cap off (0) or high enough for the whole step",
+                  config_.max_in_flight_bytes, config_.max_in_flight_count);
   retire(false);
   while (!in_flight_.empty() && over()) {
     nvtx::range range(nvtx::kWaitCap, 0);
@@ -364,6 +398,7 @@ status prefetch_engine::make_room(std::size_t bytes) noexcept {
 }
 
 void prefetch_engine::retire(bool block) noexcept {
+  if (capturing_) return;  // Note [Capturing a step]: end_capture retires the captured copies
   while (!in_flight_.empty()) {
     cudaEvent_t ev = in_flight_.front().done;
     const cudaError_t err = block ? prim::event_synchronize(ev) : prim::event_query(ev);
@@ -435,6 +470,9 @@ status prefetch_engine::alloc_device(std::size_t bytes, void** out) noexcept {
 
 status prefetch_engine::synchronize() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (capturing_)
+    return refuse("synchronize during a graph capture: a host wait for the engine's "
+                  "streams (cudaStreamSynchronize), which capture forbids");
   STASH_CUDA_FAIL(prim::stream_synchronize(d2h_.get()));
   STASH_CUDA_FAIL(prim::stream_synchronize(h2d_.get()));
   retire(true);

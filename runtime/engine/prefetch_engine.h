@@ -62,6 +62,45 @@
 // host on the oldest copy's event until it fits: bounded host back-pressure, counted in
 // stats().cap_waits. A single tensor larger than the byte cap is let through alone.
 //
+// Note [Capturing a step]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A plan is static, so one whole step (every micro-batch's forward_begin to its last
+// release, with the caller's own work on the compute stream) can be captured into a CUDA
+// graph once and replayed: begin_capture, the step's calls, end_capture, then replay()
+// per step. The step's host-side bookkeeping (tensor states, pool and pinned-pool carving,
+// compute-order handback) runs once, at capture; the graph bakes in its addresses, and a
+// replay enqueues only the graph launch. That is sound because a step leaves the engine as
+// it found it (every tensor released, every block back in its pool) and every address the
+// step uses is produced inside the step before it is read: replaying the same ops on the
+// same addresses is the same step.
+// What capture forbids, and where it went:
+//  * host waits (the in-flight cap's cudaEventSynchronize, the pinned pool's wait,
+//    synchronize()) and queries (retire()'s cudaEventQuery of a captured event): begin
+//    waits for and retires every earlier copy; during capture retire() does nothing (the
+//    captured copies are retired at end_capture, by bookkeeping alone); the cap and the
+//    pinned wait are refused, not waited for;
+//  * allocations: pinned slabs are pinned before (begin's pinned_bytes, or an
+//    eager step first), and the pinned pool is frozen (no cudaHostAlloc, no wait); the
+//    device pool never grows while its stream captures (device_pool.h), so an eager step
+//    first sizes it; events are reserved at begin for max_micro_batches steps' worth and
+//    the event pool is frozen (no cudaEventCreate);
+//  * timing: the trace's events would be queried by harvest, so the trace is parked for
+//    the capture and replays are not traced (trace and overlap cover eager steps only);
+//  * set_plan: a re-plan changes the step, so it is refused during capture, and after it
+//    the captured graph is dropped; replay() then fails naming set_plan: capture again.
+// A refused call returns capture (STASH_ERROR_CAPTURE) naming what it would have done,
+// without making the forbidden CUDA call, so the CUDA capture stays valid; end_capture
+// then ends it, discards the graph and returns the first refusal. end_capture also
+// refuses a step that is not whole (a tensor still live) or in which a tensor failed.
+// Pinned blocks freed during the capture are guarded by capturing streams, so they come
+// back only after it (event_guard.h): a captured step of several micro-batches holds
+// pinned memory for all of them, which begin's pinned_bytes must cover.
+// Replay launches the graph on the compute stream, then makes the engine's D2H and H2D
+// streams wait for the compute stream: the graph's copies ran on its own hidden lanes, so
+// this orders the engine's later copies (into the same pinned blocks) after the replay.
+// Producers must be the compute stream during capture: a block handed back at end_capture
+// is the compute stream's memory, safe for its work after the launch, not another's.
+//
 // Note [Pinned pool exhausted]
 // keep_on_device: the tensor stays where it is (ON_DEVICE, the engine owns the block and
 //   frees it at release), counted in kept_on_device; offload returns ok. Data never moves,
@@ -172,6 +211,19 @@ class prefetch_engine {
 
   // Waits for the engine's streams; retires every copy (runs pending release callbacks).
   status synchronize() noexcept;
+
+  // Note [Capturing a step]. begin: no micro-batch may hold tensors; waits for the engine's
+  // copies, pins what is missing for pinned_bytes to be free, reserves events, begins a
+  // global-mode capture of the compute stream. end: ends it and instantiates the step's graph (replacing an
+  // earlier one). replay: launches it on the compute stream.
+  status begin_capture(std::size_t pinned_bytes) noexcept;
+  status end_capture() noexcept;
+  status replay() noexcept;
+  struct graph_state {
+    bool capturing = false, ready = false;
+    std::uint64_t captures = 0, replays = 0;
+  };
+  graph_state graph() noexcept;
   engine_stats stats() noexcept;
 
   // Waits for the engine's timed work, then returns the spans recorded so far (compute,
@@ -207,6 +259,9 @@ class prefetch_engine {
   // Note [Measured device bytes]: the pool's held bytes (and, for a compute span, the
   // highest level since the previous one) into `t`; nothing without stash's pool.
   void sample_device(timed_op& t, bool compute) noexcept;
+  // Note [Capturing a step]: records the first refusal of this capture; returns capture.
+  status refuse(const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
+  void drop_graph() noexcept;  // waits for the compute stream, destroys the graph
 
   engine_config config_;
   std::mutex mutex_;
@@ -220,6 +275,16 @@ class prefetch_engine {
   std::uint64_t d2h_seq_ = 0;        // D2H copies enqueued so far (in_flight_copy::seq)
   std::uint64_t pinned_in_use_ = 0;  // bytes of pinned blocks the engine holds (trace counter)
   std::unique_ptr<engine_trace> trace_;
+  // Note [Capturing a step]
+  bool capturing_ = false;
+  bool refused_ = false;
+  char refusal_[256] = {};
+  std::uint64_t failed_at_begin_ = 0;
+  std::unique_ptr<engine_trace> parked_trace_;
+  cudaGraphExec_t graph_ = nullptr;
+  bool dropped_by_plan_ = false;
+  prim::event_owner replayed_;  // after a launch: the copy streams wait on it
+  std::uint64_t captures_ = 0, replays_ = 0;
 };
 
 }  // namespace stash::engine

@@ -41,6 +41,12 @@ status event_pool::take(cudaEvent_t* out) noexcept {
   if (idle_.empty()) {
     // Past the reservation: grow (heap, rare). Keep idle_'s capacity >= all_'s size so
     // that give() never allocates.
+    if (frozen_)
+      return fail(status::capture,
+                  "the engine's %zu events are all in use and none may be created during "
+                  "a graph capture (cudaEventCreate): too many tensors for the events "
+                  "reserved at capture begin",
+                  all_.size());
     cudaEvent_t ev = nullptr;
     STASH_CUDA_FAIL(prim::event_create(&ev, timing_));
     try {

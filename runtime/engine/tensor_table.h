@@ -135,9 +135,13 @@ class event_pool {
     if (ev) idle_.push_back(ev);  // capacity reserved: all_ holds every event
   }
   bool timing() const noexcept { return timing_; }
+  // Frozen: take never creates an event (graph capture: events are made up front).
+  void set_frozen(bool frozen) noexcept { frozen_ = frozen; }
+  std::size_t idle() const noexcept { return idle_.size(); }
 
  private:
   bool timing_;
+  bool frozen_ = false;
   std::vector<cudaEvent_t> idle_;
   std::vector<cudaEvent_t> all_;
 };
