@@ -14,6 +14,10 @@
 //  - The pointers are dereferenced by the host when the stream reaches the op, so they must
 //    be host-accessible then: on stash's CPU test double, "device" memory is host memory. On a
 //    real GPU this mode needs managed or mapped memory; cudaMalloc'd pointers would fault.
+//  - Under stream capture (CUDA graphs) the op becomes a host node that runs at every replay,
+//    so its closure cannot delete itself: the backend keeps it, run by a callback that does
+//    not delete, for the backend's life. The backend must outlive every graph captured
+//    through it (the built-in workload's model owns its backend and outlives its steps).
 //  - Ops are ordered with copies, events and kernels on the same stream like any device work.
 //    The double's happens-before checker does not see their reads and writes (a host function
 //    declares none); ordering them correctly is still the caller's job.
@@ -24,6 +28,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -42,6 +47,7 @@ struct host_job {
     std::unique_ptr<host_job> job(static_cast<host_job*>(p));
     job->run();
   }
+  static void CUDART_CB invoke_kept(void* p) noexcept { static_cast<host_job*>(p)->run(); }
 };
 
 class host_backend final : public backend {
@@ -131,6 +137,19 @@ class host_backend final : public backend {
       return;
     }
     auto job = std::make_unique<host_job>(host_job{op, std::function<void()>(std::forward<F>(f))});
+    bool capturing = false;
+    // A failed query (a bad stream) fails the launch below with its own error.
+    if (prim::stream_capturing(s, &capturing) != cudaSuccess) prim::clear_runtime_error();
+    if (capturing) {  // a host node, run at every replay: the backend keeps the closure
+      const cudaError_t err = cudaLaunchHostFunc(s, &host_job::invoke_kept, job.get());
+      if (err != cudaSuccess) {
+        char call[96];
+        std::snprintf(call, sizeof call, "%s: cudaLaunchHostFunc (capturing)", op);
+        prim::throw_cuda_error(err, call, __FILE__, __LINE__);
+      }
+      kept_.push_back(std::move(job));
+      return;
+    }
     const cudaError_t err = cudaLaunchHostFunc(s, &host_job::invoke, job.get());
     if (err != cudaSuccess) {
       char call[96];
@@ -141,6 +160,7 @@ class host_backend final : public backend {
   }
 
   host_mode mode_;
+  std::vector<std::unique_ptr<host_job>> kept_;  // captured into graphs
 };
 
 }  // namespace

@@ -79,6 +79,7 @@ struct run_result {
   workload::memory_peaks peaks;
   stash_engine_stats_t stats{};
   std::size_t violations = 0;
+  std::uint64_t captures = 0, replays = 0;
 };
 
 class WorkloadDriverTest : public ::testing::Test {
@@ -97,8 +98,9 @@ class WorkloadDriverTest : public ::testing::Test {
   using wrap_fn =
       std::function<std::unique_ptr<workload::backend>(std::unique_ptr<workload::backend>)>;
 
+  // graphs: steps after the first are graph_step()s (Note [The step under CUDA graphs]).
   run_result run(const model_config& c, const std::vector<stash_action_t>& plan, int steps,
-                 wrap_fn wrap = {}) {
+                 wrap_fn wrap = {}, bool graphs = false) {
     run_result r;
     workload::session_options o;
     o.pinned_cap_bytes = std::size_t{64} << 20;
@@ -106,8 +108,15 @@ class WorkloadDriverTest : public ::testing::Test {
     s.set_plan(plan);
     s.workload().reset_peaks();
     for (int i = 0; i < steps; ++i) {
-      s.workload().step();
+      if (graphs && i > 0)
+        s.workload().graph_step();
+      else
+        s.workload().step();
       r.losses.push_back(s.workload().last_loss());
+    }
+    if (graphs) {
+      EXPECT_EQ(stash_engine_graph_state(s.engine(), nullptr, nullptr, &r.captures, &r.replays),
+                STASH_OK);
     }
     r.grads = s.workload().read_gradients();
     r.params = s.workload().read_params();
@@ -273,6 +282,73 @@ TEST_F(WorkloadDriverTest, CheckerSeesNoRaceInTheStep) {
   EXPECT_EQ(r.violations, 0u);
   for (const std::string& v : double_api().violations()) ADD_FAILURE() << v;
   EXPECT_GT(r.stats.offloaded_count, 0u);
+}
+
+// `stash demo --graphs`' step: the whole step (forward, offloads, prefetches, recompute,
+// backward, update) captured once and replayed gives the uncaptured run's losses and
+// gradients bit for bit, and the checker sees no race in the replayed graphs (their host
+// nodes and emulated compute carry checked_backend's declared accesses).
+TEST_F(WorkloadDriverTest, GraphStepsEqualTheUncapturedRunAndDoNotRace) {
+  STASH_REQUIRE_DOUBLE();
+  model_config c = small_config();
+  auto wrap = [](std::unique_ptr<workload::backend> b) -> std::unique_ptr<workload::backend> {
+    return std::make_unique<checked_backend>(std::move(b));
+  };
+  for (int mb : {1, 2}) {
+    c.micro_batches = mb;
+    const std::vector<stash_action_t> plan = plan_of({"oorro", "kokrk", "korro"});
+    const run_result eager = run(c, plan, 4, wrap);
+    double_api().clear_violations();
+    const run_result graphs = run(c, plan, 4, wrap, /*graphs=*/true);
+    EXPECT_EQ(graphs.captures, 1u) << mb << " micro-batches";
+    EXPECT_EQ(graphs.replays, 3u);
+    EXPECT_GT(graphs.stats.offloaded_count, 0u);
+    EXPECT_TRUE(bitwise_equal(eager.grads, graphs.grads)) << mb << " micro-batches";
+    EXPECT_TRUE(bitwise_equal(eager.params, graphs.params));
+    EXPECT_TRUE(bitwise_equal(eager.losses, graphs.losses));
+    EXPECT_EQ(graphs.violations, 0u);
+    for (const std::string& v : double_api().violations()) ADD_FAILURE() << v;
+    // A replay does run the step: one step fewer gives other parameters.
+    const run_result fewer = run(c, plan, 3, wrap);
+    EXPECT_FALSE(bitwise_equal(fewer.params, graphs.params));
+  }
+}
+
+// A captured plan is fixed: a new plan drops the graph and the next graph_step() captures
+// the new step, which then matches the uncaptured run of the same plan sequence.
+TEST_F(WorkloadDriverTest, GraphStepRecapturesAfterAPlanChange) {
+  STASH_REQUIRE_DOUBLE();
+  const model_config c = small_config();
+  const std::vector<stash_action_t> a = plan_of({"oooko", "kokrk", "kkkkk"});
+  const std::vector<stash_action_t> b = plan_of({"krrrr", "ooooo", "korro"});
+  auto drive = [&](bool graphs, std::uint64_t* captures) {
+    workload::session_options o;
+    o.pinned_cap_bytes = std::size_t{64} << 20;
+    session s(c, kind_, o);
+    s.set_plan(a);
+    s.workload().step();
+    for (int i = 0; i < 2; ++i) graphs ? (void)s.workload().graph_step() : s.workload().step();
+    s.set_plan(b);
+    if (graphs) {
+      EXPECT_EQ(stash_engine_replay(s.engine()), STASH_ERROR_CAPTURE);
+      EXPECT_NE(std::string(stash_last_error()).find("set_plan"), std::string::npos)
+          << stash_last_error();
+      s.workload().step();  // the new plan's pools: an eager step first
+      EXPECT_TRUE(s.workload().graph_step()) << "a plan change must re-capture";
+      EXPECT_FALSE(s.workload().graph_step());
+    } else {
+      for (int i = 0; i < 3; ++i) s.workload().step();
+    }
+    if (captures)
+      EXPECT_EQ(stash_engine_graph_state(s.engine(), nullptr, nullptr, captures, nullptr),
+                STASH_OK);
+    return s.workload().read_params();
+  };
+  std::uint64_t captures = 0;
+  const std::vector<float> eager = drive(false, nullptr);
+  const std::vector<float> graphs = drive(true, &captures);
+  EXPECT_EQ(captures, 2u);
+  EXPECT_TRUE(bitwise_equal(eager, graphs));
 }
 
 // The same check on a schedule broken on purpose: gelu runs on a side stream with no

@@ -52,6 +52,22 @@
 // loss. Gradients read back are the sum over micro-batches of each one's mean-loss gradient.
 // The reported loss is the mean of the micro-batch losses.
 //
+// Note [The step under CUDA graphs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// graph_step() is step() captured once through the engine (Note [Capturing a step] in
+// runtime/engine/prefetch_engine.h) and replayed: the first call after a plan is set
+// captures step() (nothing runs) and then replays it, later calls only replay. A plan
+// change drops the engine's graph, so the next graph_step() captures again: the plan is
+// read (read_actions) only at capture, which is the one moment it matters. What makes
+// step() capturable: every allocation comes from the device pool, which serves it from
+// the blocks the first eager step left cached (it may not grow under capture: run one
+// eager step() first), and the step frees everything it allocates, so the pool is as it
+// was after every replay; the loss turn and the inputs copy from the pinned host_data_,
+// fixed for the model's life; the host backend keeps the closures of ops captured as host
+// nodes (Note [Host ops on a stream] in host_backend.cpp). With several micro-batches the
+// engine holds pinned memory for all of them during the capture, so capture asks for the
+// step's offloaded bytes (pinned_step_bytes()).
+//
 // Thread safety: none; one thread drives a model (the engine's hooks must be called from the
 // thread that enqueues the layer's work anyway).
 #pragma once
@@ -147,6 +163,11 @@ class model {
   // Enqueues one training step on the stream (does not wait). The engine's plan is read at
   // the start of each step (stash_engine_action), so a new plan may be loaded between steps.
   void step();
+  // Note [The step under CUDA graphs]. Returns true when this call captured.
+  bool graph_step();
+  // Pinned bytes the engine holds during one captured step: every offloaded tensor of
+  // every micro-batch, at the pinned pool's 4 KiB alignment, plus one alignment each.
+  std::size_t pinned_step_bytes() const;
   // The mean loss of the last step's micro-batches (waits for the stream).
   float last_loss();
 

@@ -73,6 +73,37 @@ void model::step() {
   if (timer_) timer_->end_step(step_timing, config_.micro_batches);
 }
 
+bool model::graph_step() {
+  int ready = 0;
+  check_stash(stash_engine_graph_state(rt_.engine, nullptr, &ready, nullptr, nullptr),
+              "stash_engine_graph_state");
+  const bool capture = !ready;
+  if (capture) {
+    read_actions();  // for pinned_step_bytes(); step() reads them again, under capture
+    check_stash(stash_engine_capture_begin(rt_.engine, pinned_step_bytes()),
+                "stash_engine_capture_begin");
+    try {
+      step();
+    } catch (...) {
+      stash_engine_capture_end(rt_.engine);  // ends the CUDA capture; the graph is discarded
+      throw;
+    }
+    check_stash(stash_engine_capture_end(rt_.engine), "stash_engine_capture_end");
+  }
+  check_stash(stash_engine_replay(rt_.engine), "stash_engine_replay");
+  return capture;
+}
+
+std::size_t model::pinned_step_bytes() const {
+  constexpr std::size_t kPinnedAlign = 4096;  // Note [Pinned alignment] in allocator/pinned_pool.h
+  std::size_t per_mb = 0;
+  for (std::size_t i = 0; i < actions_.size(); ++i)
+    if (actions_[i] == STASH_ACTION_OFFLOAD)
+      per_mb += (layout_.saved_bytes[i % kSavedPerBlock] + 2 * kPinnedAlign - 1) /
+                kPinnedAlign * kPinnedAlign;
+  return per_mb * std::size_t(config_.micro_batches);
+}
+
 void model::hand_over(std::uint32_t mb, std::uint32_t layer, int index, void* p) {
   check_stash(stash_engine_offload(rt_.engine, key(mb, layer, index), p, layout_.saved_bytes[index],
                                    rt_.stream),
