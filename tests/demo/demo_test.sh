@@ -46,7 +46,9 @@ nogpu)
   ;;
 host)
   # No size options: the host backend's own small default model.
-  "$stash" demo --backend host --steps 2 --pareto-points 8 --out "$out" "${extra[@]}" \
+  steps=2 graphs=0
+  for x in "${extra[@]}"; do [ "$x" = --graphs ] && graphs=1 steps=3; done  # capture + replays
+  "$stash" demo --backend host --steps $steps --pareto-points 8 --out "$out" "${extra[@]}" \
     >"$out.stdout" 2>"$out.stderr"
   rc=$?
   [ $rc -eq 0 ] || fail "exit status $rc (want 0)"
@@ -55,6 +57,13 @@ host)
   expect_line "$out.stdout" "| budget | solver | measured step ms | throughput | measured peak | predicted step ms | predicted peak | vs recompute-all | vs keep-all |"
   expect_line "$out.stdout" "gradients: bitwise equal to keep-all for every plan (and recompute-all)"
   grep -q "GRADIENT MISMATCH" "$out.stdout" && fail "a gradient mismatch was reported"
+  if [ $graphs = 1 ]; then
+    # Every plan replayed from its captured step, against uncaptured keep-all, bitwise.
+    expect_line "$out.stdout" "graphs: every plan and recompute-all ran one eager warm-up step, then its whole step (forward, offloads, prefetches, recompute, backward, update) captured once through the engine and replayed for the other 2; keep-all ran uncaptured"
+    expect_line "$out.stdout" "gradients: bitwise equal to keep-all for every plan (and recompute-all), replayed from graphs against uncaptured"
+    grep -qE "^host time per step \(the [0-9a-z%]+ plan; enqueue only, median of 12 interleaved rounds\): eager [0-9.]+ ms, graph replay [0-9.]+ ms, ratio graphs/eager [0-9.]+$" "$out.stdout" ||
+      fail "no host-time line: $(grep -F 'host time' "$out.stdout")"
+  fi
   expect_line "$out.stderr" "profiling unavailable"
   # The keep-all budget runs, measured, at the predicted peak (the pool's in-use peak is
   # the planner's quantity; with keep-all nothing is pending).

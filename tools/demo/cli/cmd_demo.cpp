@@ -124,6 +124,9 @@ void run_demo(demo_args a) {
   if (a.backend != "auto" && a.backend != "cuda" && a.backend != "host")
     throw input_error("--backend must be auto, cuda or host, got \"" + a.backend + "\"");
   if (a.steps < 2) throw input_error("--steps must be at least 2 (one warm-up, one timed)");
+  if (a.graphs && a.steps < 3)
+    throw input_error("--graphs needs --steps of at least 3 (an eager warm-up, the capture "
+                      "and its replay, one more replay timed)");
   if (!a.profile.empty() && !is_file(a.profile)) throw input_error(a.profile + ": no such profile");
 
   const bool on_double = workload::test_double::loaded();  // Note [The test double seam]
@@ -186,6 +189,11 @@ const subcommand_registrar reg(90, [](CLI::App& app) {
                   "the double's virtual clock; without size options it runs a small model "
                   "(3 layers, hidden 64, seq 2048, batch 2, ffn-mult 1)")
       ->capture_default_str();
+  cmd->add_flag("--graphs", a->graphs,
+               "run every plan (and recompute-all) as a CUDA graph: one eager warm-up step, "
+               "then the whole step captured once through the engine and replayed; gradients "
+               "are checked against the uncaptured keep-all run, and the host time per step "
+               "with graphs is compared with eager, interleaved");
   cmd->add_option("--pareto-points", a->pareto_points, "solver calls of the Pareto sweep")
       ->capture_default_str()
       ->check(CLI::Range(2, 100000));

@@ -28,6 +28,7 @@ struct demo_args {
   std::string out = "demo-out", solver = "greedy", profile, backend = "auto";
   int pareto_points = 32;
   bool size_given = false;  // any of --layers --hidden --seq --batch --ffn-mult on the line
+  bool graphs = false;      // --graphs: plans run as captured, replayed steps
 };
 
 // --backend host computes with plain C++ loops: without size options it runs this model

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -65,10 +66,12 @@ struct run_outcome {
 };
 
 // Step 0 warms up (allocator growth, cuBLAS heuristics, pinned slabs); the rest are timed
-// with events on the compute stream, one step at a time.
+// with events on the compute stream, one step at a time. graphs: steps after the warm-up
+// are graph_step()s (Note [The step under CUDA graphs] in model.h): step 1 captures and
+// replays, the rest replay; the engine's trace and overlap then cover the warm-up only.
 run_outcome run_plan(const workload::model_config& c, workload::backend_kind kind,
                      const std::vector<stash_action_t>& plan, int steps,
-                     const std::string& trace_path) {
+                     const std::string& trace_path, bool graphs = false) {
   workload::session s = make_session(c, kind);
   s.set_plan(plan);
   workload::model& m = s.workload();
@@ -80,12 +83,15 @@ run_outcome run_plan(const workload::model_config& c, workload::backend_kind kin
   double all_ms = 0;  // the warm-up too: the engine's overlap report covers every step
   for (int i = 0; i < steps; ++i) {
     STASH_CUDA_TRY(prim::event_record(e0.get(), s.stream()));
-    m.step();
+    if (graphs && i > 0)
+      m.graph_step();
+    else
+      m.step();
     STASH_CUDA_TRY(prim::event_record(e1.get(), s.stream()));
     o.losses.push_back(m.last_loss());  // synchronizes
     float ms = 0;
     STASH_CUDA_TRY(prim::event_elapsed(&ms, e0.get(), e1.get()));
-    all_ms += ms;
+    if (!graphs || i == 0) all_ms += ms;  // the steps the engine's overlap report covers
     if (i > 0) times.push_back(ms);
   }
   // The upper middle of an even count, as the profile's scope times (scope_timer.h).
@@ -103,6 +109,52 @@ run_outcome run_plan(const workload::model_config& c, workload::backend_kind kin
       throw std::runtime_error(std::string("stash_engine_write_trace: ") + stash_last_error());
   }
   return o;
+}
+
+// Note [Host time with graphs]
+// What a graph saves is host time: an eager step makes every engine call, pool carve and
+// backend enqueue; a replay makes one cudaGraphLaunch (and the engine's two stream waits).
+// Both are measured in one run, interleaved so that machine load hits both alike: two
+// sessions of the same plan, each warmed up (an eager step; the graph one also captures),
+// then `rounds` rounds of an eager step and a replay, each timed on the host clock from
+// the call to its return (the enqueue only), each followed by a wait for its stream so
+// that neither overlaps the other. Medians of each, and graphs / eager.
+struct host_times {
+  double eager_ms = 0, graph_ms = 0;
+  int rounds = 0;
+};
+
+host_times compare_host_time(const workload::model_config& c, workload::backend_kind kind,
+                             const std::vector<stash_action_t>& plan, int rounds) {
+  workload::session eager = make_session(c, kind);
+  workload::session graph = make_session(c, kind);
+  eager.set_plan(plan);
+  graph.set_plan(plan);
+  eager.workload().step();
+  graph.workload().step();
+  graph.workload().graph_step();  // captures, then replays
+  (void)eager.workload().last_loss();
+  (void)graph.workload().last_loss();
+  using clock = std::chrono::steady_clock;
+  auto ms_since = [](clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+  };
+  std::vector<double> e, g;
+  for (int i = 0; i < rounds; ++i) {
+    clock::time_point t0 = clock::now();
+    eager.workload().step();
+    e.push_back(ms_since(t0));
+    STASH_CUDA_TRY(prim::stream_synchronize(eager.stream()));
+    t0 = clock::now();
+    graph.workload().graph_step();
+    g.push_back(ms_since(t0));
+    STASH_CUDA_TRY(prim::stream_synchronize(graph.stream()));
+  }
+  host_times h;
+  h.rounds = rounds;
+  h.eager_ms = stash::median(std::move(e), stash::even_median::upper_middle);
+  h.graph_ms = stash::median(std::move(g), stash::even_median::upper_middle);
+  return h;
 }
 
 // Profiles a keep-all run: CUPTI through stash_profiler_start/stop with the skeleton, or,
@@ -292,7 +344,8 @@ int run_measured(const demo_args& a, workload::backend_kind kind, bool on_double
   baselines b;
   std::vector<row> rows = plan_budgets(p, a.solver, &b, c.micro_batches);
 
-  // 4. Run: keep-all (the reference for gradients), recompute-all, then every plan.
+  // 4. Run: keep-all (the reference for gradients, always eager), recompute-all, then every
+  // plan (with --graphs: captured and replayed).
   const int T = c.tokens() * c.micro_batches;
   progress("running keep-all (%s steps)", std::to_string(a.steps));
   const run_outcome keep = run_plan(c, kind, workload::uniform_plan(c.layers, STASH_ACTION_KEEP),
@@ -300,7 +353,7 @@ int run_measured(const demo_args& a, workload::backend_kind kind, bool on_double
   progress("running recompute-all (%s steps)", std::to_string(a.steps));
   const run_outcome rec =
       run_plan(c, kind, workload::uniform_plan(c.layers, STASH_ACTION_RECOMPUTE), a.steps,
-               a.out + "/trace-recompute-all.json");
+               a.out + "/trace-recompute-all.json", a.graphs);
   auto same_bits = [&](const run_outcome& o) {
     return o.grads.size() == keep.grads.size() &&
            std::memcmp(o.grads.data(), keep.grads.data(), o.grads.size() * sizeof(float)) == 0 &&
@@ -311,7 +364,7 @@ int run_measured(const demo_args& a, workload::backend_kind kind, bool on_double
     if (!r.feasible) continue;
     progress("running the %s plan (%s steps)", r.label, std::to_string(a.steps));
     const run_outcome o = run_plan(c, kind, actions_of(r.plan.decisions()), a.steps,
-                                   a.out + "/trace-" + r.file + ".json");
+                                   a.out + "/trace-" + r.file + ".json", a.graphs);
     write_memory_plot(p, r, a.out + "/trace-" + r.file + ".json",
                       a.out + "/memory-" + r.file + ".svg", device);
     r.measured = true;
@@ -324,6 +377,25 @@ int run_measured(const demo_args& a, workload::backend_kind kind, bool on_double
     all_equal = all_equal && r.grads_equal;
   }
   write_plans_and_pareto(p, rows, a, "stash demo: built-in workload on " + device);
+  // Note [Host time with graphs]: on the plan with the most offloads measured.
+  host_times ht;
+  std::string ht_label;
+  if (a.graphs) {
+    const row* pick = nullptr;
+    std::size_t most = 0;
+    for (const row& r : rows) {
+      if (!r.measured) continue;
+      std::size_t n = 0;
+      for (stash_action_t x : actions_of(r.plan.decisions())) n += x == STASH_ACTION_OFFLOAD;
+      if (!pick || n > most) pick = &r, most = n;
+    }
+    if (pick) {
+      ht_label = pick->label;
+      progress("host time per step, eager against graphs, interleaved (the %s plan, %s rounds)",
+               ht_label, "12");
+      ht = compare_host_time(c, kind, actions_of(pick->plan.decisions()), 12);
+    }
+  }
 
   // 5. Report.
   std::printf("stash demo: measured on %s (backend %s; times: %s)\n", device.c_str(),
@@ -340,8 +412,15 @@ int run_measured(const demo_args& a, workload::backend_kind kind, bool on_double
       format_bytes(b.recompute_peak).c_str());
   print_table(rows, b, a.solver, true, keep.step_ms, rec.step_ms);
   std::printf("\n");
+  if (a.graphs)
+    std::printf(
+        "graphs: every plan and recompute-all ran one eager warm-up step, then its whole "
+        "step (forward, offloads, prefetches, recompute, backward, update) captured once "
+        "through the engine and replayed for the other %d; keep-all ran uncaptured\n",
+        a.steps - 1);
   if (all_equal) {
-    std::printf("gradients: bitwise equal to keep-all for every plan (and recompute-all)\n");
+    std::printf("gradients: bitwise equal to keep-all for every plan (and recompute-all)%s\n",
+                a.graphs ? ", replayed from graphs against uncaptured" : "");
   } else {
     if (!same_bits(rec)) std::printf("GRADIENT MISMATCH: recompute-all differs from keep-all\n");
     for (const row& r : rows)
@@ -360,6 +439,12 @@ int run_measured(const demo_args& a, workload::backend_kind kind, bool on_double
     if (r.measured) std::printf(" %s %s;", r.label.c_str(), format_bytes(r.in_use_peak).c_str());
   std::printf("\n");
   print_targets(rows, keep.step_ms);
+  if (ht.rounds > 0)
+    std::printf(
+        "host time per step (the %s plan; enqueue only, median of %d interleaved rounds): "
+        "eager %.3f ms, graph replay %.3f ms, ratio graphs/eager %.4f\n",
+        ht_label.c_str(), ht.rounds, ht.eager_ms, ht.graph_ms,
+        ht.eager_ms > 0 ? ht.graph_ms / ht.eager_ms : 0.0);
   std::printf(
       "wrote %s/: link.json, skeleton.json, profile.json, plan-*.json, trace-*.json "
       "(engine), memory-*.svg (measured and predicted device memory), pareto.csv, "
