@@ -197,6 +197,7 @@ class BudgetHandle(OffloadHandle):
 
     _who = "stash.torch.fit"
     _plain_layers: Set[int] = set()
+    _kv_cache = True  # block 0 of the running forward got a key/value cache (_call_arguments)
 
     def __init__(self, blocks: Sequence[torch.nn.Module], budget: Union[int, str, Budget], *,
                  optimizer: Optional[torch.optim.Optimizer] = None,
@@ -299,8 +300,12 @@ class BudgetHandle(OffloadHandle):
 
     def _call_arguments(self, i, args, kwargs):
         # Note [The loops fit lives in]: a key/value cache passed to the blocks in training
-        # is turned off for them, as Hugging Face's gradient checkpointing does.
-        if not any(_is_kv_cache(v) for v in kwargs.values()):
+        # is turned off for them, as Hugging Face's gradient checkpointing does. A decoder
+        # hands every block the same keywords, so block 0 decides for the forward (Note
+        # [What it costs]).
+        if i == 0:
+            self._kv_cache = any(_is_kv_cache(v) for v in kwargs.values())
+        if not self._kv_cache:
             return args, kwargs
         if i == 0:
             self._warn_once(("kv-cache",), (
@@ -372,13 +377,15 @@ class BudgetHandle(OffloadHandle):
             self._cupti.end()
             if self._mode == "measure" and self._micro_batch == 0:
                 self._recorder.forward_ended(i, order.entries)
-        self._sample(f"forward[{i}]", after=("loss",) if i == self._n - 1 else ("fwd", i))
+        if self._recorder.tracking:  # Note [What it costs]: no sample to build otherwise
+            self._sample(f"forward[{i}]", after=("loss",) if i == self._n - 1 else ("fwd", i))
 
     def _forward_released(self, i, step):
         # Note [What the budget counts]: a window of its own from here, so that what the
         # step holds after the block's recompute storages went (the loss's temporaries,
         # after the last block) is measured against what is tracked then.
-        self._sample(f"forward[{i}] released")
+        if self._recorder.tracking:
+            self._sample(f"forward[{i}] released")
 
     def _backward_began(self, step, i):
         rec = self._step
@@ -389,7 +396,8 @@ class BudgetHandle(OffloadHandle):
             if step.backward_open is not None:
                 rec.bwd.setdefault((step.serial, step.backward_open), Span()).end = m
             rec.bwd.setdefault((step.serial, i), Span()).begin = m
-        self._sample(f"backward[{i}]", after=("bwd", i))
+        if self._recorder.tracking:
+            self._sample(f"backward[{i}]", after=("bwd", i))
 
     def _backward_finished(self, step):
         rec = self._step
@@ -399,7 +407,8 @@ class BudgetHandle(OffloadHandle):
         b = rec.bwd.get((step.serial, 0))
         if b is not None and b.end is None:
             b.end = m
-        self._sample("backward end", after=("bwd", 0))
+        if self._recorder.tracking:
+            self._sample("backward end", after=("bwd", 0))
         if not self._steps:  # every micro-batch's backward has ended
             rec.backward_done = True
             rec.bwd_end = m
@@ -696,7 +705,8 @@ class BudgetHandle(OffloadHandle):
         rec = self._step
         if rec is not None and rec.backward_done and rec.end is None:
             rec.end = self._clock.mark()
-            self._sample("optimizer step", after=("opt",))
+            if self._recorder.tracking:
+                self._sample("optimizer step", after=("opt",))
             self._step_peak(rec)
         # Note [What the budget counts]: the optimizer's real state, once it exists.
         entry = self._plans.entry

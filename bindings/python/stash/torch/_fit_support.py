@@ -190,7 +190,8 @@ def _optimizer_state_bytes(opt: Any) -> int:
     first tensor (load_state_dict makes new ones). torch's optimizers update their state
     tensors in place, so between two such changes the bytes stay (Note [What it costs] in
     _fit.py: walking every state tensor twice a step cost 50 us on a tiny Llama)."""
-    shape = tuple((id(st), len(st)) for st in opt.state.values())
+    states = list(opt.state.values())
+    shape = (tuple(map(id, states)), tuple(map(len, states)))
     first = _first_state_tensor(opt)
     hit = _STATE_BYTES.get(opt)
     if hit is not None and hit[0] == shape and (
