@@ -11,9 +11,12 @@ Note [One plan reader] in planner/model/plan.h), or checks a list of per-layer a
 the per-layer action lists :meth:`Engine.set_plan` takes.
 """
 
+from __future__ import annotations
+
 import ctypes
 import json
 import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ._lib import PoolStats, StashError, load, status_string
 
@@ -28,6 +31,11 @@ STATE_NAMES = {-1: "not_offered", 0: "on_device", 1: "offloading", 2: "on_host",
 
 STASH_ERROR_BAD_PLAN = 101
 STASH_ERROR_UNKNOWN_TENSOR = 102
+
+# A cudaStream_t as an int (None: the legacy default stream); a tensor key
+# (micro-batch, layer, index).
+Stream = Optional[int]
+Key = Sequence[int]
 
 # int (*)(void** out, size_t bytes, stash_stream_t stream, void* user)
 DeviceAllocFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
@@ -76,8 +84,9 @@ class EngineStats(ctypes.Structure):
                 + [("pinned", PoolStats)]
                 + [(name, ctypes.c_uint64) for name in _STAT_FIELDS_2])
 
-    def as_dict(self):
-        d = {name: int(getattr(self, name)) for name in _STAT_FIELDS + _STAT_FIELDS_2}
+    def as_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {name: int(getattr(self, name))
+                             for name in _STAT_FIELDS + _STAT_FIELDS_2}
         d["pinned"] = self.pinned.as_dict()
         return d
 
@@ -91,12 +100,12 @@ class Overlap(ctypes.Structure):
     _fields_ = [("layer", ctypes.c_int), ("copy_ms", ctypes.c_double),
                 ("hidden_ms", ctypes.c_double), ("exposed_ms", ctypes.c_double)]
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, Union[int, float]]:
         return {"layer": self.layer, "copy_ms": self.copy_ms, "hidden_ms": self.hidden_ms,
                 "exposed_ms": self.exposed_ms}
 
 
-def _lib():
+def _lib() -> ctypes.CDLL:
     lib = load("libstash.so")
     if getattr(lib, "_stash_engine_typed", False):
         return lib
@@ -133,11 +142,11 @@ def _lib():
         f.argtypes = args
         f.restype = res
     _check_actions(lib)
-    lib._stash_engine_typed = True
+    setattr(lib, "_stash_engine_typed", True)
     return lib
 
 
-def _check_actions(lib):
+def _check_actions(lib: ctypes.CDLL) -> None:
     """KEEP, RECOMPUTE and OFFLOAD are the library's numbers for those actions."""
     for name, value in ACTION_NAMES.items():
         got = lib.stash_action_name(value)
@@ -146,7 +155,7 @@ def _check_actions(lib):
                              f"{name!r}: the package and the library do not match")
 
 
-def _check(status, what):
+def _check(status: int, what: str) -> None:
     if status != 0:
         msg = _lib().stash_last_error().decode(errors="replace")
         name = status_string(status)
@@ -154,13 +163,13 @@ def _check(status, what):
         raise StashError(f"{text} ({name}, status {status})", status)
 
 
-def _read_plan(text, where):
+def _read_plan(text: bytes, where: str) -> List[List[int]]:
     """Per-layer action lists of stash.plan/1 text (bytes), read by the library; errors
     name `where` (the file, or "plan") and the JSON path."""
     lib = _lib()
     S = ctypes.c_size_t
 
-    def check(status):
+    def check(status: int) -> None:
         if status != 0:
             msg = lib.stash_last_error().decode(errors="replace")
             for prefix in ("stash_plan_read_actions: ", "plan: "):
@@ -175,14 +184,19 @@ def _read_plan(text, where):
     actions = (ctypes.c_int * max(1, n_actions.value))()
     check(lib.stash_plan_read_actions(text, None, counts, n_layers.value, None, actions,
                                       n_actions.value))
-    out, at = [], 0
+    out: List[List[int]] = []
+    at = 0
     for n in counts[:n_layers.value]:
         out.append(list(actions[at:at + n]))
         at += n
     return out
 
 
-def plan_actions(plan):
+# Unannotated only because stash/torch/_fit_support.py still carries a
+# `type: ignore[no-untyped-call, no-any-return]` on its call; it becomes
+# `(plan: Union[str, os.PathLike[str], Dict[str, Any], Sequence[Sequence[Union[str, int]]]])
+# -> List[List[int]]` when that goes.
+def plan_actions(plan):  # type: ignore[no-untyped-def]
     """Per-layer action lists (ints KEEP/RECOMPUTE/OFFLOAD) from a stash.plan/1 document (a
     path or the parsed dict, read as stash_engine_load_plan reads a plan file) or from a
     list of per-layer lists of actions ("keep", "recompute", "offload", or the ints).
@@ -225,12 +239,14 @@ class Engine:
     (never a CUDA callback thread), and they must not call the engine. stream arguments
     are cudaStream_t values as ints (None for the legacy default stream)."""
 
-    def __init__(self, alloc, release, compute_stream=None, *, lookahead=1,
-                 pinned_cap_bytes=0, max_in_flight_bytes=0, max_in_flight_count=0,
-                 timing=True, max_micro_batches=8):
+    def __init__(self, alloc: Callable[[int, Stream], int],
+                 release: Callable[[int, int, Stream], None], compute_stream: Stream = None,
+                 *, lookahead: int = 1, pinned_cap_bytes: int = 0,
+                 max_in_flight_bytes: int = 0, max_in_flight_count: int = 0,
+                 timing: bool = True, max_micro_batches: int = 8) -> None:
         lib = _lib()
         self._fn = lib
-        self._handle = None
+        self._handle: Optional[ctypes.c_void_p] = None
         cfg = EngineConfig()
         lib.stash_engine_config_init(ctypes.byref(cfg))
         cfg.compute_stream = compute_stream
@@ -240,9 +256,10 @@ class Engine:
         cfg.max_in_flight_count = int(max_in_flight_count)
         cfg.timing = 1 if timing else 0
         cfg.max_micro_batches = int(max_micro_batches)
-        self.callback_errors = []  # exceptions raised inside callbacks (C cannot take them)
+        # exceptions raised inside callbacks (C cannot take them)
+        self.callback_errors: List[BaseException] = []
 
-        def c_alloc(out, nbytes, stream, _user):
+        def c_alloc(out: Any, nbytes: int, stream: Stream, _user: Optional[int]) -> int:
             try:
                 ptr = alloc(int(nbytes), stream)
             except BaseException as e:  # noqa: BLE001 -- must not unwind through C
@@ -253,7 +270,7 @@ class Engine:
             out[0] = ptr
             return 0
 
-        def c_release(ptr, nbytes, stream, _user):
+        def c_release(ptr: int, nbytes: int, stream: Stream, _user: Optional[int]) -> None:
             try:
                 release(ptr, int(nbytes), stream)
             except BaseException as e:  # noqa: BLE001 -- must not unwind through C
@@ -270,26 +287,26 @@ class Engine:
         self._handle = handle
         self.timing = bool(timing)
 
-    def _check(self, status, what):
+    def _check(self, status: int, what: str) -> None:
         if self.callback_errors:
             errors, self.callback_errors = self.callback_errors, []
             raise StashError(f"{what}: a device allocator callback failed: {errors[0]!r}",
                              status) from errors[0]
         _check(status, what)
 
-    def _live(self):
+    def _live(self) -> ctypes.c_void_p:
         if self._handle is None:
             raise StashError("the engine was closed")
         return self._handle
 
-    def close(self):
+    def close(self) -> None:
         """Waits for the engine's copies, hands back every block it holds (through the
         release callback) and destroys it. Idempotent."""
         if self._handle is not None:
             handle, self._handle = self._handle, None
             _lib().stash_engine_destroy(handle)
 
-    def set_plan(self, layers):
+    def set_plan(self, layers: Sequence[Sequence[int]]) -> None:
         """layers: per-layer lists of KEEP/RECOMPUTE/OFFLOAD."""
         counts = (ctypes.c_size_t * len(layers))(*[len(l) for l in layers])
         flat = [a for l in layers for a in l]
@@ -297,46 +314,46 @@ class Engine:
         self._check(_lib().stash_engine_set_plan(self._live(), len(layers), counts, actions),
                     "stash_engine_set_plan")
 
-    def load_plan(self, path):
+    def load_plan(self, path: Union[str, os.PathLike[str]]) -> None:
         self._check(_lib().stash_engine_load_plan(self._live(), os.fsencode(path)),
                     "stash_engine_load_plan")
 
-    def action(self, layer, index):
+    def action(self, layer: int, index: int) -> int:
         out = ctypes.c_int()
         self._check(_lib().stash_engine_action(self._live(), layer, index, ctypes.byref(out)),
                     f"stash_engine_action(layer {layer}, index {index})")
-        return out.value
+        return int(out.value)
 
     # The per-tensor and per-layer calls run once per saved tensor or block: the message of
     # a failure is built only when there is one (an f-string per call costs microseconds).
 
-    def forward_begin(self, mb, layer):
+    def forward_begin(self, mb: int, layer: int) -> None:
         st = self._fn.stash_engine_forward_begin(self._live(), mb, layer)
         if st or self.callback_errors:
             self._check(st, f"stash_engine_forward_begin(micro-batch {mb}, layer {layer})")
 
-    def forward_end(self, mb, layer):
+    def forward_end(self, mb: int, layer: int) -> None:
         st = self._fn.stash_engine_forward_end(self._live(), mb, layer)
         if st or self.callback_errors:
             self._check(st, f"stash_engine_forward_end(micro-batch {mb}, layer {layer})")
 
-    def backward_begin(self, mb, layer):
+    def backward_begin(self, mb: int, layer: int) -> None:
         st = self._fn.stash_engine_backward_begin(self._live(), mb, layer)
         if st or self.callback_errors:
             self._check(st, f"stash_engine_backward_begin(micro-batch {mb}, layer {layer})")
 
-    def backward_end(self, mb, layer):
+    def backward_end(self, mb: int, layer: int) -> None:
         st = self._fn.stash_engine_backward_end(self._live(), mb, layer)
         if st or self.callback_errors:
             self._check(st, f"stash_engine_backward_end(micro-batch {mb}, layer {layer})")
 
-    def offload(self, key, ptr, nbytes, producer_stream):
+    def offload(self, key: Key, ptr: int, nbytes: int, producer_stream: Stream) -> None:
         st = self._fn.stash_engine_offload(self._live(), TensorKey(*key), ptr, nbytes,
                                            producer_stream)
         if st or self.callback_errors:
             self._check(st, f"stash_engine_offload{tuple(key)}")
 
-    def acquire(self, key, consumer_stream):
+    def acquire(self, key: Key, consumer_stream: Stream) -> Optional[int]:
         out = ctypes.c_void_p()
         st = self._fn.stash_engine_acquire(self._live(), TensorKey(*key), consumer_stream,
                                            ctypes.byref(out))
@@ -344,34 +361,34 @@ class Engine:
             self._check(st, f"stash_engine_acquire{tuple(key)}")
         return out.value
 
-    def release(self, key):
+    def release(self, key: Key) -> None:
         st = self._fn.stash_engine_release(self._live(), TensorKey(*key))
         if st or self.callback_errors:
             self._check(st, f"stash_engine_release{tuple(key)}")
 
-    def tensor_state(self, key):
+    def tensor_state(self, key: Key) -> Tuple[str, int]:
         """(state name, error status) of a tensor."""
         state, error = ctypes.c_int(), ctypes.c_int()
         self._check(_lib().stash_engine_tensor_state(self._live(), TensorKey(*key),
                                                      ctypes.byref(state), ctypes.byref(error)),
                     f"stash_engine_tensor_state{tuple(key)}")
-        return STATE_NAMES.get(state.value, str(state.value)), error.value
+        return STATE_NAMES.get(state.value, str(state.value)), int(error.value)
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         self._check(_lib().stash_engine_synchronize(self._live()), "stash_engine_synchronize")
 
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         """stash_engine_stats_t as a dict (the pinned pool's under "pinned")."""
         s = EngineStats()
         _lib().stash_engine_stats_init(ctypes.byref(s))
         self._check(_lib().stash_engine_stats(self._live(), ctypes.byref(s)), "stash_engine_stats")
         return s.as_dict()
 
-    def write_trace(self, path):
+    def write_trace(self, path: Union[str, os.PathLike[str]]) -> None:
         self._check(_lib().stash_engine_write_trace(self._live(), os.fsencode(path)),
                     f"stash_engine_write_trace({os.fspath(path)!r})")
 
-    def overlap(self):
+    def overlap(self) -> Dict[str, Any]:
         """{"total": {...}, "layers": [{layer, copy_ms, hidden_ms, exposed_ms}, ...]}."""
         total, n = Overlap(), ctypes.c_size_t()
         lib, h = _lib(), self._live()
@@ -382,14 +399,14 @@ class Engine:
                                              ctypes.byref(n)), "stash_engine_overlap")
         return {"total": total.as_dict(), "layers": [per[i].as_dict() for i in range(n.value)]}
 
-    def streams(self):
+    def streams(self) -> Tuple[Optional[int], Optional[int]]:
         """(d2h, h2d) cudaStream_t values of the engine's own streams."""
         d2h, h2d = ctypes.c_void_p(), ctypes.c_void_p()
         self._check(_lib().stash_engine_streams(self._live(), ctypes.byref(d2h),
                                                 ctypes.byref(h2d)), "stash_engine_streams")
         return d2h.value, h2d.value
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # noqa: BLE001 -- interpreter teardown
