@@ -44,16 +44,22 @@ stopped by an error, after its wait for their copy), while torch frees host memo
 once: the release callback synchronizes that stream from the host first.
 """
 
+from __future__ import annotations
+
 import ctypes
 import os
+import threading
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from .. import _lib
+from .._engine import Engine
 from .._lib import StashError
+from ._step import _Fetched, _Step
 
 
-def _flat_bytes(t):
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     """A 1-D uint8 tensor over t's whole storage (it keeps the storage alive)."""
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
@@ -64,7 +70,7 @@ class _CudaRt:
     loaded through STASH_CUDART (Note [A linker namespace for stash's libcudart] in
     _lib.py); a real runtime cannot copy from a CPU tensor as device memory."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         if _lib.runs_on_cuda_runtime_of_torch():
             raise StashError(
                 "stash.torch: the blocks are on the CPU. stash manages CUDA memory; CPU "
@@ -89,18 +95,18 @@ class _CudaRt:
         lib.cudaGetErrorString.restype = ctypes.c_char_p
         self.lib = lib
 
-    def check(self, err, what):
+    def check(self, err: int, what: str) -> None:
         if err != 0:
             text = self.lib.cudaGetErrorString(err).decode()
             raise StashError(f"{what}: {text} (cudaError {err})")
 
-    def stream_create(self):
+    def stream_create(self) -> Optional[int]:
         s = ctypes.c_void_p()
         self.check(self.lib.cudaStreamCreateWithFlags(ctypes.byref(s), 1),  # non-blocking
                    "cudaStreamCreateWithFlags")
         return s.value
 
-    def stream_synchronize(self, s):
+    def stream_synchronize(self, s: Optional[int]) -> None:
         self.check(self.lib.cudaStreamSynchronize(s), "cudaStreamSynchronize")
 
 
@@ -109,9 +115,20 @@ class EngineStreams:
     torch's allocator]). Uses the handle's engine, device, _cuda, _compute, _cudart,
     _cpu_stream, _lock, _sources and _buffers."""
 
+    # Set by OffloadHandle (declared here for the type checker only).
+    engine: Optional[Engine]  # None once closed
+    device: torch.device
+    _cuda: bool
+    _compute: Optional[torch.cuda.Stream]  # the engine's compute stream (CUDA only)
+    _cudart: Optional[_CudaRt]  # CPU only
+    _cpu_stream: Optional[int]  # CPU only; None once closed
+    _lock: threading.Lock
+    _sources: Dict[int, List[torch.Tensor]]  # data pointer -> uint8 views held for the D2H
+    _buffers: Dict[int, torch.Tensor]  # data pointer -> uint8 tensor of a prefetch
+
     # --- engine callbacks (inside engine calls, on this thread) -------------------------
 
-    def _alloc(self, nbytes, _stream):
+    def _alloc(self, nbytes: int, _stream: Optional[int]) -> int:
         if self._cuda:
             with torch.cuda.stream(self._compute):
                 buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
@@ -121,12 +138,13 @@ class EngineStreams:
             self._buffers[buf.data_ptr()] = buf
         return buf.data_ptr()
 
-    def _release(self, ptr, _nbytes, stream):
+    def _release(self, ptr: int, _nbytes: int, stream: Optional[int]) -> None:
         if not self._cuda:
             # The engine hands a block back as free for work enqueued on `stream` from now
             # on (the compute stream, right after its wait for the block's copy), not
             # after the host saw the copy end. torch's CPU allocator frees at once, so the
             # host waits here (Note [Stream order with torch's allocator]).
+            assert self._cudart is not None  # set on the CPU path
             self._cudart.stream_synchronize(stream if stream else self._cpu_stream)
         # The lock guards the two maps against a backward on autograd's device thread and
         # a forward on the main thread; nothing under it calls the engine (whose mutex a
@@ -142,7 +160,8 @@ class EngineStreams:
 
     # --- one storage to the engine and back ----------------------------------------------
 
-    def _hand_over(self, step, key, ptr, nbytes, source):
+    def _hand_over(self, step: _Step, key: Tuple[int, int, int], ptr: int, nbytes: int,
+                   source: Optional[torch.Tensor]) -> None:
         """stash_engine_offload of one tensor; `source` (offload tensors) is held until the
         engine releases its pointer. Held before the call: another thread's engine call may
         retire the copy and release the pointer as soon as the engine has it."""
@@ -150,13 +169,15 @@ class EngineStreams:
             with self._lock:
                 self._sources.setdefault(ptr, []).append(_flat_bytes(source))
         step.live.add(key)
+        engine = self.engine
+        assert engine is not None  # the hooks offer tensors only while the handle is open
         try:
-            self.engine.offload(key, ptr, nbytes, self._producer())
+            engine.offload(key, ptr, nbytes, self._producer())
         except StashError:
             # A failed copy stays the engine's (it frees the block at release, through our
             # callback); a rejected call never took the tensor.
             try:
-                state, _ = self.engine.tensor_state(key)
+                state, _ = engine.tensor_state(key)
             except StashError:  # a key outside the plan
                 state = "not_offered"
             if state == "not_offered":
@@ -165,12 +186,12 @@ class EngineStreams:
                     self._release(ptr, nbytes, None)
             raise
 
-    def _producer(self):
+    def _producer(self) -> Optional[int]:
         if self._cuda:
             return torch.cuda.current_stream(self.device).cuda_stream
         return self._cpu_stream
 
-    def _fetch(self, f):
+    def _fetch(self, f: _Fetched) -> torch.Tensor:
         """The uint8 tensor over an offloaded storage, fetched from the engine the first
         time one of its views (or a recompute's input) needs it."""
         if f.flat is None:
@@ -193,18 +214,22 @@ class EngineStreams:
             ptr = self.engine.acquire(f.key, consumer)
             if not self._cuda:
                 # Note [Stream order with torch's allocator]: the host waits on CPU.
+                assert self._cudart is not None  # set on the CPU path
                 self._cudart.stream_synchronize(self._cpu_stream)
             with self._lock:
-                flat = self._buffers.get(ptr)
+                flat = self._buffers.get(ptr) if ptr is not None else None
                 if flat is None:  # kept on the device (pinned pool exhausted): the source
-                    held = self._sources.get(ptr)
+                    held = self._sources.get(ptr) if ptr is not None else None
                     flat = held[-1] if held else None
             if flat is None:
                 raise StashError(f"stash.torch.offload: acquire of {name} returned {ptr:#x}, "
                                  "which is neither a prefetch buffer nor an offloaded storage")
-            if self._cuda and consumer != self._compute.cuda_stream:
+            if (self._cuda and self._compute is not None
+                    and consumer != self._compute.cuda_stream):
                 flat.record_stream(torch.cuda.current_stream(self.device))
-            f.flat = flat
+            # _step.py declares _Fetched.flat as None only (its __init__ sets it so); it is
+            # Optional[torch.Tensor], and these two ignores go when _step.py says so.
+            f.flat = flat  # type: ignore[assignment]
             step.live.discard(f.key)
             self.engine.release(f.key)
-        return f.flat
+        return f.flat  # type: ignore[return-value]
