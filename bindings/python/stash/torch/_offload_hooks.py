@@ -98,20 +98,34 @@ MB above its prediction, and 1.05 MB lower with the list emptied. The prefetch b
 a block not yet unpacked stay with the engine (step.live) until their first unpack.
 """
 
+from __future__ import annotations
+
 import threading
 import warnings
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import (Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Set,
+                    Tuple, Union, cast)
 
 import torch
 
-from .._engine import KEEP, OFFLOAD, RECOMPUTE
+from .._engine import KEEP, OFFLOAD, RECOMPUTE, Engine
 from .._lib import StashError
 from ._boundary import at_backward_end, mark_backward
 from ._recompute import ForwardState, Frame, Placeholder
 from ._saved import SaveOrder, resident_storages, storage_of, tensors_in
-from ._step import (_RECOMPUTE, _Fetched, _input_keys, _named, _output_storages, _Packed,
-                    _Step)
+from ._step import (_RECOMPUTE, _Fetched, _GraphToken, _input_keys, _named, _output_storages,
+                    _Packed, _Step)
+
+Key = Tuple[int, int, int]  # the engine's (micro-batch, layer, slot)
+
+
+class LayerActions(Protocol):
+    """A layer's actions by plan index: a list of KEEP/RECOMPUTE/OFFLOAD, or stash.torch.fit's
+    _MeasureLayer (which has no tensor count: `exact` False)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, j: int) -> int: ...
 
 
 class OffloadHooks:
@@ -129,16 +143,38 @@ class OffloadHooks:
     # Per layer: the engine slot of each plan index that offloads (None elsewhere), or None
     # where slot j is index j (_engine_layer).
     _engine_slots: List[Optional[List[Optional[int]]]] = []
-    engine: Any  # the handle's _engine.Engine; None once closed
+    # Set by OffloadHandle (declared here for the type checker only).
+    engine: Optional[Engine]  # None once closed
+    blocks: List[torch.nn.Module]
+    actions: List[LayerActions]
+    device: torch.device
+    _cuda: bool
+    _fsdp: bool
+    _steps: Dict[int, _Step]  # micro-batch -> its step
+    _dropped: List[_Step]
+    _busy: int
+    _micro_batch: int
+    _warned: Set[Tuple[object, ...]]
+    _hook_error: Optional[StashError]
+    _hooks: Dict[str, int]
+    # From EngineStreams and OffloadHandle.
+    _hand_over: Callable[[_Step, Key, int, int, Optional[torch.Tensor]], None]
+    _fetch: Callable[[_Fetched], torch.Tensor]
+    _recompute_kept: Callable[[int, int, int], None]
+    _cuda_rng_devices: Callable[[Tuple[Any, ...], Dict[str, Any]], List[int]]
+    _rng_buffer: Callable[[int, int], torch.Tensor]
+    _input_slots: Callable[[Tuple[Any, ...], Dict[str, Any], SaveOrder, List[object]],
+                           Tuple[Any, Any]]
+    _unpack_recomputed: Callable[[Placeholder], torch.Tensor]
 
     @staticmethod
-    def _engine_layer(actions) -> Tuple[List[int], Optional[List[Optional[int]]]]:
+    def _engine_layer(actions: LayerActions) -> Tuple[List[int], Optional[List[Optional[int]]]]:
         """A layer's actions as the engine's plan lists them (Note [Offload hooks]): its
         offload slots only, and the slot of each plan index (None for a tensor the engine
         never sees)."""
         slots: List[Optional[int]] = []
         n = 0
-        for a in actions:
+        for a in cast(Iterable[int], actions):  # a list here (not _MeasureLayer)
             if a == OFFLOAD:
                 slots.append(n)
                 n += 1
@@ -146,87 +182,91 @@ class OffloadHooks:
                 slots.append(None)
         return [OFFLOAD] * n, slots
 
-    def _set_engine_plan(self, actions) -> None:
+    def _set_engine_plan(self, actions: Sequence[LayerActions]) -> None:
         """Gives the engine the plan for these per-layer actions: offload slots only, and
         no engine call in a step while none copies anything."""
         layers = [self._engine_layer(a) for a in actions]
+        assert self.engine is not None
         self.engine.set_plan([plan for plan, _ in layers])
         self._engine_slots = [slots for _, slots in layers]
         # A layer that decides its actions as it goes (not exact) may copy.
         self._engine_active = any(len(plan) > 0 for plan, _ in layers)
 
-    def _warn_once(self, what, message):
+    def _warn_once(self, what: Tuple[object, ...], message: str) -> None:
         if what not in self._warned:
             self._warned.add(what)
             warnings.warn(f"{self._who}: {message}", stacklevel=4)
 
-    def _resident(self, step):
+    def _resident(self, step: _Step) -> Any:
         """The storages never listed (parameters and buffers): taken once per step, or, for
         FSDP2 blocks, now (Note [Recompute under FSDP2] in _offload.py)."""
         return resident_storages(self.blocks) if self._fsdp else step.resident
 
     # --- what subclasses observe (stash.torch.fit measures and re-plans through these) ---
 
-    def _step_starting(self, mb, args, kwargs):
+    def _step_starting(self, mb: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         """Block 0 of micro-batch `mb` is about to run with these arguments (no micro-batch
         of this handle holds engine tensors unless several run at once)."""
 
-    def _layer_actions(self, i):
+    def _layer_actions(self, i: int) -> LayerActions:
         """The actions of block i's saved tensors, by index (a list; see _MeasureLayer)."""
         return self.actions[i]
 
-    def _unrecomputable(self, i, j, t, nbytes, first_input):
+    def _unrecomputable(self, i: int, j: int, t: torch.Tensor, nbytes: int,
+                        first_input: Any) -> int:
         """The action for tensor j of block i, which the plan recomputes but which existed
         before the block ran (its input): nothing in the block can produce it again.
         first_input: the storage key of the block's first positional tensor argument."""
         self._recompute_kept(i, j, nbytes)
         return KEEP
 
-    def _keeps_everything(self, i, actions):
+    def _keeps_everything(self, i: int, actions: LayerActions) -> bool:
         """Whether block i's plan keeps every tensor and asks for no tensor count (stash.torch
         fit's planned layers; an explicit offload() plan is checked against the record
         pass's count, so its layers are always hooked)."""
         return False
 
-    def _needs_boundary(self, i, plain):
+    def _needs_boundary(self, i: int, plain: bool) -> bool:
         """Whether block i's output is marked for backward (its boundary: the engine's
         backward_begin, the hooks' checks); plain: the block ran without hooks."""
         return True
 
-    def _forward_began(self, i, step):
+    def _forward_began(self, i: int, step: _Step) -> None:
         """Block i's forward begins (after its step is known, before the engine hears)."""
 
-    def _saved(self, i, j, t, nbytes, action):
+    def _saved(self, i: int, j: int, t: torch.Tensor, nbytes: int, action: int) -> None:
         """Block i saved a new storage, index j, with this action."""
 
-    def _forward_ended(self, i, step, order):
+    def _forward_ended(self, i: int, step: _Step, order: Optional[SaveOrder]) -> None:
         """Block i's forward returned; its saved storages are still held."""
 
-    def _forward_released(self, i, step):
+    def _forward_released(self, i: int, step: _Step) -> None:
         """Block i's forward returned and the hooks let go of what it saved (recompute
         storages are freed now)."""
 
-    def _backward_began(self, step, i):
+    def _backward_began(self, step: _Step, i: int) -> None:
         """Backward of block i began (block i+1's, if any, ended just before)."""
 
-    def _backward_finished(self, step):
+    def _backward_finished(self, step: _Step) -> None:
         """The whole backward of the micro-batch ended."""
 
-    def _step_aborted(self, step, reason):
+    def _step_aborted(self, step: _Step, reason: str) -> None:
         """The micro-batch's step ended early and was given back (Note [A step that ends
         early]); reason says how."""
 
     # --- a step that ends early (Note [A step that ends early]) ---------------------------
 
-    def _graph_holds_token(self, step):
+    def _graph_holds_token(self, step: _Step) -> None:
         """A backward boundary holds the step's token now: from here only the graph does
         (Note [A step that ends early])."""
         token = step.token
         if token is not None:
-            step.token_ref = weakref.ref(token, lambda _, step=step: self._graph_dropped(step))
+            def dropped(_: object, step: _Step = step) -> None:
+                self._graph_dropped(step)
+            step.token_ref = weakref.ref(token, dropped)
             step.token = None
 
-    def _graph_dropped(self, step):
+    def _graph_dropped(self, step: _Step) -> None:
         """The weak reference's callback. It runs where the graph's last reference went:
         in the loop (the end of an except clause, a rebound variable), or inside whatever
         the garbage collector interrupted. It gives the step back at once only outside
@@ -236,7 +276,7 @@ class OffloadHooks:
         if self._busy == 0 and threading.get_ident() == step.thread:
             self._reap()
 
-    def _reap(self):
+    def _reap(self) -> None:
         """Gives back the steps whose graph died without a backward."""
         self._busy += 1
         try:
@@ -249,7 +289,7 @@ class OffloadHooks:
         finally:
             self._busy -= 1
 
-    def _abort(self, step, reason):
+    def _abort(self, step: _Step, reason: str) -> None:
         """Gives back what a step holds without running its backward: the engine releases
         its keys (copies in flight complete first), the hooks drop their references."""
         step.abandoned = True
@@ -262,7 +302,8 @@ class OffloadHooks:
                 del self._steps[step.mb]
             self._step_aborted(step, reason)
 
-    def _begin_step(self, i, args=(), kwargs=None):
+    def _begin_step(self, i: int, args: Tuple[Any, ...] = (),
+                    kwargs: Optional[Dict[str, Any]] = None) -> _Step:
         mb = self._micro_batch
         if i == 0:
             self._reap()
@@ -306,35 +347,39 @@ class OffloadHooks:
                              "each per micro-batch")
         return step
 
-    def _passes_through(self):
+    def _passes_through(self) -> bool:
         """Whether the blocks run as plain forwards now (grad on): stash.torch.fit lets
         eval-mode forwards through."""
         return False
 
-    def _call_arguments(self, i, args, kwargs):
+    def _call_arguments(self, i: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+                        ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
         """The arguments block i's forward gets (stash.torch.fit drops a key/value cache)."""
         return args, kwargs
 
-    def _wrap(self, i, forward):
-        def wrapped(*args, **kwargs):
+    def _wrap(self, i: int, forward: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
             if not torch.is_grad_enabled() or self.engine is None or self._passes_through():
                 return forward(*args, **kwargs)
             args, kwargs = self._call_arguments(i, args, kwargs)
             return self._forward(i, forward, args, kwargs)
-        wrapped.__wrapped__ = forward
-        wrapped._stash_wrapped = True
+        setattr(wrapped, "__wrapped__", forward)
+        setattr(wrapped, "_stash_wrapped", True)
         return wrapped
 
-    def _forward(self, i, forward, args, kwargs):
+    def _forward(self, i: int, forward: Callable[..., Any], args: Tuple[Any, ...],
+                 kwargs: Dict[str, Any]) -> Any:
         self._busy += 1
         try:
             return self._forward_block(i, forward, args, kwargs)
         finally:
             self._busy -= 1
 
-    def _forward_block(self, i, forward, args, kwargs):
+    def _forward_block(self, i: int, forward: Callable[..., Any], args: Tuple[Any, ...],
+                       kwargs: Dict[str, Any]) -> Any:
         step = self._begin_step(i, args, kwargs)
         mb, engine = step.mb, self.engine
+        assert engine is not None  # the wrapper runs the hooks only while the handle is open
         self._forward_began(i, step)
         if self._engine_active:
             engine.forward_begin(mb, i)
@@ -345,8 +390,11 @@ class OffloadHooks:
         # Note [What it costs]: a layer whose plan keeps everything needs no saved-tensor
         # hooks at all (nothing to number, copy or replace): it runs as plain training.
         plain = self._keeps_everything(i, actions)
-        fetched = []  # by index: _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
-        order = frame = first_input = None
+        # by index: _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
+        fetched: List[object] = []
+        order: Optional[SaveOrder] = None
+        frame: Optional[Frame] = None
+        first_input: Any = None
         if not plain:
             inputs, first_input = _input_keys(args, kwargs)
             order = SaveOrder(self._resident(step), inputs, inputs)
@@ -354,16 +402,20 @@ class OffloadHooks:
             # next).
             frame = (Frame(i, step, forward, ForwardState(
                 self._cuda_rng_devices(args, kwargs), self._rng_buffer(mb, i)))
-                     if RECOMPUTE in actions else None)
+                     if RECOMPUTE in cast(Iterable[int], actions) else None)
         # Note [The keep path]: what the hook needs, bound once per block.
-        see = order.see if order is not None else None
+        # order is set unless plain, and these are used only then (pack does not run in a
+        # plain layer).
+        see = cast(Callable[[torch.Tensor], Optional[Tuple[int, bool]]],
+                   order.see if order is not None else None)
+        saves = cast(SaveOrder, order)
         place = frame.place if frame is not None else None
         observed = self._observed
         if observed is None:
             observed = self._observed = type(self)._saved is not OffloadHooks._saved
         first_save = self._first_save
 
-        def pack(t):
+        def pack(t: torch.Tensor) -> Any:
             # The pack hook must not reference args or kwargs: torch keeps a saved tensor's
             # pack hook (with its closure) as long as the graph, and the inputs would live
             # as long.
@@ -388,15 +440,15 @@ class OffloadHooks:
                     if action == KEEP and not observed:  # Note [The keep path]
                         fetched.append(None)
                         return t if t.is_leaf else t.detach()  # Note [The keep path]
-                    f = first_save(i, j, t, action, step, order, slots, first_input)
+                    f = first_save(i, j, t, action, step, saves, slots, first_input)
                     fetched.append(f)
                 else:
                     f = fetched[j]
                 if f is None:
                     return t if t.is_leaf else t.detach()  # Note [The keep path]
-                if f is _RECOMPUTE:
-                    return frame.placeholder(pos)
-                return _Packed(f, t)
+                if f is _RECOMPUTE:  # only a layer that recomputes has a frame and places
+                    return cast(Frame, frame).placeholder(cast(int, pos))
+                return _Packed(cast(_Fetched, f), t)
             except StashError as e:
                 # torch reports an exception of a pack hook as a RuntimeError; _forward
                 # raises this one instead.
@@ -410,15 +462,15 @@ class OffloadHooks:
                 else:
                     with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
                         out = forward(*args, **kwargs)
-                if exact and not plain and len(order) != n_plan:
-                    raise StashError(f"stash.torch.offload: block {i} saved {len(order)} "
+                if exact and not plain and len(saves) != n_plan:
+                    raise StashError(f"stash.torch.offload: block {i} saved {len(saves)} "
                                      f"tensors, but the plan lists {n_plan} for layer {i}; make "
                                      "the plan from this model's record pass "
                                      "(stash.torch.record)")
                 if not plain:
                     self._hooks["keep_count"] += fetched.count(None)
                 if frame is not None and frame.wanted:
-                    frame.args, frame.kwargs = self._input_slots(args, kwargs, order, fetched)
+                    frame.args, frame.kwargs = self._input_slots(args, kwargs, saves, fetched)
                 self._forward_ended(i, step, order)
                 if self._engine_active:
                     engine.forward_end(mb, i)
@@ -445,8 +497,12 @@ class OffloadHooks:
         if not self._needs_boundary(i, plain):
             return out
         # The boundaries hold the token (Note [A step that ends early]).
-        token = step.token if step.token is not None else step.token_ref()
-        return mark_backward(out, lambda token=token: self._backward_boundary(step, i),
+        token = (step.token if step.token is not None
+                 else cast("weakref.ref[_GraphToken]", step.token_ref)())
+
+        def boundary(token: Optional[_GraphToken] = token) -> None:
+            self._backward_boundary(step, i)
+        return mark_backward(out, boundary,
                              on_marked=(None if step.token is None
                                         else lambda: self._graph_holds_token(step)))
 
@@ -455,7 +511,9 @@ class OffloadHooks:
     # Taken at the first forward.
     _observed: Optional[bool] = None
 
-    def _first_save(self, i, j, t, action, step, order, slots, first_input):
+    def _first_save(self, i: int, j: int, t: torch.Tensor, action: int, step: _Step,
+                    order: SaveOrder, slots: Optional[List[Optional[int]]],
+                    first_input: Any) -> Optional[object]:
         """Block i saved a new storage, index j, whose plan action is `action`: what its
         saves are packed as (None: the tensor itself; _RECOMPUTE; or its _Fetched)."""
         nbytes = order.size(j)
@@ -468,7 +526,9 @@ class OffloadHooks:
             return None
         self._saved(i, j, t, nbytes, action)
         if action == OFFLOAD:  # the only tensors the engine sees (Note [Offload hooks])
-            key = (step.mb, i, j if slots is None else slots[j])
+            slot = j if slots is None else slots[j]
+            assert slot is not None  # an offload index has an engine slot
+            key = (step.mb, i, slot)
             self._hand_over(step, key, order.keys[j], nbytes, t)
             return _Fetched(step, key, j)
         if action == RECOMPUTE:
@@ -479,7 +539,7 @@ class OffloadHooks:
 
     # --- backward ------------------------------------------------------------------------
 
-    def _unpack(self, packed):
+    def _unpack(self, packed: Union[torch.Tensor, Placeholder, _Packed]) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
         if isinstance(packed, Placeholder):
@@ -489,7 +549,7 @@ class OffloadHooks:
 
     # --- block boundaries ----------------------------------------------------------------
 
-    def _backward_boundary(self, step, i):
+    def _backward_boundary(self, step: _Step, i: int) -> None:
         # Raised here rather than in the unpack hook: torch passes an exception of an
         # autograd.Function's backward through as it is, one of a hook as a RuntimeError.
         if step.abandoned:
@@ -511,7 +571,7 @@ class OffloadHooks:
             self.engine.backward_begin(step.mb, i)
         step.backward_open = i
 
-    def _finish_backward(self, step):
+    def _finish_backward(self, step: _Step) -> None:
         if step.abandoned or self.engine is None:
             return
         if step.backward_open is not None and step.backward_open != 0 and self._engine_active:
@@ -519,17 +579,19 @@ class OffloadHooks:
         self._end_step(step)
         self._backward_finished(step)
 
-    def _end_step(self, step):
+    def _end_step(self, step: _Step) -> None:
         """Gives back what the engine still holds for the step and ends it."""
+        engine = self.engine
+        assert engine is not None  # its callers check
         for key in sorted(step.live):
-            self.engine.release(key)
+            engine.release(key)
         step.live.clear()
         if self._engine_active:
-            self.engine.backward_end(step.mb, 0)
+            engine.backward_end(step.mb, 0)
         if self._steps.get(step.mb) is step:
             del self._steps[step.mb]
 
-    def _abandon(self, step):
+    def _abandon(self, step: _Step) -> None:
         step.abandoned = True
         self._hooks["abandoned_micro_batches"] += 1
         self._end_step(step)
