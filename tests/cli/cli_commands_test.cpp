@@ -41,17 +41,7 @@ int count(const std::string& s, const std::string& what) {
   return n;
 }
 
-// llama3-8b on an H100, cut to 12 layers to keep the sweep quick.
-step_profile small_llama() {
-  analytic_options o;
-  o.arch = "llama3-8b";
-  o.device = "h100";
-  o.batch = 1;
-  o.seq = 4096;
-  step_profile p = analytic_profile(o);
-  p.layers.resize(12);
-  return p;
-}
+using testing::small_llama;
 
 TEST(ProfileModelCli, WritesALoadableProfileAndRejectsUnknownNames) {
   const std::string out = ::testing::TempDir() + "stash_profile_model_cli.json";

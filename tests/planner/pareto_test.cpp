@@ -24,16 +24,7 @@ using test::well_formed_xml;
 
 constexpr std::uint64_t MiB = 1048576;
 
-step_profile small_llama() {
-  analytic_options o;
-  o.arch = "llama3-8b";
-  o.device = "h100";
-  o.batch = 1;
-  o.seq = 4096;
-  step_profile p = analytic_profile(o);
-  p.layers.resize(12);  // keep the sweep quick; the shape of the curve is the same
-  return p;
-}
+using testing::small_llama;
 
 void expect_curve_invariants(const step_profile& p, const pareto_curve& c, int max_points) {
   ASSERT_GE(c.points.size(), c.from_bytes < c.to_bytes ? 2u : 1u);

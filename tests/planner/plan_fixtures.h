@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "planner/model/analytic.h"
 #include "planner/model/plan.h"
 
 namespace stash::planner::testing {
@@ -190,6 +191,19 @@ inline brute_force_result brute_force(const step_profile& p, std::uint64_t budge
     if (k == digit.size()) break;
   }
   return out;
+}
+
+// llama3-8b on an H100 at sequence 4096, cut to 12 layers to keep a Pareto sweep quick
+// (the shape of the curve is the same): the pareto tests' and the CLI's.
+inline step_profile small_llama() {
+  analytic_options o;
+  o.arch = "llama3-8b";
+  o.device = "h100";
+  o.batch = 1;
+  o.seq = 4096;
+  step_profile p = analytic_profile(o);
+  p.layers.resize(12);
+  return p;
 }
 
 }  // namespace stash::planner::testing

@@ -25,10 +25,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 STEPS = 4
 
 
-def _model():
+def _model(layers=6):
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=8192, hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,
+        vocab_size=8192, hidden_size=1024, intermediate_size=4096, num_hidden_layers=layers,
         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
         use_cache=False, attn_implementation="sdpa")
     with torch.device("cuda"):
@@ -155,14 +155,7 @@ def test_whole_model_compile_offloads_within_the_budget():
     the budget and below keep-all's, and the losses follow compiled keep-all's (bf16)."""
     def go(budget):
         torch._dynamo.reset()
-        torch.manual_seed(0)
-        cfg = transformers.LlamaConfig(
-            vocab_size=8192, hidden_size=1024, intermediate_size=4096, num_hidden_layers=3,
-            num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048,
-            use_cache=False, attn_implementation="sdpa")
-        with torch.device("cuda"):
-            model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-        model.train()
+        model = _model(layers=3)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         h = stash.torch.fit(model.model.layers, budget, optimizer=opt) if budget else None
         cm = torch.compile(model)

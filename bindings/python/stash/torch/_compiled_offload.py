@@ -45,6 +45,7 @@ import torch
 
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._lib import StashError
+from ._offload_hooks import OffloadHooks
 from ._step import _Fetched, _Step
 
 __all__ = ["CompiledMoves"]
@@ -128,11 +129,9 @@ class CompiledMoves:
         their offload slots."""
         codes = [[_CODES[a] for a in layer] for layer in actions]
         self.slots = []
-        for layer in codes:
-            n, slots = 0, []
-            for a in layer:
-                slots.append(n if a == OFFLOAD else None)
-                n += a == OFFLOAD
+        for layer in codes:  # the eager hooks' numbering (Note [Offload hooks])
+            _, slots = OffloadHooks._engine_layer(layer)
+            assert slots is not None  # a list of actions always has its slots
             self.slots.append(slots)
         self.active = any(s is not None for layer in self.slots for s in layer)
         if self.active:
