@@ -192,11 +192,8 @@ def _read_plan(text: bytes, where: str) -> List[List[int]]:
     return out
 
 
-# Unannotated only because stash/torch/_fit_support.py still carries a
-# `type: ignore[no-untyped-call, no-any-return]` on its call; it becomes
-# `(plan: Union[str, os.PathLike[str], Dict[str, Any], Sequence[Sequence[Union[str, int]]]])
-# -> List[List[int]]` when that goes.
-def plan_actions(plan):  # type: ignore[no-untyped-def]
+def plan_actions(plan: Union[str, os.PathLike[str], Dict[str, Any],
+                             Sequence[Sequence[Union[str, int]]]]) -> List[List[int]]:
     """Per-layer action lists (ints KEEP/RECOMPUTE/OFFLOAD) from a stash.plan/1 document (a
     path or the parsed dict, read as stash_engine_load_plan reads a plan file) or from a
     list of per-layer lists of actions ("keep", "recompute", "offload", or the ints).

@@ -179,11 +179,9 @@ def _libstash() -> ctypes.CDLL:
     return lib
 
 
-# Unannotated only because stash/torch/_fit_support.py still carries a
-# `type: ignore[no-untyped-call]` on its call; it becomes `-> str` when that goes.
-def version():  # type: ignore[no-untyped-def]
+def version() -> str:
     """The version of the loaded libstash.so, "MAJOR.MINOR.PATCH"."""
-    return _libstash().stash_version_string().decode()
+    return str(_libstash().stash_version_string().decode())
 
 
 def status_string(status: int) -> str:

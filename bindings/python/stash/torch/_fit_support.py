@@ -154,7 +154,7 @@ def _model_digest(blocks: Iterable[torch.nn.Module]) -> str:
     parts = []
     for b in blocks:
         parts.append((type(b).__name__, [(tuple(p.shape), str(p.dtype)) for p in b.parameters()]))
-    text = json.dumps([parts, torch.__version__, _lib.version()])  # type: ignore[no-untyped-call]
+    text = json.dumps([parts, torch.__version__, _lib.version()])
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -364,7 +364,7 @@ def _plan_doc(profile: Dict[str, Any], actions: Sequence[Sequence[str]]) -> Dict
 
 
 def _actions_of(plan: Dict[str, Any]) -> List[List[int]]:
-    return plan_actions(plan)  # type: ignore[no-untyped-call, no-any-return]
+    return plan_actions(plan)
 
 
 def _cupti_fwd(cupti: Optional[Dict[str, Any]], i: int) -> Optional[float]:
