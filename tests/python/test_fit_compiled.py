@@ -5,6 +5,7 @@ after fit was entered (or before, where a test says so).
 
 The double runs with STASHDBL_FOREIGN_IS_DEVICE=1, as in test_fit.py."""
 
+import re
 import time
 
 import pytest
@@ -73,9 +74,10 @@ MODELS = {"llama": (llama, lambda m: m.model.layers), "qwen2": (qwen2, lambda m:
 
 
 def train(budget=None, steps=STEPS, backend="inductor", before=True, family="llama",
-          seqs=None):
+          seqs=None, accumulate=1):
     """Compiled AdamW steps (fit entered before or after torch.compile) of a `family` model,
-    at sequence length 128 or seqs[i] at step i: per step the loss, the peak on the CPU
+    at sequence length 128 or seqs[i] at step i, the batch of 4 split into `accumulate`
+    micro-batches whose gradients add up by hand: per step the loss, the peak on the CPU
     meter users read (c10's allocator above what was alive at the step's start, Note [One
     meter for every row] in _meter.py) and the host time; the final parameters; the
     handle."""
@@ -99,8 +101,9 @@ def train(budget=None, steps=STEPS, backend="inductor", before=True, family="lla
             base = live_training_bytes(m, opt, ids)
             meter.reopen()
             t0 = time.perf_counter()
-            loss = cm(input_ids=ids, labels=ids).loss
-            loss.backward()
+            for part in ids.chunk(accumulate):
+                loss = cm(input_ids=part, labels=part).loss
+                (loss / accumulate).backward()
             opt.step()
             opt.zero_grad()
             steps_out.append({"loss": loss.detach().clone(), "peak": base + meter.peak(),
@@ -170,6 +173,44 @@ def test_fit_plans_the_compiled_graph_of_other_families(family, share):
     for s in got[2:]:
         assert s["peak"] <= budget, (s["peak"], budget)
         assert s["peak"] < ref_peak, (s["peak"], ref_peak)
+
+
+def test_accumulation_by_hand_under_whole_model_compile_is_within_the_budget():
+    """Note [Micro-batches under whole-model compile]: two forwards and backwards per
+    optimizer step run one graph, whose plan must hold for the second, which begins with
+    the first's gradients alive. So the plan waits for that forward's measurement, and
+    every planned step is within the budget on the meter; report() lists one entry per
+    optimizer step, of two micro-batches. wide_llama at 70%: planned on the first forward
+    alone, its steps ran over the budget by the gradients the plan left out; planned on
+    both, 70% is refused, naming a smallest budget the same run then keeps."""
+    seqs = [512] * STEPS
+    ref, ref_params, _ = train(family="wide_llama", seqs=seqs, accumulate=2)
+    ref_peak = max(s["peak"] for s in ref[1:])
+    budget = int(0.7 * ref_peak)
+    try:
+        got, params, h = train(budget, family="wide_llama", seqs=seqs, accumulate=2)
+    except BudgetRefused as e:
+        budget = int(re.search(r"\((\d+) bytes\)", str(e)).group(1))
+        assert budget < 0.8 * ref_peak, (budget, ref_peak)
+        got, params, h = train(budget, family="wide_llama", seqs=seqs, accumulate=2)
+    st = h._compiled_st
+    # Optimizer step 0 measures (its second forward with gradients alive), the first
+    # forward of step 1 plans (still the measuring graph), the plan from its second on.
+    assert [s.serial for s in st.steps] == [0, 0, 0] + [1] * 7, [s.serial for s in st.steps]
+    assert st.steps[1].grads > 0 and st.planned_grads == st.steps[1].grads
+    assert all(torch.allclose(a["loss"], b["loss"], rtol=1e-5, atol=0)
+               for a, b in zip(ref, got)), ([a["loss"] for a in ref], [b["loss"] for b in got])
+    diff = max((a - b).abs().max().item() for a, b in zip(ref_params, params))
+    assert diff <= 1e-5, diff
+    assert "recompute" in [a for layer in st.actions for a in layer], st.actions
+    for s in got[2:]:
+        assert s["peak"] <= budget, (s["peak"], budget)
+        assert s["peak"] < ref_peak, (s["peak"], ref_peak)
+    steps = h.report()["steps"]
+    assert [(s["mode"], s["micro_batches"]) for s in steps] == \
+        [("measure", 2), ("measure", 2)] + [("plan", 2)] * 3, steps
+    assert all(not s["over_budget"] and s["aborted"] is None for s in steps), steps
+    h.close()
 
 
 def test_a_new_length_under_whole_model_compile_is_named(keep_all, recwarn):

@@ -25,7 +25,28 @@ forward, and stash plans what the joint graph saves, through the min-cut partiti
 - The first step of a shape is the measuring step: every block recomputed from its input
   (all its nodes MUST_RECOMPUTE, each block an AC region of its own, as full activation
   checkpointing tags them), its times taken from the ticks and its peak from the meter.
-  At the next step's tick 0 the profile (Note [One shape under whole-model compile]
+  At the next step's tick 0 the profile (Note [Recompute cost in a compiled block]) is
+  planned by the same planner (stash_plan_make), under the same budget, with the same
+  refusal (BudgetRefused, raised from that forward); the measured peak less the
+  canonical model's activation peak for least memory is the profile's fixed bytes, as
+  on CUDA in eager mode (Note [What the budget counts] in _fit.py), the optimizer's
+  state added when it did not exist yet. The plan takes effect at the next compile:
+  the wrapper's trace reads the plan's serial, so Dynamo's guard on it recompiles the
+  graph, and the partitioner tags the kept values MUST_SAVE and every other node of the
+  blocks MUST_RECOMPUTE, so that a recomputed value is rebuilt from kept values and the
+  block's input, as the planner priced it. The step that planned still runs the
+  measuring graph; the plan runs from the step after it.
+- Identical blocks have one signature and are solved once, as in eager mode.
+- Where fit cannot plan (a torch without custom_partitioner_fn, another partitioner
+  installed, a backend other than inductor, whose partition stash never sees), or for
+  an offload() handle (an explicit eager plan cannot name a graph's values), the tick
+  raises StashError at run time naming why and what works: per-block compile (Note
+  [Compiled blocks] in _offload.py) or eager. The tick's fake kernel marks the handle as
+  traced, so that where Dynamo gives up on the trace and runs the blocks eagerly inside
+  a compiled model (whose inner frames it compiles, inside the hooks), the eager
+  wrapper raises the same error instead of training on a half-compiled replay.
+
+Note [One shape under whole-model compile]
 The plan's actions name the measured graph's saved values by position, and their bytes
 are the measured shape's. A graph compiled later for another shape (a new sequence
 length or batch size; Dynamo's automatic dynamic shapes after a second one) saves the
@@ -39,6 +60,24 @@ plans every shape (per-block compile, or eager mode, where a new shape is derive
 the measured ones: Note [A profile derived from the measured shapes] in _fit_shapes.py).
 Planning each shape's graph (its saved bytes are known at partition time) is issue
 21's open part.
+
+Note [Micro-batches under whole-model compile]
+A loop that accumulates gradients by hand (two forwards and backwards per optimizer
+step) runs one compiled graph for every micro-batch, so one plan must hold for the
+micro-batch that begins with gradients alive: the second one's peak is the first's plus
+the gradients the first left (on a 3-layer Qwen2, hidden 128, exactly those 2.04 MB). A
+plan calibrated on the first alone ran 0.13% over the budget on every step. So a forward
+that begins with more gradient bytes than every complete measuring forward did measures
+too (it runs the measuring graph anyway: the plan takes effect at the next compile), and
+the plan comes at the next tick 0, its fixed bytes calibrated on the measuring forward
+that needed the most (peak plus the optimizer state missing then, less the model's
+least-memory activations). A plain loop (gradients set to None) plans one forward after
+its measuring one, as before; an accumulating one two. Should a planned step later begin
+with more gradients than the plan was calibrated on (a loop that starts accumulating),
+fit warns once: that graph may run over the budget by up to the difference.
+With the optimizer known, report() lists one entry per optimizer step (its forwards are
+its micro-batches; a forward that never reached block 0's backward ends its step, as
+aborted); without it, one per forward.
 
 Note [Recompute cost in a compiled block]
 The ticks time each block's forward and backward on a measured run of the compiled
@@ -242,6 +281,9 @@ class StepTimes:
         self.peak: Optional[int] = None
         self.base = 0
         self.missing = 0  # optimizer state that did not exist when it began
+        # Note [Micro-batches under whole-model compile]
+        self.grads = 0    # gradient bytes alive when it began
+        self.group = 0    # its optimizer step's index
 
     def fwd_ms(self, i: int) -> Optional[float]:
         a, b = self.fwd[i], self.fwd[i + 1]
@@ -262,13 +304,19 @@ class CompiledState:
     def __init__(self, n: int, names: Sequence[str], kinds: Sequence[str],
                  planner: Optional[Callable[["CompiledState"], List[List[str]]]],
                  meter: Tuple[Callable[[torch.Tensor], int], Callable[[], int]],
-                 refusal: Optional[str], missing: Callable[[], int] = lambda: 0) -> None:
+                 refusal: Optional[str], missing: Callable[[], int] = lambda: 0,
+                 gradients: Callable[[], int] = lambda: 0, grouped: bool = False) -> None:
         self.id = _new_id()
         self.n = n
         self.names, self.kinds = list(names), list(kinds)
         self._planner = planner
         self._meter_open, self._meter_peak = meter
         self._missing = missing
+        self._gradients = gradients
+        self.grouped = grouped          # report() groups forwards by optimizer step
+        self.group = 0                  # optimizer steps (and aborted ones) so far
+        self.planned_grads: Optional[int] = None  # the gradients the plan holds for
+        self.more_grads_warned = False
         self.profile: Optional[Dict[str, Any]] = None
         self.plan: Optional[Dict[str, Any]] = None
         self.figures: Optional[Dict[str, Any]] = None
@@ -400,29 +448,57 @@ class CompiledState:
                 "through inductor's partitioner)")
             raise self.refused()
         last = self.steps[-1] if self.steps else None
-        if (last is not None and self.serial == 0 and self.actions is None
-                and self.measured() is not None):
+        if last is not None and last.peak is None:
+            self.group += 1  # the forward before never reached block 0's backward
+        grads = self._gradients()
+        measured = self.measuring_forwards()
+        # Note [Micro-batches under whole-model compile]
+        most = max((s.grads for s in measured), default=0)
+        if (last is not None and self.serial == 0 and self.actions is None and measured
+                and grads <= most):
             self.actions = self._plan()
             self.serial = 1
+            self.planned_grads = most
             if self.moves is not None:
                 self.moves.plan(self.actions)
+        elif (self.planned_grads is not None and grads > self.planned_grads
+              and not self.more_grads_warned):
+            self.more_grads_warned = True
+            warnings.warn(
+                f"stash.torch.fit: a compiled step began with {grads} bytes of gradients "
+                f"alive, more than the {self.planned_grads} its plan was measured with (a "
+                "loop that began accumulating gradients after the plan); under whole-model "
+                "compile this graph may run over the budget by up to the difference. "
+                "Accumulate from the first step, or use per-block compile or eager mode.",
+                stacklevel=2)
         step = StepTimes(serial, self.n)
         step.missing = self._missing() if serial == 0 else 0
+        step.grads = grads
+        step.group = self.group
         step.base = self._meter_open(x)
         self.steps.append(step)
+
+    def optimizer_stepped(self) -> None:
+        """The optimizer stepped: the forwards since its last step were one step's."""
+        if self.steps and self.steps[-1].group == self.group:
+            self.group += 1
 
     def _plan(self) -> List[List[str]]:
         if self._planner is None:
             raise self.refused()
         return self._planner(self)
 
+    def measuring_forwards(self) -> List[StepTimes]:
+        """The complete forwards (and backwards) of the measuring graph (serial 0, every
+        tick)."""
+        return [s for s in self.steps
+                if s.serial == 0 and s.peak is not None and all(v is not None for v in s.fwd)
+                and all(v is not None for v in s.bwd)]
+
     def measured(self) -> Optional[StepTimes]:
-        """The measuring step (the first of serial 0 with every tick)."""
-        for s in self.steps:
-            if s.serial == 0 and s.peak is not None and all(
-                    v is not None for v in s.fwd) and all(v is not None for v in s.bwd):
-                return s
-        return None
+        """The measuring step whose times make the profile: the first complete one."""
+        m = self.measuring_forwards()
+        return m[0] if m else None
 
     def layers(self) -> List[Dict[str, Any]]:
         """The measured profile's layers (Note [Recompute cost in a compiled block])."""
@@ -454,28 +530,38 @@ class CompiledState:
     def step_entries(self, budget_bytes: Optional[int]) -> List[Dict[str, Any]]:
         """The compiled steps as fit's report() lists steps (_fit_report.step_entry): a
         step's time is its blocks' forward and backward (tick 0 to the backward tick of
-        block 0); a step whose backward never reached block 0 is aborted."""
+        block 0, summed over its forwards); a step whose backward never reached block 0 is
+        aborted. Grouped by optimizer step when the optimizer is known (Note [Micro-batches
+        under whole-model compile]), else one per forward."""
+        groups: List[List[StepTimes]] = []
+        for s in self.steps:
+            if groups and (s.group == groups[-1][-1].group if self.grouped else False):
+                groups[-1].append(s)
+            else:
+                groups.append([s])
         out = []
-        for k, s in enumerate(self.steps):
-            planned = s.serial > 0 and self.figures is not None
-            done = s.peak is not None
-            if not done and k == len(self.steps) - 1:
+        for k, forwards in enumerate(groups):
+            planned = all(s.serial > 0 for s in forwards) and self.figures is not None
+            done = all(s.peak is not None for s in forwards)
+            if not done and forwards[-1] is self.steps[-1] and forwards[-1].peak is None:
                 continue  # running now
-            a, b = s.fwd[0], s.bwd[0]
+            peak = max((s.peak or 0) for s in forwards)
+            ms = sum((s.bwd[0] - s.fwd[0]) * 1e3 for s in forwards
+                     if s.fwd[0] is not None and s.bwd[0] is not None)
             out.append({
-                "step": k, "mode": "plan" if s.serial > 0 else "measure", "shape": None,
-                "measured_peak_bytes": s.peak if done else 0, "measured_peak_at": None,
+                "step": k, "mode": "plan" if planned else "measure", "shape": None,
+                "measured_peak_bytes": peak if done else 0, "measured_peak_at": None,
                 "predicted_peak_bytes": (int(self.figures["predicted_peak_bytes"])
                                          if planned and self.figures else None),
                 "budget_bytes": budget_bytes,
-                "step_ms": (b - a) * 1e3 if a is not None and b is not None else 0.0,
+                "step_ms": ms,
                 "predicted_step_ms": (float(self.figures["predicted_step_ms"])
                                       if planned and self.figures else None),
-                "exposed_copy_ms": 0.0, "micro_batches": 1, "planning_ms": 0.0,
+                "exposed_copy_ms": 0.0, "micro_batches": len(forwards), "planning_ms": 0.0,
                 "aborted": None if done else "its backward did not reach block 0",
                 "plan_source": "measured" if s.serial > 0 else None, "check": None,
                 "over_budget": bool(done and budget_bytes is not None
-                                    and (s.peak or 0) > budget_bytes),
+                                    and peak > budget_bytes),
                 "compiled": True})
         return out
 
@@ -514,6 +600,7 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
                                                     Dict[str, Any]]],
                        meter: Tuple[Callable[[torch.Tensor], int], Callable[[], int]],
                        counted: Callable[[], int], missing: Callable[[], int],
+                       gradients: Callable[[], int], grouped: bool,
                        refused: Callable[[], None]) -> CompiledState:
     """stash.torch.fit's compiled state: its planner makes the measured profile and plans
     it as fit plans an eager one (Note [Planning the compiled graph]). refused: what the
@@ -522,16 +609,20 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
     from ._fit_plan import BudgetRefused, plan_measured, warn_closed
 
     def planner(state: CompiledState) -> List[List[str]]:
-        m = state.measured()
-        assert m is not None and m.peak is not None
+        # Note [Micro-batches under whole-model compile]: calibrated on the measuring
+        # forward that needed the most.
+        measured = state.measuring_forwards()
+        assert measured and all(s.peak is not None for s in measured)
+        peak = max(int(s.peak or 0) for s in measured)
+        most = max(int(s.peak or 0) + s.missing for s in measured)
         device, link, host = describe()
         doc = compiled_profile(state.layers(), device=device, link=link, host=host)
-        doc["fixed_bytes"] = calibrated_fixed_bytes(doc, m.peak, counted(), m.missing)
+        doc["fixed_bytes"] = calibrated_fixed_bytes(doc, most, counted(), 0)
         state.profile = doc
         try:
             # The partitioner recomputes each value's own chain (Note [Recompute cost
             # in a compiled block]): no prefix closure.
-            plan, figures = plan_measured(doc, m.peak, budget, solver, replayed=False)
+            plan, figures = plan_measured(doc, peak, budget, solver, replayed=False)
         except BudgetRefused as e:
             refused()
             warn_closed(e)
@@ -540,4 +631,5 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         return plan_actions_of(plan)
 
     return CompiledState(len(blocks), [f"{type(b).__name__}.{i}" for i, b in enumerate(blocks)],
-                         [type(b).__name__ for b in blocks], planner, meter, None, missing)
+                         [type(b).__name__ for b in blocks], planner, meter, None, missing,
+                         gradients, grouped)

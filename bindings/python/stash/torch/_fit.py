@@ -667,6 +667,7 @@ class BudgetHandle(OffloadHandle):
                               {"pinnable_bytes": _pinnable_bytes()}),
             meter=(meter_open, meter_peak),
             counted=self._bytes.fixed_counted, refused=self.close,
+            gradients=self._bytes.gradients_alive, grouped=opt is not None,
             missing=lambda: (_optimizer_state_estimate(opt)
                              if opt is not None and not len(opt.state) else 0))
         # Note [Offload in the compiled graph] in _compiled_offload.py
@@ -702,6 +703,8 @@ class BudgetHandle(OffloadHandle):
             rec.optimizer_began = True
 
     def _after_optimizer_step(self, opt, *_):
+        if self._compiled_st is not None:
+            self._compiled_st.optimizer_stepped()
         rec = self._step
         if rec is not None and rec.backward_done and rec.end is None:
             rec.end = self._clock.mark()
