@@ -84,27 +84,42 @@ Note [Offload hooks] is in _offload_hooks.py, Note [Stream order with torch's al
 in _offload_streams.py.
 """
 
+from __future__ import annotations
+
 import contextlib
+import os
 import threading
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Literal,
+                    Optional, Sequence, Tuple, TypeVar, Union, cast)
 
 import torch
 
 from .._engine import Engine, plan_actions
 from .._lib import StashError, parse_bytes
 from ._compiled import CompiledState, compiled_wrapper
-from ._offload_hooks import OffloadHooks
+from ._offload_hooks import LayerActions, OffloadHooks
 from ._step import _Fetched
 from ._offload_streams import EngineStreams, _CudaRt
-from ._recompute import FetchedInput, HeldInput, Replay, map_tensors
-from ._saved import is_fsdp, resident_storages, storage_of, tensors_in
+from ._recompute import FetchedInput, Frame, HeldInput, Placeholder, Replay, map_tensors
+from ._saved import SaveOrder, is_fsdp, resident_storages, storage_of, tensors_in
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 __all__ = ["offload", "OffloadHandle"]
 
+# What offload() takes as a plan (plan_actions reads it), where the blocks run, and a byte
+# count (an int, or a string such as "8GiB": parse_bytes).
+Plan = Union[str, os.PathLike[str], Dict[str, Any], Sequence[Sequence[Union[str, int]]]]
+Device = Union[str, int, torch.device]
+Bytes = Union[int, str]
+
+_H = TypeVar("_H", bound="OffloadHandle")
 
 _INPUT_SLOTS = (HeldInput, FetchedInput)
 
 
-def _call_target(i, block):
+def _call_target(i: int, block: torch.nn.Module) -> str:
     """The attribute of `block` that the hooks wrap (Note [Compiled blocks]): "forward",
     or the compiled callable of a block that torch.compile compiled, so that the hooks run
     outside the compiled region."""
@@ -123,7 +138,7 @@ def _call_target(i, block):
     return "forward"
 
 
-def _block_device(blocks, device):
+def _block_device(blocks: Iterable[torch.nn.Module], device: Optional[Device]) -> torch.device:
     if device is not None:
         return torch.device(device)
     for block in blocks:
@@ -135,8 +150,12 @@ def _block_device(blocks, device):
 class OffloadHandle(OffloadHooks, EngineStreams):
     """Returned by :func:`offload`; see there. A context manager: leaving it closes."""
 
-    def __init__(self, blocks, plan, *, device=None, lookahead=1, pinned_cap=None,
-                 max_in_flight_bytes=None, timing=False, max_micro_batches=8):
+    def __init__(self, blocks: Iterable[torch.nn.Module], plan: Optional[Plan], *,
+                 device: Optional[Device] = None, lookahead: int = 1,
+                 pinned_cap: Optional[Bytes] = None,
+                 max_in_flight_bytes: Optional[Bytes] = None, timing: bool = False,
+                 max_micro_batches: int = 8) -> None:
+        # plan: None only from a subclass whose _initial_actions needs none (stash.torch.fit).
         self.blocks = list(blocks)
         self._fsdp = any(is_fsdp(b) for b in self.blocks)
         if not self.blocks:
@@ -144,6 +163,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         self.actions = self._initial_actions(plan)
         self.device = _block_device(self.blocks, device)
         self._cuda = self.device.type == "cuda"
+        cudart: Optional[_CudaRt] = None  # CPU only
         self._cudart = None
         self._cpu_stream = None
         self._sources = {}  # data pointer -> [uint8 views] held until the D2H is complete
@@ -168,14 +188,14 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
             self._compute = torch.cuda.current_stream(self.device)
-            stream = self._compute.cuda_stream
+            stream: Optional[int] = self._compute.cuda_stream
         else:
             self._compute = None
-            self._cudart = _CudaRt()
+            self._cudart = cudart = _CudaRt()
         self.engine = None
         try:
-            if not self._cuda:
-                self._cpu_stream = self._cudart.stream_create()
+            if cudart is not None:  # not self._cuda
+                self._cpu_stream = cudart.stream_create()
                 stream = self._cpu_stream
             self.engine = Engine(
                 self._alloc, self._release, stream, lookahead=lookahead,
@@ -187,8 +207,10 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         except BaseException:
             self._teardown()
             raise
-        self._originals = []
-        self._compiled_st = None  # Note [Planning the compiled graph] in _compiled.py
+        # (block, attribute wrapped, whether the block had its own, its value)
+        self._originals: List[Tuple[torch.nn.Module, str, bool, Any]] = []
+        # Note [Planning the compiled graph] in _compiled.py
+        self._compiled_st: Optional[CompiledState] = None
         try:
             if len({id(b) for b in self.blocks}) != len(self.blocks):
                 dup = next(i for i, b in enumerate(self.blocks)
@@ -208,25 +230,28 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             self._originals.append((block, name, name in own, own.get(name)))
             setattr(block, name, self._wrap(i, getattr(block, name)))
 
-    def _initial_actions(self, plan):
-        actions = plan_actions(plan)
+    def _initial_actions(self, plan: Optional[Plan]) -> List[LayerActions]:
+        if plan is None:
+            raise StashError("stash.torch.offload: no plan (a stash.plan/1 path or dict, or "
+                             "per-layer action lists)")
+        actions: List[LayerActions] = list(plan_actions(plan))
         if len(actions) != len(self.blocks):
             raise StashError(f"stash.torch.offload: the plan has {len(actions)} layers, but "
                              f"{len(self.blocks)} blocks were given")
         return actions
 
-    def _wrap(self, i, forward):
+    def _wrap(self, i: int, forward: Callable[..., Any]) -> Callable[..., Any]:
         """The hooks' wrapper, or, while Dynamo traces the block as part of a larger
         compiled model, the compiled form (Note [Planning the compiled graph] in
         _compiled.py)."""
         return compiled_wrapper(self._compiled, i, forward, super()._wrap(i, forward))
 
-    def _compiled(self):
+    def _compiled(self) -> CompiledState:
         if self._compiled_st is None:
             self._compiled_st = self._make_compiled_state()
         return self._compiled_st
 
-    def _make_compiled_state(self):
+    def _make_compiled_state(self) -> CompiledState:
         return CompiledState(
             len(self.blocks), [str(i) for i in range(len(self.blocks))],
             [type(b).__name__ for b in self.blocks], None, (lambda x: 0, lambda: 0),
@@ -235,24 +260,25 @@ class OffloadHandle(OffloadHooks, EngineStreams):
 
     # --- recompute (Note [Selective recompute]) ------------------------------------------
 
-    def _cuda_rng_devices(self, args, kwargs):
+    def _cuda_rng_devices(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[int]:
         """Devices whose RNG state a recompute must restore: the blocks' and the inputs'
         (torch's checkpoint takes the inputs' too). None before CUDA is initialized."""
-        if not torch.cuda.is_initialized():
+        if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             return []
         devices = {t.get_device() for t in tensors_in((args, kwargs)) if t.is_cuda}
         if self._cuda:
+            assert self.device.index is not None  # set by __init__
             devices.add(self.device.index)
         return sorted(devices)
 
-    def _rng_buffer(self, mb, i):
+    def _rng_buffer(self, mb: int, i: int) -> torch.Tensor:
         """The buffer block i's CPU RNG state is kept in for micro-batch mb."""
         buf = self._rng_buffers.get((mb, i))
         if buf is None:
             buf = self._rng_buffers[(mb, i)] = torch.empty_like(torch.get_rng_state())
         return buf
 
-    def _recompute_kept(self, i, j, nbytes):
+    def _recompute_kept(self, i: int, j: int, nbytes: int) -> None:
         self._hooks["recompute_kept_count"] += 1
         self._hooks["recompute_kept_bytes"] += nbytes
         self._warn_once(("input", i, j), (
@@ -262,16 +288,17 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             "plan from this model's record pass, which marks it not recomputable."))
 
     @staticmethod
-    def _input_slots(args, kwargs, order, fetched):
+    def _input_slots(args: Tuple[Any, ...], kwargs: Dict[str, Any], order: SaveOrder,
+                     fetched: List[object]) -> Tuple[Any, Any]:
         """Note [Selective recompute]: the block's inputs as its recompute takes them back,
         by the action of the storage each one is in."""
-        def slot(t):
+        def slot(t: torch.Tensor) -> Union[FetchedInput, HeldInput]:
             j = order.index.get(storage_of(t)[0])
             f = fetched[j] if j is not None else None
             return FetchedInput(f, t) if isinstance(f, _Fetched) else HeldInput(t)
         return map_tensors(args, slot), map_tensors(kwargs, slot)
 
-    def _unpack_recomputed(self, ph):
+    def _unpack_recomputed(self, ph: Placeholder) -> torch.Tensor:
         """Note [Selective recompute]: the captured tensor of a placeholder, after a replay
         of its block when this backward has not run one (the first unpack of the block's
         placeholders, or the first of a later backward through a retained graph)."""
@@ -285,7 +312,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
                                  f"not capture save {ph.pos}")
         return t
 
-    def _replay(self, frame):
+    def _replay(self, frame: Frame) -> None:
         step = frame.step
         if step.abandoned:
             raise StashError(
@@ -303,7 +330,9 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         kwargs = map_tensors(frame.kwargs, lambda s: self._restore(frame, s), _INPUT_SLOTS)
         resident = step.resident
         if self._fsdp:  # Note [Recompute under FSDP2]
-            self.blocks[frame.layer].unshard()
+            block = self.blocks[frame.layer]
+            if is_fsdp(block):  # FSDP2 may shard only some of the blocks
+                cast("FSDPModule", block).unshard()
             resident = resident_storages(self.blocks)
         replay = Replay(frame, resident,
                         {storage_of(t)[0] for t in tensors_in((args, kwargs))},
@@ -321,16 +350,17 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         if replay.pos < len(frame.saves):  # saves the forward made after the stop point
             self._hooks["recompute_stopped_early"] += 1
 
-    def _replay_began(self, frame):
+    def _replay_began(self, frame: Frame) -> None:
         """A replay of `frame` is about to run (stash.torch.fit times it)."""
 
-    def _replay_saved(self, frame, pos, seen, t):
+    def _replay_saved(self, frame: Frame, pos: int, seen: Optional[Tuple[int, bool]],
+                      t: torch.Tensor) -> None:
         """The replay of `frame` made save `pos` (seen: SaveOrder.see's answer)."""
 
-    def _replay_ended(self, frame, replay):
+    def _replay_ended(self, frame: Frame, replay: Replay) -> None:
         """The replay of `frame` ended (stopped, or raised)."""
 
-    def _restore(self, frame, slot):
+    def _restore(self, frame: Frame, slot: Union[FetchedInput, HeldInput]) -> torch.Tensor:
         """A block input for its replay: detached (the replay's graph must not reach the
         graph that produced it) with the forward's requires_grad (which decides what
         autograd saves, e.g. both operands of a product or only one)."""
@@ -349,7 +379,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
     # --- public ----------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def micro_batch(self, index):
+    def micro_batch(self: _H, index: int) -> Iterator[_H]:
         """Runs the blocks' forwards inside as micro-batch `index` (0 outside any): several
         micro-batches may run their forwards before their backwards (gradient accumulation,
         pipeline schedules), up to max_micro_batches at once."""
@@ -361,7 +391,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         finally:
             self._micro_batch = previous
 
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         """The engine's statistics (stash_engine_stats_t as a dict, the pinned pool under
         "pinned") and the hooks' own under "hooks" (Note [Selective recompute]):
         keep_count: saved storages left in place (kept by the plan, or kept as below);
@@ -378,16 +408,16 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         d["hooks"] = dict(self._hooks)
         return d
 
-    def overlap(self):
+    def overlap(self) -> Dict[str, Any]:
         """Copy, hidden and exposed milliseconds, in total and per layer (needs
         timing=True)."""
         return self._timed("overlap()").overlap()
 
-    def write_trace(self, path):
+    def write_trace(self, path: Union[str, os.PathLike[str]]) -> None:
         """Writes the engine's Chrome/Perfetto trace (needs timing=True)."""
         self._timed("write_trace()").write_trace(path)
 
-    def _timed(self, what):
+    def _timed(self, what: str) -> Engine:
         engine = self._live()
         if not engine.timing:
             raise StashError(f"stash.torch.offload: {what} reads the engine's timing events, "
@@ -395,11 +425,11 @@ class OffloadHandle(OffloadHooks, EngineStreams):
                              "call): pass timing=True to offload()")
         return engine
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Waits for the engine's copies and gives back the storages they read."""
         self._live().synchronize()
 
-    def _live(self):
+    def _live(self) -> Engine:
         if self.engine is None:
             raise StashError("stash.torch.offload: the handle was closed")
         return self.engine
@@ -426,7 +456,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             finally:
                 self._teardown()
 
-    def _teardown(self):
+    def _teardown(self) -> None:
         if self.engine is not None:
             engine, self.engine = self.engine, None
             engine.close()  # hands every block back through _release
@@ -435,18 +465,21 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         self._buffers.clear()
         if self._cpu_stream is not None:
             stream, self._cpu_stream = self._cpu_stream, None
+            assert self._cudart is not None  # the CPU stream was made through it
             self._cudart.lib.cudaStreamDestroy(stream)
 
-    def __enter__(self):
+    def __enter__(self: _H) -> _H:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
 
-def offload(blocks, plan, *, device=None, lookahead=1, pinned_cap=None,
-            max_in_flight_bytes=None, timing=False, max_micro_batches=8):
+def offload(blocks: Iterable[torch.nn.Module], plan: Plan, *, device: Optional[Device] = None,
+            lookahead: int = 1, pinned_cap: Optional[Bytes] = None,
+            max_in_flight_bytes: Optional[Bytes] = None, timing: bool = False,
+            max_micro_batches: int = 8) -> OffloadHandle:
     """Applies `plan` to `blocks` (nn.Modules run in order, block i's output feeding block
     i+1) through stash's prefetch engine, and returns an :class:`OffloadHandle`.
 
