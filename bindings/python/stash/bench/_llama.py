@@ -3,7 +3,13 @@ weights, no download), the same for every system a benchmark compares."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+
+if TYPE_CHECKING:  # for the hints only: torch and transformers load when a benchmark runs
+    import torch
+    from transformers import LlamaForCausalLM
+
+    Device = Union[str, torch.device]
 
 SIZES: Dict[str, Dict[str, Any]] = {
     # hidden, layers, heads, kv heads, ffn, seq, batch, vocab, dtype
@@ -20,7 +26,7 @@ SIZES: Dict[str, Dict[str, Any]] = {
 }
 
 
-def model(size: Dict[str, Any], seed: int, device):
+def model(size: Dict[str, Any], seed: int, device: Device) -> LlamaForCausalLM:
     """A LlamaForCausalLM with SDPA attention in train mode; the same weights for a seed."""
     import torch
     import transformers
@@ -33,13 +39,13 @@ def model(size: Dict[str, Any], seed: int, device):
         max_position_embeddings=size["seq"], use_cache=False,
         **{"attn_implementation": "sdpa", "torch_dtype": getattr(torch, size["dtype"])})
     with torch.device(device):
-        m = transformers.LlamaForCausalLM(cfg).to(getattr(torch, size["dtype"]))
+        m: LlamaForCausalLM = transformers.LlamaForCausalLM(cfg).to(getattr(torch, size["dtype"]))
     m.train()
     return m
 
 
-def data(size: Dict[str, Any], steps: int, device,
-         lengths: Optional[Tuple[int, int]] = None) -> List[Any]:
+def data(size: Dict[str, Any], steps: int, device: Device,
+         lengths: Optional[Tuple[int, int]] = None) -> List[torch.Tensor]:
     """steps batches of token ids (batch x seq), the same for every run; with lengths
     (lo, hi), each batch's length is drawn from the multiples of 8 in [lo, hi] (seeded)."""
     import torch

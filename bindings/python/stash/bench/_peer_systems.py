@@ -23,13 +23,24 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, List, Optional, Tuple, Union
+
+if TYPE_CHECKING:  # for the hints only: torch is imported when a system starts
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+    from transformers import LlamaForCausalLM
+
+    from ..torch._fit import BudgetHandle
+    from ._llama import Device
+
+# torch.utils.checkpoint's context_fn: the forward's and the recompute's contexts.
+ContextFn = Callable[[], Tuple[ContextManager[Any], ContextManager[Any]]]
 
 
 class Session:
     """One system applied to one model: forward() wraps each step's forward."""
 
-    def forward(self):
+    def forward(self) -> ContextManager[Any]:
         return contextlib.nullcontext()
 
     def close(self) -> None:
@@ -44,7 +55,8 @@ class System:
     """A row of the comparison. kind groups the rows into one marker style in the plot."""
 
     def __init__(self, name: str, label: str, kind: str, compiled: bool = False,
-                 budget: Any = None, reference: Optional[str] = None):
+                 budget: Optional[Union[int, str]] = None,
+                 reference: Optional[str] = None) -> None:
         self.name = name
         self.label = label
         self.kind = kind
@@ -52,7 +64,8 @@ class System:
         self.budget = budget          # stash only: bytes or "70%"
         self.reference = reference    # stash only: the row whose peak is the budget
 
-    def start(self, model, optimizer, device) -> Session:
+    def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+              device: Device) -> Session:
         return Session()
 
     def describe(self) -> Dict[str, Any]:
@@ -60,32 +73,36 @@ class System:
                 "compiled": self.compiled, "budget": self.budget, "reference": self.reference}
 
 
-def decoder_layers(model):
+def decoder_layers(model: LlamaForCausalLM) -> torch.nn.ModuleList:
     """A Hugging Face causal LM's repeated decoder layers (Llama: model.model.layers)."""
-    return model.model.layers
+    layers: torch.nn.ModuleList = model.model.layers
+    return layers
 
 
-def _checkpoint_each_layer(model, context_fn: Optional[Callable] = None) -> None:
+def _checkpoint_each_layer(model: LlamaForCausalLM, context_fn: Optional[ContextFn] = None
+                           ) -> None:
     """torch.utils.checkpoint around every decoder layer, non-reentrant."""
     from torch.utils.checkpoint import checkpoint
 
-    extra = {} if context_fn is None else {"context_fn": context_fn}
+    extra: Dict[str, Any] = {} if context_fn is None else {"context_fn": context_fn}
     for layer in decoder_layers(model):
-        def forward(*args, _inner=layer.forward, **kwargs):
+        def forward(*args: Any, _inner: Callable[..., Any] = layer.forward,
+                    **kwargs: Any) -> Any:
             return checkpoint(_inner, *args, use_reentrant=False, **extra, **kwargs)
         layer.forward = forward
 
 
 class KeepAll(System):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__("keep-all", "keep-all", "keep-all")
 
 
 class FullCheckpoint(System):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__("full-ac", "full activation checkpointing", "full-ac")
 
-    def start(self, model, optimizer, device) -> Session:
+    def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+              device: Device) -> Session:
         _checkpoint_each_layer(model)
         return Session()
 
@@ -108,7 +125,7 @@ def sac_save_list() -> List[Any]:
     return ops
 
 
-def sac_policy():
+def sac_policy() -> Callable[..., CheckpointPolicy]:
     """A fresh policy (its mm counters new) for one checkpointed call."""
     import torch
     from torch.utils.checkpoint import CheckpointPolicy
@@ -117,7 +134,7 @@ def sac_policy():
     mm = torch.ops.aten.mm.default
     counts: Dict[str, int] = collections.defaultdict(int)
 
-    def policy(ctx, func, *args, **kwargs):
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         mode = "recompute" if ctx.is_recompute else "forward"
         if func == mm:
             counts[mode] += 1
@@ -128,33 +145,36 @@ def sac_policy():
 
 
 class SelectiveCheckpoint(System):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__("sac", "selective activation checkpointing (op)", "sac")
 
-    def start(self, model, optimizer, device) -> Session:
+    def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+              device: Device) -> Session:
         try:
             from torch.utils.checkpoint import create_selective_checkpoint_contexts
         except ImportError as e:
             raise RuntimeError("this torch has no create_selective_checkpoint_contexts "
                                "(torch >= 2.4)") from e
         _checkpoint_each_layer(
-            model, lambda: create_selective_checkpoint_contexts(sac_policy()))
+            model, lambda: create_selective_checkpoint_contexts(  # type: ignore[no-untyped-call]
+                sac_policy()))
         return Session()
 
 
 class _ContextSession(Session):
-    def __init__(self, make: Callable[[], Any]):
+    def __init__(self, make: Callable[[], ContextManager[Any]]) -> None:
         self._make = make
 
-    def forward(self):
+    def forward(self) -> ContextManager[Any]:
         return self._make()
 
 
 class SaveOnCpu(System):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__("save_on_cpu", "save_on_cpu (pinned)", "save_on_cpu")
 
-    def start(self, model, optimizer, device) -> Session:
+    def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+              device: Device) -> Session:
         import torch
 
         # Without a CUDA device torch's save_on_cpu copies into unpinned host memory: on the
@@ -163,10 +183,11 @@ class SaveOnCpu(System):
 
 
 class TorchtuneOffload(System):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__("torchtune", "torchtune OffloadActivations (streams)", "torchtune")
 
-    def start(self, model, optimizer, device) -> Session:
+    def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+              device: Device) -> Session:
         try:
             from torchtune.training import OffloadActivations
         except Exception as e:  # not installed, or its imports fail on this torch
@@ -188,12 +209,13 @@ class TorchtuneOffload(System):
 class CompileBudget(System):
     """Per-layer torch.compile with the min-cut partitioner's activation memory budget."""
 
-    def __init__(self, budget: float):
+    def __init__(self, budget: float) -> None:
         super().__init__(f"compile-{budget:g}", f"torch.compile, memory budget {budget:g}",
                          "compile", compiled=True)
         self.memory_budget = budget
 
-    def start(self, model, optimizer, device) -> Session:
+    def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+              device: Device) -> Session:
         import torch
         import torch._dynamo
         import torch._functorch.config as functorch_config
@@ -207,7 +229,7 @@ class CompileBudget(System):
             layer.compile()
 
         class _Compiled(Session):
-            def close(self_inner):
+            def close(self_inner) -> None:
                 functorch_config.activation_memory_budget = before
                 torch._dynamo.reset()
 
@@ -215,16 +237,16 @@ class CompileBudget(System):
 
 
 class _FitSession(Session):
-    def __init__(self, handle):
+    def __init__(self, handle: BudgetHandle) -> None:
         self.handle = handle
-        self._report = None
+        self._report: Optional[Dict[str, Any]] = None
 
     def close(self) -> None:
         if self._report is None:
             self._report = self.handle.report()
         self.handle.close()
 
-    def stash_report(self):
+    def stash_report(self) -> Dict[str, Any]:
         if self._report is None:
             self._report = self.handle.report()
         return self._report
@@ -234,16 +256,22 @@ class StashFit(System):
     """stash.torch.fit over the decoder layers at a budget: bytes (a peer's measured peak,
     or a share of keep-all's) or fit's own budget text."""
 
-    def __init__(self, budget, label: str, reference: Optional[str] = None, link=None):
+    budget: Union[int, str]
+
+    def __init__(self, budget: Union[int, str], label: str, reference: Optional[str] = None,
+                 link: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(f"stash@{reference or budget}", label, "stash", budget=budget,
                          reference=reference)
         self.link = link
 
-    def start(self, model, optimizer, device) -> Session:
+    def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+              device: Device) -> Session:
         import stash.torch
 
-        handle = stash.torch.fit(decoder_layers(model), self.budget, optimizer=optimizer,
-                                 link=self.link)
+        # A list: fit takes a ModuleList (it lists the blocks first), but its hints say
+        # Sequence, which a ModuleList is not.
+        handle = stash.torch.fit(list(decoder_layers(model)), self.budget,
+                                 optimizer=optimizer, link=self.link)
         return _FitSession(handle)
 
 
@@ -252,12 +280,14 @@ class StashCompiled(StashFit):
     compile-B rows take, at torch's default partitioner), at a compile-B row's peak:
     stash's plan against the min-cut knapsack's at the same memory, both compiled."""
 
-    def __init__(self, budget, label: str, reference: str, link=None):
+    def __init__(self, budget: Union[int, str], label: str, reference: str,
+                 link: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(budget, label, reference=reference, link=link)
         self.name = f"stash+compile@{reference}"
         self.compiled = True
 
-    def start(self, model, optimizer, device) -> Session:
+    def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+              device: Device) -> Session:
         import torch._dynamo
 
         torch._dynamo.reset()
@@ -280,7 +310,8 @@ def peer_systems(compile_budgets: List[float]) -> List[System]:
              TorchtuneOffload()] + [CompileBudget(b) for b in compile_budgets])
 
 
-def stash_systems(results: List[Dict[str, Any]], shares: List[float], link=None,
+def stash_systems(results: List[Dict[str, Any]], shares: List[float],
+                  link: Optional[Dict[str, Any]] = None,
                   gib: float = float(1 << 30)) -> List[System]:
     """stash's rows: one at each peer's measured peak (peers that ran; at a compile-B row's
     also one with the layers compiled, StashCompiled), then at each share of keep-all's

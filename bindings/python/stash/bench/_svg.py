@@ -44,7 +44,7 @@ def tick_step(span: float, target: int = 6) -> float:
     if span <= 0:
         return 1.0
     raw = span / target
-    mag = 10 ** math.floor(math.log10(raw))
+    mag = 10.0 ** math.floor(math.log10(raw))
     for m in (1, 2, 2.5, 5, 10):
         if m * mag >= raw:
             return m * mag
@@ -130,8 +130,13 @@ def peers_svg(rows: List[Dict[str, Any]], title: str, subtitle: str) -> str:
     ys = [r["tokens_per_s"] for r in pts]
     xlo, xhi = _range(xs)
     ylo, yhi = _range(ys)
-    px = lambda v: L + (v - xlo) / (xhi - xlo) * (W - L - R)          # noqa: E731
-    py = lambda v: (H - B) - (v - ylo) / (yhi - ylo) * (H - B - T)   # noqa: E731
+
+    def px(v: float) -> float:
+        return L + (v - xlo) / (xhi - xlo) * (W - L - R)
+
+    def py(v: float) -> float:
+        return (H - B) - (v - ylo) / (yhi - ylo) * (H - B - T)
+
     out = ['<?xml version="1.0" encoding="UTF-8"?>',
            f'<svg xmlns="http://www.w3.org/2000/svg" width="{W:.0f}" height="{H:.0f}" '
            f'viewBox="0 0 {W:.0f} {H:.0f}" font-family="Helvetica, Arial, sans-serif">',

@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional
 
 from . import _llama
 from ..torch._meter import meter_for
-from ._peer_systems import KeepAll, StashFit
+from ._peer_systems import KeepAll, StashFit, System
 from .peers import run_system
 
 GIB = float(1 << 30)
@@ -151,7 +151,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"stash.bench.fit: {a.size} Llama ({size}), {a.steps} steps per run, {device}",
           flush=True)
 
-    def run(system) -> Dict[str, Any]:
+    def run(system: System) -> Dict[str, Any]:
         r = run_system(system, size, batches, device, meter, a.warmup, a.fault_at)
         if r["status"] == "ok":
             r["fit"] = fit_figures(r, cuda)

@@ -62,14 +62,21 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from . import _llama
 from .._lib import StashError
 from ..torch._meter import Meter, meter_for
-from ._peer_systems import (System, decoder_layers, peer_systems, stash_systems,
+from ._peer_systems import (Session, System, decoder_layers, peer_systems, stash_systems,
                             system_by_name)
 from ._svg import knee, peers_svg, stash_curve
+
+if TYPE_CHECKING:  # for the hints only: the functions import torch when they run
+    import torch
+    from torch.utils.hooks import RemovableHandle
+    from transformers import LlamaForCausalLM
+
+    from ._llama import Device
 
 GIB = float(1 << 30)
 TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2}
@@ -99,14 +106,15 @@ def _row(system: System) -> Dict[str, Any]:
     return r
 
 
-def _sync(device) -> None:
+def _sync(device: Device) -> None:
     import torch
 
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 
 
-def _train_step(model: Any, opt: Any, session: Any, ids: Any, device: Any) -> Tuple[Any, float]:
+def _train_step(model: LlamaForCausalLM, opt: torch.optim.Optimizer, session: Session,
+                ids: torch.Tensor, device: Device) -> Tuple[torch.Tensor, float]:
     """One training step as every system runs it: forward under the system's session, loss,
     backward, optimizer step, gradients to None; its loss and wall time in ms (the device
     synchronized before and after)."""
@@ -125,12 +133,13 @@ class InjectedFault(Exception):
     """The exception run_system's fault_at raises in a block's forward."""
 
 
-def _raise_injected(module: Any, args: Any) -> None:
+def _raise_injected(module: torch.nn.Module, args: Tuple[Any, ...]) -> None:
     raise InjectedFault("stash.bench: an injected fault in a block's forward")
 
 
-def run_system(system: System, size: Dict[str, Any], batches: List[Any], device,
-               meter: Meter, warmup: int, fault_at: Optional[int] = None) -> Dict[str, Any]:
+def run_system(system: System, size: Dict[str, Any], batches: List[torch.Tensor],
+               device: Device, meter: Meter, warmup: int,
+               fault_at: Optional[int] = None) -> Dict[str, Any]:
     """Trains a fresh model under system for len(batches) steps; its row. fault_at: the
     step whose forward raises in the second decoder layer (InjectedFault); the loop
     catches it and goes on, as a training loop that skips a bad batch does (the step is
@@ -139,7 +148,9 @@ def run_system(system: System, size: Dict[str, Any], batches: List[Any], device,
 
     row = _row(system)
     meter.begin_run()
-    model = opt = session = None
+    model: Optional[LlamaForCausalLM] = None
+    opt: Optional[torch.optim.Optimizer] = None
+    session: Optional[Session] = None
     try:
         model = _llama.model(size, 0, device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -151,7 +162,7 @@ def run_system(system: System, size: Dict[str, Any], batches: List[Any], device,
         torch.manual_seed(1234)
         n = len(batches)
         for i, ids in enumerate(batches):
-            fault = None
+            fault: Optional[RemovableHandle] = None
             if i == fault_at:
                 layers = decoder_layers(model)
                 fault = layers[min(1, len(layers) - 1)].register_forward_pre_hook(
@@ -218,15 +229,15 @@ def run_system(system: System, size: Dict[str, Any], batches: List[Any], device,
     return row
 
 
-def time_interleaved(systems: List[System], size: Dict[str, Any], device, steps: int,
-                     warmup: int) -> Dict[str, List[float]]:
+def time_interleaved(systems: List[System], size: Dict[str, Any], device: Device,
+                     steps: int, warmup: int) -> Dict[str, List[float]]:
     """Note [Ratios from interleaved steps]: every system's model trained side by side,
     one step each in turn (the order rotating), `warmup` untimed rounds then `steps` timed
     ones; each system's step times in ms."""
     import torch
 
     batches = _llama.data(size, warmup + steps, device)
-    runs = []
+    runs: List[Tuple[System, LlamaForCausalLM, torch.optim.AdamW, Session]] = []
     try:
         for system in systems:
             model = _llama.model(size, 0, device)
