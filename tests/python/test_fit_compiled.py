@@ -213,18 +213,44 @@ def test_accumulation_by_hand_under_whole_model_compile_is_within_the_budget():
     h.close()
 
 
-def test_a_new_length_under_whole_model_compile_is_named(keep_all, recwarn):
-    """Note [One shape under whole-model compile]: the graph Dynamo makes for another
-    sequence length is not planned for it; fit says so once, naming what plans every
-    shape, and the measured length trains as before."""
+def test_every_length_under_whole_model_compile_is_planned_for_itself():
+    """Note [Every shape under whole-model compile]: a graph compiled for a new sequence
+    length is planned for its own saved values, without a measuring step; every planned
+    step is within the budget on the meter, and each derived plan passed its first-run
+    check. The budget is 80% of keep-all at the longest length, so the longer lengths
+    recompute more than the measured one."""
+    seqs = [128, 128, 128, 160, 96, 192, 160]
+    ref, _, _ = train(steps=len(seqs), seqs=seqs)
+    budget = int(0.8 * max(s["peak"] for s in ref))
+    got, _, h = train(budget, steps=len(seqs), seqs=seqs)
+    st = h._compiled_st
+    assert [s.serial for s in st.steps] == [0, 0] + [1] * 5
+    assert set(st.shape_plans) == {(4, 160, 64), (4, 96, 64), (4, 192, 64)}
+    assert all(sp.refusal is None and sp.check == "passed" for sp in st.shape_plans.values())
+    recomputed = {sh: sum(a == "recompute" for layer in sp.actions for a in layer)
+                  for sh, sp in st.shape_plans.items()}
+    assert recomputed[(4, 192, 64)] > recomputed[(4, 96, 64)], recomputed
+    assert all(torch.equal(a["loss"], b["loss"]) for a, b in zip(ref[:3], got[:3]))
+    for i, (a, b) in enumerate(zip(ref, got)):
+        assert torch.allclose(a["loss"], b["loss"], rtol=1e-5, atol=0), (i, a, b)
+    for s in got[2:]:
+        assert s["peak"] <= budget, (s["peak"], budget)
+    steps = h.report()["steps"]
+    assert [s["plan_source"] for s in steps] == [None, None, "measured"] + ["derived"] * 4
+    assert [s["shape"][1] for s in steps] == seqs
+    assert all(not s["over_budget"] and s["measured_peak_bytes"] <= s["predicted_peak_bytes"]
+               for s in steps[2:]), steps
+    h.close()
+
+
+def test_a_length_that_cannot_fit_under_whole_model_compile_is_refused(keep_all):
+    """Note [A shape that cannot fit]: under whole-model compile too, a new length whose
+    plan does not fit is refused when its step begins, naming its smallest budget."""
     ref, _, _ = keep_all
     budget = int(0.85 * max(s["peak"] for s in ref[1:]))
-    got, _, h = train(budget, steps=5, seqs=[128, 128, 128, 160, 160])
-    named = [w for w in recwarn.list if "another shape" in str(w.message)]
-    assert len(named) == 1 and "Per-block compile or eager mode" in str(named[0].message)
-    assert [s.serial for s in h._compiled_st.steps] == [0, 0, 1, 1, 1]
-    assert all(torch.equal(a["loss"], b["loss"]) for a, b in zip(ref[:3], got[:3]))
-    assert got[2]["peak"] <= budget
+    with pytest.warns(RuntimeWarning), pytest.raises(
+            BudgetRefused, match=r"new input shape \(1024 tokens\).*smallest feasible"):
+        train(budget, steps=4, seqs=[128, 128, 128, 256])
 
 
 def test_fit_entered_after_compile_refuses_an_infeasible_budget():

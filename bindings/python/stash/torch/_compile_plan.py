@@ -165,6 +165,14 @@ def saved_by_block(gm: fx.GraphModule, cut: GraphBlocks, saved: Sequence[str]
     return out
 
 
+def outside_bytes(gm: fx.GraphModule, cut: GraphBlocks, saved: Sequence[str]) -> int:
+    """The bytes of the saved values produced outside fit's blocks (the embedding, the
+    head, the loss), which a profile holds in its fixed bytes."""
+    names = set(saved)
+    return sum(_val_bytes(n) for n in gm.graph.nodes
+               if n.name in names and n not in cut.region and n.op != "placeholder")
+
+
 def layer_doc(name: str, kind: str, values: Sequence[SavedValue], fwd_ms: float,
               bwd_ms: float, weight: float) -> Doc:
     """A profile layer: the block's saved values as tensors, each recomputable one priced

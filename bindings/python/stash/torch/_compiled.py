@@ -46,20 +46,30 @@ forward, and stash plans what the joint graph saves, through the min-cut partiti
   a compiled model (whose inner frames it compiles, inside the hooks), the eager
   wrapper raises the same error instead of training on a half-compiled replay.
 
-Note [One shape under whole-model compile]
-The plan's actions name the measured graph's saved values by position, and their bytes
-are the measured shape's. A graph compiled later for another shape (a new sequence
-length or batch size; Dynamo's automatic dynamic shapes after a second one) saves the
-same values at other sizes, and then gets the measured plan by position, or other
-values (one more, a size, in a Llama's first block at length 160), and then keeps all.
-Either can run over the budget: that Llama, planned at 85% of its keep-all peak at
-length 128, peaked 4.9% over that budget at 160. Least memory is no way out: a compiled
-block recomputed whole from its input peaks higher in its backward (5.40 MB at 128
-against the plan's 4.76; 6.47 MB at 160 against 6.32). So fit warns once, naming what
-plans every shape (per-block compile, or eager mode, where a new shape is derived from
-the measured ones: Note [A profile derived from the measured shapes] in _fit_shapes.py).
-Planning each shape's graph (its saved bytes are known at partition time) is issue
-21's open part.
+Note [Every shape under whole-model compile]
+A graph compiled for another shape than the measured one (a new sequence length or
+batch size) saves the same values at other sizes, or others (one more, a size, in a
+Llama's first block at length 160). Its partition knows them all: its saved values'
+bytes, and its blocks' costs (matmul and attention FLOPs, other nodes' bytes: Note
+[Recompute cost in a compiled block]). So that graph is planned for its own shape at
+partition time, as eager mode plans a shape it never measured (Note [A profile derived
+from the measured shapes] in _fit_shapes.py), without a measuring step: its values as
+they are, each block's measured times scaled by its cost over the measured block's, the
+measured fixed bytes plus the difference in what is saved outside the blocks (the head's
+logits and the loss grow with the tokens). A shape whose plan does not fit is refused
+when its step begins, before it runs, naming its smallest feasible budget (Note [A shape
+that cannot fit] in _fit_plan.py). Plans are keyed by block 0's input shape; the tick
+that begins a step gives the engine that shape's offloads. A derived plan is checked on
+its first run (report()'s "check"); one that failed warns once, naming the margin: under
+whole-model compile a shape is not measured again (its measuring graph would be a
+compile of its own). Before, such a graph got the measured plan by position, or kept
+all: a Llama planned at 85% of its keep-all at length 128 peaked 4.9% over the budget
+at 160.
+The cost: the partition reads each saved value's size, which specializes the graph to
+its shape, so every new shape is a compile of its own (Dynamo's automatic dynamic
+shapes does not make one graph serve them all), and Dynamo's recompile limit
+(torch._dynamo.config.recompile_limit, 8 by default) caps the shapes a run may train;
+past it, Dynamo runs the model eagerly and fit names the limit.
 
 Note [Micro-batches under whole-model compile]
 A loop that accumulates gradients by hand (two forwards and backwards per optimizer
@@ -98,6 +108,7 @@ import threading
 import time
 import warnings
 import weakref
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -105,7 +116,8 @@ import torch.fx as fx
 
 from .._lib import StashError
 from ._compile_plan import (GraphBlocks, Offload, SavedValue, cut_blocks, insert_offloads,
-                            layer_doc, saved_at_keep_all, saved_by_block, tag)
+                            layer_doc, outside_bytes, plan_actions_of, saved_at_keep_all,
+                            saved_by_block, tag)
 from ._compiled_offload import CompiledMoves
 
 __all__ = ["CompiledState", "compiled_wrapper"]
@@ -203,18 +215,18 @@ def _partition(gm: fx.GraphModule, joint_inputs: Sequence[Any],
     """Note [Planning the compiled graph]: graphs with a fit handle's ticks are tagged by
     its plan, then min-cut partitions them; others go to min-cut as they are."""
     partition = _min_cut()
-    moves: List[Tuple[CompiledState, int, List[Offload]]] = []
+    moves: List[Tuple[CompiledState, int, List[Offload], Shape]] = []
     for state in list(_states.values()):
         cut = cut_blocks(gm.graph, torch.ops.stash.tick.default, state.id, state.n)
         if cut is not None:
             serial, offloads = state.partitioning(gm, cut, joint_inputs, partition, kwargs)
             if offloads:
-                moves.append((state, serial, offloads))
+                moves.append((state, serial, offloads, input_shape(cut)))
     fw, bw = partition(gm, joint_inputs, **kwargs)
-    for state, serial, offloads in moves:
+    for state, serial, offloads, shape in moves:
         # Note [Offload in the compiled graph] in _compiled_offload.py
         done = insert_offloads(fw, bw, offloads, state.id, state.n, torch.ops.stash)
-        state.offloaded[serial] = [(o.block, o.index) for o in done]
+        state.offloads_done(serial, shape, [(o.block, o.index) for o in done])
     return fw, bw
 
 
@@ -271,6 +283,40 @@ def _uninstall() -> None:
 
 # --- a handle's compiled state -----------------------------------------------------------
 
+Shape = Tuple[int, ...]
+
+
+def input_shape(cut: GraphBlocks) -> Shape:
+    """The shape of block 0's input in a joint graph (its tick's input): the key of the
+    graph's plan (Note [Every shape under whole-model compile])."""
+    tick = cut.ticks.get(0)
+    val = tick.args[0].meta.get("val") if tick is not None and isinstance(
+        tick.args[0], fx.Node) else None
+    return tuple(int(d) for d in val.shape) if isinstance(val, torch.Tensor) else ()
+
+
+def _tokens(shape: Shape) -> int:
+    n = 1
+    for d in shape[:-1]:
+        n *= d
+    return n
+
+
+@dataclass
+class ShapePlan:
+    """The plan of a graph compiled for a shape other than the measured one (Note [Every
+    shape under whole-model compile]): its actions, profile, plan and figures, or the
+    refusal its step raises; its first run's check ("passed", "failed")."""
+
+    shape: Shape
+    actions: Optional[List[List[str]]] = None
+    profile: Optional[Dict[str, Any]] = None
+    plan: Optional[Dict[str, Any]] = None
+    figures: Optional[Dict[str, Any]] = None
+    refusal: Optional[StashError] = None
+    offloaded: List[Tuple[int, int]] = field(default_factory=list)
+    check: Optional[str] = None
+
 class StepTimes:
     """One compiled step's ticks (host clock, seconds) and peak on the meter."""
 
@@ -281,6 +327,10 @@ class StepTimes:
         self.peak: Optional[int] = None
         self.base = 0
         self.missing = 0  # optimizer state that did not exist when it began
+        # Note [Every shape under whole-model compile]: block 0's input; its plan, if the
+        # shape is not the measured one
+        self.shape: Shape = ()
+        self.shape_plan: Optional[ShapePlan] = None
         # Note [Micro-batches under whole-model compile]
         self.grads = 0    # gradient bytes alive when it began
         self.group = 0    # its optimizer step's index
@@ -305,7 +355,10 @@ class CompiledState:
                  planner: Optional[Callable[["CompiledState"], List[List[str]]]],
                  meter: Tuple[Callable[[torch.Tensor], int], Callable[[], int]],
                  refusal: Optional[str], missing: Callable[[], int] = lambda: 0,
-                 gradients: Callable[[], int] = lambda: 0, grouped: bool = False) -> None:
+                 gradients: Callable[[], int] = lambda: 0, grouped: bool = False,
+                 shape_planner: Optional[Callable[[Dict[str, Any], int, int],
+                                                  Tuple[Dict[str, Any], Dict[str, Any]]]] = None,
+                 refuse: Callable[[StashError], None] = lambda e: None) -> None:
         self.id = _new_id()
         self.n = n
         self.names, self.kinds = list(names), list(kinds)
@@ -313,6 +366,15 @@ class CompiledState:
         self._meter_open, self._meter_peak = meter
         self._missing = missing
         self._gradients = gradients
+        self._shape_planner, self._refuse = shape_planner, refuse
+        # Note [Every shape under whole-model compile]: per shape, what its graphs save
+        # (by block, and outside the blocks), the blocks' costs; the plans of shapes other
+        # than the measured one.
+        self.saved_at: Dict[Shape, Dict[int, List[SavedValue]]] = {}
+        self.weights_at: Dict[Shape, Dict[int, float]] = {}
+        self.outside_at: Dict[Shape, int] = {}
+        self.shape_plans: Dict[Shape, ShapePlan] = {}
+        self.plan_shape: Optional[Shape] = None   # the measured shape the plan is of
         self.grouped = grouped          # report() groups forwards by optimizer step
         self.group = 0                  # optimizer steps (and aborted ones) so far
         self.planned_grads: Optional[int] = None  # the gradients the plan holds for
@@ -330,7 +392,7 @@ class CompiledState:
         self.steps: List[StepTimes] = []
         self.installed = False
         self.error: Optional[StashError] = None
-        self.other_shape_warned = False  # Note [One shape under whole-model compile]
+        self.check_warned = False  # Note [Every shape under whole-model compile]
         # Note [Offload in the compiled graph] in _compiled_offload.py: the engine's side,
         # and per plan serial the (block, index) of the values its graphs offload.
         self.moves: Optional[CompiledMoves] = None
@@ -381,26 +443,20 @@ class CompiledState:
             return serial, []
         names = saved_at_keep_all(gm, joint_inputs, partition, kwargs)
         saved = saved_by_block(gm, cut, names)
+        shape = input_shape(cut)
+        self.saved_at[shape] = saved
+        self.weights_at[shape] = {b: cut.weight.get(b, 0.0) for b in range(self.n)}
+        self.outside_at[shape] = outside_bytes(gm, cut, names)
         actions = self.actions if serial > 0 else None
         if serial == 0:
-            for b, values in saved.items():
-                self.saved[b] = values
-                self.weights[b] = cut.weight.get(b, 0.0)
-        elif actions is not None:
-            # Note [One shape under whole-model compile]
-            if not self.other_shape_warned and any(
-                    [v.nbytes for v in saved.get(b, [])]
-                    != [v.nbytes for v in self.saved.get(b, [])] for b in range(self.n)):
-                self.other_shape_warned = True
-                warnings.warn(
-                    "stash.torch.fit: torch.compile made a graph for another shape (a new "
-                    "sequence length or batch size, or dynamic shapes) than the one stash "
-                    "measured; under whole-model compile stash plans the measured shape "
-                    "only, and this graph's peak may be over the budget. Per-block compile "
-                    "or eager mode plans every shape.", stacklevel=2)
-            if any(len(saved.get(b, [])) != len(self.saved.get(b, [])) for b in saved):
-                # The recompiled graph saves other values than the measured one: keep all.
-                actions = [["keep"] * len(self.saved.get(b, [])) for b in range(self.n)]
+            if not self.saved:
+                self.saved = saved
+                self.weights = self.weights_at[shape]
+        elif actions is not None and shape != self.plan_shape:
+            # Note [Every shape under whole-model compile]
+            sp = self._plan_for(shape, saved)
+            self.shape_plans[shape] = sp
+            actions = sp.actions  # None (refused): least memory; its step raises
         tag(gm, cut, saved, actions)
         self.partitioned[serial] = self.partitioned.get(serial, 0) + 1
         if actions is None or self.moves is None:
@@ -409,6 +465,43 @@ class CompiledState:
                         for j, v in enumerate(values)
                         if b < len(actions) and j < len(actions[b])
                         and actions[b][j] == "offload"]
+
+    def _plan_for(self, shape: Shape, saved: Dict[int, List[SavedValue]]) -> ShapePlan:
+        """Note [Every shape under whole-model compile]: the plan of a graph for `shape`,
+        from its own saved values and the measured shape's times and fixed bytes."""
+        sp = ShapePlan(shape)
+        base, m = self.profile, self.plan_shape
+        if base is None or m is None or self._shape_planner is None:
+            sp.refusal = self.refused()
+            return sp
+        weights, m_weights = self.weights_at[shape], self.weights_at[m]
+        ratio = _tokens(shape) / max(1, _tokens(m))
+        layers = []
+        for i in range(self.n):
+            old = base["layers"][i]
+            r = weights[i] / m_weights[i] if m_weights.get(i) else ratio
+            layers.append(layer_doc(self.names[i], self.kinds[i], saved.get(i, []),
+                                    float(old["fwd_ms"]) * r, float(old["bwd_ms"]) * r,
+                                    weights[i]))
+        doc = dict(base, layers=layers)
+        doc["fixed_bytes"] = max(0, int(base["fixed_bytes"]) + self.outside_at[shape]
+                                 - self.outside_at[m])
+        doc["measurement"] = dict(base.get("measurement", {}), derived_from=list(m))
+        sp.profile = doc
+        try:
+            sp.plan, sp.figures = self._shape_planner(doc, _tokens(shape), _tokens(m))
+        except StashError as e:
+            sp.refusal = e
+            return sp
+        sp.actions = plan_actions_of(sp.plan)
+        return sp
+
+    def offloads_done(self, serial: int, shape: Shape, done: List[Tuple[int, int]]) -> None:
+        sp = self.shape_plans.get(shape)
+        if sp is not None and serial > 0:
+            sp.offloaded = done
+        else:
+            self.offloaded[serial] = done
 
     # --- run time --------------------------------------------------------------------------
 
@@ -431,6 +524,24 @@ class CompiledState:
         step.bwd[block] = time.perf_counter()
         if block == 0:
             step.peak = step.base + self._meter_peak()
+            sp = step.shape_plan
+            if sp is not None and sp.check is None and sp.figures is not None:
+                self._check(sp, step.peak)
+
+    def _check(self, sp: ShapePlan, peak: int) -> None:
+        """Note [Every shape under whole-model compile]: a derived shape's first run."""
+        assert sp.figures is not None
+        budget = int(sp.figures["budget_bytes"])
+        sp.check = "passed" if peak <= budget else "failed"
+        if sp.check == "failed" and not self.check_warned:
+            self.check_warned = True
+            warnings.warn(
+                f"stash.torch.fit: the compiled graph for shape {list(sp.shape)}, planned "
+                f"from the measured shape {list(self.plan_shape or ())}, peaked at {peak} "
+                f"bytes, over its budget of {budget} bytes; under whole-model compile stash "
+                "does not measure each shape again. Give a budget with that margin, or use "
+                "per-block compile or eager mode, which measure a shape whose plan fails "
+                "its check.", stacklevel=2)
 
     def refused(self) -> StashError:
         if self.error is None:
@@ -459,8 +570,13 @@ class CompiledState:
             self.actions = self._plan()
             self.serial = 1
             self.planned_grads = most
+            m = self.measured()
+            self.plan_shape = m.shape if m is not None else None
+            if self.plan_shape in self.saved_at:
+                self.saved = self.saved_at[self.plan_shape]
+                self.weights = self.weights_at[self.plan_shape]
             if self.moves is not None:
-                self.moves.plan(self.actions)
+                self.moves.switch(self.actions)
         elif (self.planned_grads is not None and grads > self.planned_grads
               and not self.more_grads_warned):
             self.more_grads_warned = True
@@ -475,6 +591,17 @@ class CompiledState:
         step.missing = self._missing() if serial == 0 else 0
         step.grads = grads
         step.group = self.group
+        step.shape = tuple(x.shape)
+        if serial > 0:
+            # Note [Every shape under whole-model compile]: this shape's plan.
+            sp = self.shape_plans.get(step.shape) if step.shape != self.plan_shape else None
+            if sp is not None and sp.refusal is not None:
+                self._refuse(sp.refusal)
+                raise sp.refusal
+            step.shape_plan = sp
+            actions = sp.actions if sp is not None else self.actions
+            if self.moves is not None and actions is not None:
+                self.moves.switch(actions)
         step.base = self._meter_open(x)
         self.steps.append(step)
 
@@ -510,8 +637,10 @@ class CompiledState:
         for i in range(self.n):
             fwd = m.fwd_ms(i) or 0.0
             bwd = max(0.0, (m.bwd_ms(i) or 0.0) - fwd)  # its backward recomputed it all
-            out.append(layer_doc(self.names[i], self.kinds[i], self.saved.get(i, []), fwd,
-                                 bwd, self.weights.get(i, 0.0)))
+            saved = self.saved_at.get(m.shape, self.saved)
+            weights = self.weights_at.get(m.shape, self.weights)
+            out.append(layer_doc(self.names[i], self.kinds[i], saved.get(i, []), fwd,
+                                 bwd, weights.get(i, 0.0)))
         return out
 
     def report(self) -> Dict[str, Any]:
@@ -541,7 +670,9 @@ class CompiledState:
                 groups.append([s])
         out = []
         for k, forwards in enumerate(groups):
-            planned = all(s.serial > 0 for s in forwards) and self.figures is not None
+            sp = next((s.shape_plan for s in forwards if s.shape_plan is not None), None)
+            figures = sp.figures if sp is not None else self.figures
+            planned = all(s.serial > 0 for s in forwards) and figures is not None
             done = all(s.peak is not None for s in forwards)
             if not done and forwards[-1] is self.steps[-1] and forwards[-1].peak is None:
                 continue  # running now
@@ -549,21 +680,31 @@ class CompiledState:
             ms = sum((s.bwd[0] - s.fwd[0]) * 1e3 for s in forwards
                      if s.fwd[0] is not None and s.bwd[0] is not None)
             out.append({
-                "step": k, "mode": "plan" if planned else "measure", "shape": None,
+                "step": k, "mode": "plan" if planned else "measure",
+                "shape": list(forwards[0].shape),
                 "measured_peak_bytes": peak if done else 0, "measured_peak_at": None,
-                "predicted_peak_bytes": (int(self.figures["predicted_peak_bytes"])
-                                         if planned and self.figures else None),
-                "budget_bytes": budget_bytes,
+                "predicted_peak_bytes": (int(figures["predicted_peak_bytes"])
+                                         if planned and figures else None),
+                "budget_bytes": (int(figures["budget_bytes"]) if planned and figures
+                                 else budget_bytes),
                 "step_ms": ms,
-                "predicted_step_ms": (float(self.figures["predicted_step_ms"])
-                                      if planned and self.figures else None),
+                "predicted_step_ms": (float(figures["predicted_step_ms"])
+                                      if planned and figures else None),
                 "exposed_copy_ms": 0.0, "micro_batches": len(forwards), "planning_ms": 0.0,
                 "aborted": None if done else "its backward did not reach block 0",
-                "plan_source": "measured" if s.serial > 0 else None, "check": None,
+                "plan_source": ("derived" if sp is not None else "measured") if planned
+                else None,
+                "check": sp.check if sp is not None and forwards[0].shape_plan is sp
+                and self._first_run(forwards[0]) else None,
                 "over_budget": bool(done and budget_bytes is not None
-                                    and peak > budget_bytes),
+                                    and peak > (int(figures["budget_bytes"])
+                                                if planned and figures else budget_bytes)),
                 "compiled": True})
         return out
+
+    def _first_run(self, step: StepTimes) -> bool:
+        """Whether `step` is the first of its shape's derived plan (the one checked)."""
+        return next((s for s in self.steps if s.shape_plan is step.shape_plan), None) is step
 
     def close(self) -> None:
         if self.moves is not None:
@@ -585,7 +726,19 @@ def compiled_wrapper(state: Callable[[], CompiledState], i: int, forward: Callab
             return state().trace_block(i, forward, args, kwargs)
         s = state()
         if s.traced and torch.is_grad_enabled():
-            raise s.refused() if s.refusal is not None or s.error is not None else StashError(
+            if s.refusal is not None or s.error is not None:
+                raise s.refused()
+            limit = getattr(torch._dynamo.config, "recompile_limit", None)
+            graphs = sum(s.partitioned.values())
+            if isinstance(limit, int) and graphs >= limit:
+                # Note [Every shape under whole-model compile]
+                raise StashError(
+                    f"stash.torch: torch.compile made {graphs} graphs of this model, its "
+                    f"recompile limit (torch._dynamo.config.recompile_limit = {limit}), and "
+                    f"now runs block {i} eagerly; under whole-model compile stash plans "
+                    f"each input shape's own graph, so each new shape is a compile: raise "
+                    f"the limit, pad the inputs to a few lengths, or {_WHAT_WORKS}")
+            raise StashError(
                 f"stash.torch: block {i} runs eagerly inside a model torch.compile traced "
                 "(Dynamo fell back on part of it, so the blocks' inner frames are compiled "
                 f"inside stash's hooks); stash cannot plan that; {_WHAT_WORKS}")
@@ -605,8 +758,9 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
     """stash.torch.fit's compiled state: its planner makes the measured profile and plans
     it as fit plans an eager one (Note [Planning the compiled graph]). refused: what the
     handle does before a BudgetRefused propagates (it restores the blocks)."""
-    from ._compile_plan import calibrated_fixed_bytes, compiled_profile, plan_actions_of
-    from ._fit_plan import BudgetRefused, plan_measured, warn_closed
+    from ._compile_plan import calibrated_fixed_bytes, compiled_profile
+    from ._fit_plan import BudgetRefused, derived_refusal, plan_measured, warn_closed
+    from .._planner import InfeasibleBudget
 
     def planner(state: CompiledState) -> List[List[str]]:
         # Note [Micro-batches under whole-model compile]: calibrated on the measuring
@@ -630,6 +784,22 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         state.plan, state.figures = plan, figures
         return plan_actions_of(plan)
 
+    def shape_planner(doc: Dict[str, Any], tokens: int, measured: int
+                      ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        # Note [Every shape under whole-model compile]: refused as a new eager shape is
+        # (Note [A shape that cannot fit] in _fit_plan.py).
+        try:
+            return plan_measured(doc, None, budget, solver, replayed=False)
+        except BudgetRefused as e:
+            cause = e.__cause__
+            if isinstance(cause, InfeasibleBudget):
+                raise derived_refusal(cause, budget, tokens, [measured]) from cause
+            raise
+
+    def refuse(e: StashError) -> None:
+        refused()
+        warn_closed(e)
+
     return CompiledState(len(blocks), [f"{type(b).__name__}.{i}" for i, b in enumerate(blocks)],
                          [type(b).__name__ for b in blocks], planner, meter, None, missing,
-                         gradients, grouped)
+                         gradients, grouped, shape_planner, refuse)

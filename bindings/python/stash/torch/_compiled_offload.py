@@ -122,6 +122,7 @@ class CompiledMoves:
         self.fetched: Dict[Tuple[int, int], _Fetched] = {}
         self.offloads = 0
         self.guarded = 0
+        self._actions: Optional[Sequence[Sequence[str]]] = None  # what switch() set
         _moves[handle_id] = self
 
     def plan(self, actions: Sequence[Sequence[str]]) -> None:
@@ -136,6 +137,16 @@ class CompiledMoves:
         self.active = any(s is not None for layer in self.slots for s in layer)
         if self.active:
             self._set_plan(codes)
+
+    def switch(self, actions: Sequence[Sequence[str]]) -> None:
+        """At a step's tick 0: the plan of the graph running (Note [Every shape under
+        whole-model compile] in _compiled.py), if it is not the one the engine has. What
+        a step that ended early still holds is given back first."""
+        if actions is self._actions:
+            return
+        self._give_back()
+        self._actions = actions
+        self.plan(actions)
 
     def _key(self, block: int, index: int) -> Tuple[int, int, int]:
         slot = self.slots[block][index] if block < len(self.slots) and index < len(
