@@ -227,9 +227,7 @@ class EngineStreams:
             if (self._cuda and self._compute is not None
                     and consumer != self._compute.cuda_stream):
                 flat.record_stream(torch.cuda.current_stream(self.device))
-            # _step.py declares _Fetched.flat as None only (its __init__ sets it so); it is
-            # Optional[torch.Tensor], and these two ignores go when _step.py says so.
-            f.flat = flat  # type: ignore[assignment]
+            f.flat = flat
             step.live.discard(f.key)
             self.engine.release(f.key)
-        return f.flat  # type: ignore[return-value]
+        return f.flat

@@ -24,7 +24,8 @@ class _Fetched:
 
     def __init__(self, step: Any, key: Tuple[int, int, int], index: int) -> None:
         # key: the engine's (micro-batch, layer, slot); index: the plan's index in the layer
-        self.step, self.key, self.index, self.flat = step, key, index, None
+        self.step, self.key, self.index = step, key, index
+        self.flat: Optional[torch.Tensor] = None  # the fetched storage, once fetched
 
 
 _RECOMPUTE = object()  # fetched[j] of a storage the plan recomputes: saves get placeholders
