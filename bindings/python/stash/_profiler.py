@@ -16,7 +16,7 @@ __all__ = ["Profiler"]
 FORWARD, BACKWARD, TENSOR = 0, 1, 2
 
 
-def _lib():
+def _lib() -> ctypes.CDLL:
     lib = load("libstash.so")
     if not getattr(lib, "_stash_profiler_typed", False):
         lib.stash_profiler_start.argtypes = []
@@ -30,7 +30,7 @@ def _lib():
         lib.stash_profile_scope_end.argtypes = []
         lib.stash_profile_scope_end.restype = ctypes.c_int
         lib.stash_last_error.restype = ctypes.c_char_p
-        lib._stash_profiler_typed = True
+        setattr(lib, "_stash_profiler_typed", True)
     return lib
 
 
@@ -38,7 +38,7 @@ class Profiler:
     """One CUPTI session: start() says whether CUPTI runs (and why not), forward scopes
     name the kernels of a layer's forward, stop() returns the per-layer kernel times."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.active = False
         self.reason: Optional[str] = None
 
@@ -72,6 +72,7 @@ class Profiler:
                 self.reason = _lib().stash_last_error().decode(errors="replace")
                 return None
             with open(path) as f:
-                return json.load(f)
+                times: Dict[str, Any] = json.load(f)
+            return times
         finally:
             os.unlink(path)
