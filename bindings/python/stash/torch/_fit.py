@@ -159,7 +159,8 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Set, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, NoReturn, Optional,
+                    Sequence, Set, Tuple, Union)
 
 import torch
 
@@ -182,12 +183,22 @@ from ._fit_measure import (MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda,
                            measured_profile)
 from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
 from ._fit_report import fit_report, format_report
-from ._offload import OffloadHandle
-from ._compiled import fit_compiled_state
+from ._offload import OffloadHandle, Plan
+from ._offload_hooks import LayerActions
+from ._compiled import CompiledState, fit_compiled_state
 from ._compiled_offload import CompiledMoves
 from ._cpu_meter import window as cpu_window
-from ._record import _device_info, _pinnable_bytes
-from ._saved import storage_of, tensors_in
+from . import _record
+from ._recompute import Frame, Replay
+from ._saved import SaveOrder, storage_of, tensors_in
+from ._step import _Step
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+# _record.py is not under strict mypy yet (issue 22): its two readers as fit calls them.
+_device_info: Callable[[torch.device], Dict[str, Any]] = _record._device_info
+_pinnable_bytes: Callable[[], int] = _record._pinnable_bytes
 
 __all__ = ["BudgetHandle", "fit"]
 
@@ -199,12 +210,12 @@ class BudgetHandle(OffloadHandle):
     _plain_layers: Set[int] = set()
     _kv_cache = True  # block 0 of the running forward got a key/value cache (_call_arguments)
 
-    def __init__(self, blocks: Sequence[torch.nn.Module], budget: Union[int, str, Budget], *,
+    def __init__(self, blocks: Iterable[torch.nn.Module], budget: Union[int, str, Budget], *,
                  optimizer: Optional[torch.optim.Optimizer] = None,
-                 options: FitOptions = FitOptions()):
+                 options: FitOptions = FitOptions()) -> None:
         self.budget = Budget.parse(budget)
         self.options = options
-        blocks = _checked_blocks(blocks)
+        blocks = _checked_blocks(blocks)  # a list from here on
         self.optimizer = optimizer
         self._n = len(blocks)
         self._digest = _model_digest(blocks)
@@ -237,7 +248,7 @@ class BudgetHandle(OffloadHandle):
         # None: CUPTI not tried (CPU); else (used, why not).
         self._cupti_used: Optional[Tuple[bool, Optional[str]]] = None
         self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
-        self._opt_hook = None
+        self._opt_hook: Optional[Tuple[RemovableHandle, RemovableHandle]] = None
         self.link_cached = False
         try:
             # Measured now, before the training step allocates anything, and once per
@@ -252,18 +263,20 @@ class BudgetHandle(OffloadHandle):
 
     # --- OffloadHandle's seams --------------------------------------------------------------
 
-    def _initial_actions(self, plan):
+    def _initial_actions(self, plan: Optional[Plan]) -> List[LayerActions]:
         return [_MeasureLayer() for _ in range(self._n)]
 
     @staticmethod
-    def _engine_layer(actions):
+    def _engine_layer(actions: LayerActions
+                      ) -> Tuple[List[int], Optional[List[Optional[int]]]]:
         # Note [The measuring step]: which index is offloaded is known only as the block
         # saves it, so engine slot j is index j.
         if isinstance(actions, _MeasureLayer):
             return [OFFLOAD] * MEASURE_SLOTS, None
         return OffloadHandle._engine_layer(actions)
 
-    def _unrecomputable(self, i, j, t, nbytes, first_input):
+    def _unrecomputable(self, i: int, j: int, t: torch.Tensor, nbytes: int,
+                        first_input: Any) -> int:
         rec = self._step
         if self._mode != "measure" and rec is not None and rec.checking:
             # Note [A derived plan's first run]: the skeleton was not this shape's.
@@ -279,12 +292,12 @@ class BudgetHandle(OffloadHandle):
             return OFFLOAD
         return KEEP
 
-    def _keeps_everything(self, i, actions):
+    def _keeps_everything(self, i: int, actions: LayerActions) -> bool:
         # Note [What it costs]: a measured plan's layer that keeps every tensor.
         return (self._mode == "plan" and getattr(actions, "exact", True)
                 and id(actions) in self._plain_layers)
 
-    def _needs_boundary(self, i, plain):
+    def _needs_boundary(self, i: int, plain: bool) -> bool:
         # Note [What it costs]: in a planned step that copies nothing, a block run without
         # hooks needs no boundary (no per-block marks, nothing to prefetch or check), but
         # the last block's: it starts the step's backward, queues its end and holds the
@@ -298,7 +311,8 @@ class BudgetHandle(OffloadHandle):
         # in]).
         return not self.blocks[0].training
 
-    def _call_arguments(self, i, args, kwargs):
+    def _call_arguments(self, i: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+                        ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
         # Note [The loops fit lives in]: a key/value cache passed to the blocks in training
         # is turned off for them, as Hugging Face's gradient checkpointing does. A decoder
         # hands every block the same keywords, so block 0 decides for the forward (Note
@@ -314,7 +328,7 @@ class BudgetHandle(OffloadHandle):
                 "model.config.use_cache = False to silence this"))
         return args, {k: (None if _is_kv_cache(v) else v) for k, v in kwargs.items()}
 
-    def _step_starting(self, mb, args, kwargs):
+    def _step_starting(self, mb: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         rec = self._step
         if (rec is not None and not rec.finished and rec.aborted is None
                 and rec.optimizer_began and rec.end is None):
@@ -335,12 +349,12 @@ class BudgetHandle(OffloadHandle):
             shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
         self._begin_record(key, list(tensors_in((args, kwargs))))
 
-    def _step_aborted(self, step, reason):
+    def _step_aborted(self, step: _Step, reason: str) -> None:
         rec = self._step
         if rec is not None and not rec.finished and rec.aborted is None:
             self._abort_record(rec, f"micro-batch {step.mb}: {reason}")
 
-    def _abort_record(self, rec: StepRecord, reason: str):
+    def _abort_record(self, rec: StepRecord, reason: str) -> None:
         """Note [A step that ends early]: the record keeps why; a measuring step's partial
         layers are dropped, so the shape is measured again from scratch."""
         rec.aborted = reason
@@ -350,14 +364,14 @@ class BudgetHandle(OffloadHandle):
                 self._cupti.stop()
         self._recorder.forget()
 
-    def _forward_began(self, i, step):
+    def _forward_began(self, i: int, step: _Step) -> None:
         rec = self._step
         if rec is not None and rec.mode == "measure":
             rec.fwd[(step.serial, i)] = Span(self._clock.mark())
             if rec.mode == "measure":
                 self._cupti.begin(FORWARD, i)
 
-    def _saved(self, i, j, t, nbytes, action):
+    def _saved(self, i: int, j: int, t: torch.Tensor, nbytes: int, action: int) -> None:
         step = self._step
         if step is None:
             return
@@ -370,24 +384,25 @@ class BudgetHandle(OffloadHandle):
             self._recorder.track(t, nbytes)
             self._sample(f"forward[{i}]")
 
-    def _forward_ended(self, i, step, order):
+    def _forward_ended(self, i: int, step: _Step, order: Optional[SaveOrder]) -> None:
         rec = self._step
         if rec is not None and rec.mode == "measure":
             rec.fwd.setdefault((step.serial, i), Span()).end = self._clock.mark()
             self._cupti.end()
             if self._mode == "measure" and self._micro_batch == 0:
+                assert order is not None  # a measuring step hooks every block
                 self._recorder.forward_ended(i, order.entries)
         if self._recorder.tracking:  # Note [What it costs]: no sample to build otherwise
             self._sample(f"forward[{i}]", after=("loss",) if i == self._n - 1 else ("fwd", i))
 
-    def _forward_released(self, i, step):
+    def _forward_released(self, i: int, step: _Step) -> None:
         # Note [What the budget counts]: a window of its own from here, so that what the
         # step holds after the block's recompute storages went (the loss's temporaries,
         # after the last block) is measured against what is tracked then.
         if self._recorder.tracking:
             self._sample(f"forward[{i}] released")
 
-    def _backward_began(self, step, i):
+    def _backward_began(self, step: _Step, i: int) -> None:
         rec = self._step
         if rec is None:
             return
@@ -399,7 +414,7 @@ class BudgetHandle(OffloadHandle):
         if self._recorder.tracking:
             self._sample(f"backward[{i}]", after=("bwd", i))
 
-    def _backward_finished(self, step):
+    def _backward_finished(self, step: _Step) -> None:
         rec = self._step
         if rec is None:
             return
@@ -415,12 +430,13 @@ class BudgetHandle(OffloadHandle):
             if self.optimizer is None:
                 self._step_peak(rec)
 
-    def _replay_began(self, frame):
+    def _replay_began(self, frame: Frame) -> None:
         rec = self._step
         if rec is not None and rec.mode == "measure":
             rec.replay[(frame.step.serial, frame.layer)] = ReplaySpan(self._clock.mark())
 
-    def _replay_saved(self, frame, pos, seen, t):
+    def _replay_saved(self, frame: Frame, pos: int, seen: Optional[Tuple[int, bool]],
+                      t: torch.Tensor) -> None:
         rec = self._step
         if rec is None or seen is None or not seen[1] or rec.mode != "measure":
             return
@@ -429,7 +445,7 @@ class BudgetHandle(OffloadHandle):
             r.marks.append((seen[0], self._clock.mark()))
         self._recorder.track(t, storage_of(t)[1])
 
-    def _replay_ended(self, frame, replay):
+    def _replay_ended(self, frame: Frame, replay: Replay) -> None:
         rec = self._step
         if rec is not None:
             r = rec.replay.get((frame.step.serial, frame.layer))
@@ -437,7 +453,7 @@ class BudgetHandle(OffloadHandle):
                 r.end = self._clock.mark()
         self._sample(f"backward[{frame.layer}]", after=("bwd", frame.layer))
 
-    def _alloc(self, nbytes, stream):
+    def _alloc(self, nbytes: int, stream: Optional[int]) -> int:
         ptr = super()._alloc(nbytes, stream)
         if self._recorder.tracking:
             buf = self._buffers.get(ptr)
@@ -499,7 +515,7 @@ class BudgetHandle(OffloadHandle):
         if self._cuda:
             if self._pool:
                 from . import _allocator
-                _allocator.reset_peak(self.device.index)
+                _allocator.reset_peak(self.device.index)  # type: ignore[no-untyped-call]
             else:
                 torch.cuda.reset_peak_memory_stats(self.device)
         # The step starts after its planning: that time belongs to no step (report()'s
@@ -538,7 +554,7 @@ class BudgetHandle(OffloadHandle):
         except StashError:
             return 0.0
 
-    def _finish(self, rec: StepRecord):
+    def _finish(self, rec: StepRecord) -> None:
         """Closes a step's figures. Synchronizes the device once per step (event times), so
         the next step's first kernels are enqueued after the previous step has ended."""
         t0 = time.perf_counter()
@@ -547,7 +563,7 @@ class BudgetHandle(OffloadHandle):
         finally:
             self._finish_ms = (time.perf_counter() - t0) * 1e3
 
-    def _finish_figures(self, rec: StepRecord):
+    def _finish_figures(self, rec: StepRecord) -> None:
         self._clock.sync()
         rec.finished = True
         if rec.aborted is not None:
@@ -626,7 +642,9 @@ class BudgetHandle(OffloadHandle):
         if self._cuda:
             if self._pool:
                 from . import _allocator
-                rec.meter_peak = int(_allocator.allocator_stats(self.device.index)["peak_bytes"])
+                stats = _allocator.allocator_stats(  # type: ignore[no-untyped-call]
+                    self.device.index)
+                rec.meter_peak = int(stats["peak_bytes"])
             else:
                 rec.meter_peak = int(torch.cuda.max_memory_allocated(self.device))
         elif self._counting is not None and rec.meter_base is not None:
@@ -634,7 +652,7 @@ class BudgetHandle(OffloadHandle):
         else:
             rec.meter_peak = self._bytes.fixed_counted() + rec.live_peak
 
-    def _switch(self, actions, mode):
+    def _switch(self, actions: List[LayerActions], mode: str) -> None:
         if mode == self._mode and actions is self.actions:
             return
         # Note [What it costs]: a plan that copies nothing leaves the engine idle
@@ -642,10 +660,11 @@ class BudgetHandle(OffloadHandle):
         self._set_engine_plan(actions)
         self.actions = actions
         self._mode = mode
-        self._plain_layers = ({id(a) for a in actions if all(x == KEEP for x in a)}
+        self._plain_layers = ({id(a) for a in actions
+                               if all(a[j] == KEEP for j in range(len(a)))}
                               if mode == "plan" else set())
 
-    def _make_compiled_state(self):
+    def _make_compiled_state(self) -> CompiledState:
         # Note [Planning the compiled graph] in _compiled.py
         def meter_open(x: torch.Tensor) -> int:
             if self._cuda:
@@ -702,7 +721,7 @@ class BudgetHandle(OffloadHandle):
         if rec is not None and rec.backward_done and closure is None:
             rec.optimizer_began = True
 
-    def _after_optimizer_step(self, opt, *_):
+    def _after_optimizer_step(self, opt: torch.optim.Optimizer, *_: Any) -> None:
         if self._compiled_st is not None:
             self._compiled_st.optimizer_stepped()
         rec = self._step
@@ -732,7 +751,7 @@ class BudgetHandle(OffloadHandle):
 
     # --- public ---------------------------------------------------------------------------
 
-    def _settle(self):
+    def _settle(self) -> None:
         """Finishes the running step's figures if its backward has ended (its time runs to
         its optimizer step, or to now)."""
         rec = self._step
@@ -806,7 +825,7 @@ class BudgetHandle(OffloadHandle):
         super().close()
 
 
-def fit(blocks: Sequence[torch.nn.Module], budget: Union[int, str], *,
+def fit(blocks: Iterable[torch.nn.Module], budget: Union[int, str], *,
         optimizer: Optional[torch.optim.Optimizer] = None, solver: str = "greedy",
         cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None, measure_steps: int = 1,
         lookahead: int = 1, max_in_flight_bytes: Optional[Union[int, str]] = None,
