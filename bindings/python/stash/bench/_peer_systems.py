@@ -268,10 +268,8 @@ class StashFit(System):
               device: Device) -> Session:
         import stash.torch
 
-        # A list: fit takes a ModuleList (it lists the blocks first), but its hints say
-        # Sequence, which a ModuleList is not.
-        handle = stash.torch.fit(list(decoder_layers(model)), self.budget,
-                                 optimizer=optimizer, link=self.link)
+        handle = stash.torch.fit(decoder_layers(model), self.budget, optimizer=optimizer,
+                                 link=self.link)
         return _FitSession(handle)
 
 
