@@ -202,6 +202,24 @@ STASH_API stash_status_t stash_engine_replay(stash_engine_t* e) {
                      [&](eng::prefetch_engine& x) { return x.replay(); });
 }
 
+STASH_API stash_status_t stash_engine_capture_join(stash_engine_t* e, stash_stream_t stream) {
+  return with_engine("stash_engine_capture_join", e, [&](eng::prefetch_engine& x) {
+    return x.join_capture(stream_of(stream));
+  });
+}
+
+STASH_API stash_status_t stash_engine_capture_settle(stash_engine_t* e) {
+  return with_engine("stash_engine_capture_settle", e,
+                     [&](eng::prefetch_engine& x) { return x.settle_capture(); });
+}
+
+STASH_API stash_status_t stash_engine_capture_release(stash_engine_t* e,
+                                                      size_t* released_bytes) {
+  return with_engine("stash_engine_capture_release", e, [&](eng::prefetch_engine& x) {
+    return x.release_held(released_bytes);
+  });
+}
+
 STASH_API stash_status_t stash_engine_graph_state(stash_engine_t* e, int* capturing, int* ready,
                                                   uint64_t* captures, uint64_t* replays) {
   return with_engine("stash_engine_graph_state", e, [&](eng::prefetch_engine& x) {

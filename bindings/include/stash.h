@@ -755,6 +755,40 @@ STASH_API stash_status_t stash_engine_capture_begin(stash_engine_t* engine,
                                                     size_t pinned_bytes);
 STASH_API stash_status_t stash_engine_capture_end(stash_engine_t* engine);
 STASH_API stash_status_t stash_engine_replay(stash_engine_t* engine);
+/* A capture begun by the caller (new after 0.3.0; Note [Capture begun by the caller] in
+ * runtime/engine/prefetch_engine.h): a framework that captures the step itself
+ * (torch.cuda.graph captures a stream of its own and replays the graph itself) runs the
+ * engine's step inside its capture:
+ *   cudaStreamBeginCapture(s, mode);               the caller's
+ *   stash_engine_capture_join(e, s);               s is the engine's compute stream until
+ *                                                  settled: its copies fork from s and
+ *                                                  join back into it by event record and
+ *                                                  wait; nothing is begun or ended
+ *   ... the step's calls, with producer and consumer s ...
+ *   cudaStreamEndCapture(s, &graph);               the caller's graph; the caller replays it
+ *   stash_engine_capture_settle(e);                leaves capture mode; the verdict
+ * join: s must be capturing (STASH_ERROR_CAPTURE otherwise) and no micro-batch may hold
+ * tensors (STASH_ERROR_ILLEGAL_TRANSITION); it waits for the engine's earlier copies,
+ * reserves events and freezes the pinned pool, so run the step eagerly once first. The
+ * calls capture forbids are refused as above, without invalidating the caller's capture.
+ * stash_engine_forward_begin joins by itself when the configured compute stream is
+ * capturing, and an offload whose producer is capturing while the engine is not in
+ * capture mode fails with STASH_ERROR_CAPTURE naming capture_join.
+ * settle: STASH_ERROR_CAPTURE while s still captures (nothing changes), or when the
+ * captured step is not usable (a call was refused, a tensor is still held or failed:
+ * the message says which). Engine calls made after the caller ended the capture settle it
+ * by themselves, dropping the verdict. The pinned blocks a caller's capture used stay held
+ * for the graph's life (its replays copy into them; the engine never sees a replay):
+ * stash_engine_capture_release gives back those of every settled capture, ordered after
+ * the compute stream's work so far (finish or enqueue the replays there first);
+ * *released_bytes (may be NULL) says how many bytes. stash_engine_destroy frees them; the
+ * engine must outlive the caller's graphs. graph_state's capturing covers a joined
+ * capture, and captures counts settled caller captures that were usable. */
+STASH_API stash_status_t stash_engine_capture_join(stash_engine_t* engine,
+                                                   stash_stream_t stream);
+STASH_API stash_status_t stash_engine_capture_settle(stash_engine_t* engine);
+STASH_API stash_status_t stash_engine_capture_release(stash_engine_t* engine,
+                                                      size_t* released_bytes);
 /* Each out pointer may be NULL. ready: a captured step can be replayed. */
 STASH_API stash_status_t stash_engine_graph_state(stash_engine_t* engine, int* capturing,
                                                   int* ready, uint64_t* captures,

@@ -56,6 +56,13 @@ status prefetch_engine::forward_begin(std::uint32_t mb, std::uint32_t layer) noe
   if (layer >= plan_.layers())
     return fail(status::invalid_argument, "forward_begin: layer %u, but the plan has %zu", layer,
                 plan_.layers());
+  // Note [Capture begun by the caller]: a caller's capture that ended is settled; one of
+  // the configured compute stream is joined.
+  settle_if_ended();
+  if (!capturing_ && actively_capturing(config_.compute)) {
+    if (const status js = join_locked(config_.compute, "forward_begin"); js != status::ok)
+      return js;
+  }
   micro_batch_slot* s = nullptr;
   status st = slot_for(mb, true, &s);
   if (st != status::ok) return st;
@@ -256,6 +263,12 @@ status prefetch_engine::backward_end(std::uint32_t mb, std::uint32_t layer) noex
   if (layer == 0) {
     s->finished = true;
     if (trace_) trace_->harvest(false, plan_);
+    // Note [Capture begun by the caller]: the step is over; its forks end in the caller's
+    // stream, which the caller ends the capture on.
+    if (joined_ && std::none_of(slots_.begin(), slots_.end(), [](const micro_batch_slot& m) {
+          return m.used && m.live > 0;
+        }))
+      join_side_streams();
   }
   if (!in_flight_.empty()) retire(false);
   return st;
@@ -351,8 +364,12 @@ status prefetch_engine::release(tensor_key k) noexcept {
     free_device(r->device, r->bytes, r->consumer ? r->consumer : r->producer, users, n_users);
   }
   if (r->host) {
-    cudaStream_t copies[2] = {d2h_.get(), h2d_.get()};
-    pinned_->deallocate(r->host, copies, 2);
+    if (joined_) {  // Note [Capture begun by the caller]: the caller's graph keeps it
+      held_.push_back(held_block{r->host, r->bytes});  // capacity reserved at the join
+    } else {
+      cudaStream_t copies[2] = {d2h_.get(), h2d_.get()};
+      pinned_->deallocate(r->host, copies, 2);
+    }
     pinned_in_use_ -= r->bytes;
   }
   events_.give(r->h2d_done);
@@ -395,6 +412,7 @@ void prefetch_engine::sample_device(timed_op& t, bool compute) noexcept {
 
 planner::trace_writer prefetch_engine::trace() {
   std::lock_guard<std::mutex> lock(mutex_);
+  settle_if_ended();
   if (capturing_)  // Note [Capturing a step]: harvesting would query captured events
     throw error(status::capture, "trace during a graph capture: end the capture first");
   if (!trace_) throw error(status::invalid_argument, "trace: the engine was created with timing off");

@@ -29,7 +29,10 @@ void prefetch_engine::drop_graph() noexcept {
 
 status prefetch_engine::begin_capture(std::size_t pinned_bytes) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (capturing_) return fail(status::capture, "begin_capture: a capture is already under way");
+  settle_if_ended();
+  if (capturing_)
+    return fail(status::capture, "begin_capture: a capture is already under way%s",
+                joined_ ? " (the caller's, joined by capture_join)" : "");
   if (plan_.empty()) return fail(no_plan, "begin_capture: no plan loaded");
   for (const micro_batch_slot& s : slots_)
     if (s.used && s.live > 0)
@@ -84,6 +87,10 @@ status prefetch_engine::begin_capture(std::size_t pinned_bytes) noexcept {
 status prefetch_engine::end_capture() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!capturing_) return fail(status::capture, "end_capture: no capture under way");
+  if (joined_)
+    return fail(status::capture,
+                "end_capture: the capture under way is the caller's (capture_join): the "
+                "caller ends it, then capture_settle");
   // Join the engine's streams back into the compute stream, where they forked into the
   // capture: a whole step has joined them already (the loss turn, the acquires), a
   // refused or partial one may not have, and the capture must still end cleanly.
@@ -138,6 +145,7 @@ status prefetch_engine::end_capture() noexcept {
 
 status prefetch_engine::replay() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  settle_if_ended();
   if (capturing_) return fail(status::capture, "replay during a graph capture");
   if (!graph_)
     return fail(status::capture, dropped_by_plan_
@@ -163,6 +171,164 @@ prefetch_engine::graph_state prefetch_engine::graph() noexcept {
   g.captures = captures_;
   g.replays = replays_;
   return g;
+}
+
+// --- Note [Capture begun by the caller] ------------------------------------------------
+
+bool actively_capturing(cudaStream_t stream) noexcept {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
+    prim::clear_runtime_error();
+    return false;
+  }
+  return st == cudaStreamCaptureStatusActive;
+}
+
+bool prefetch_engine::joined_stream_ended() noexcept {
+  if (!joined_) return false;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(config_.compute, &st) != cudaSuccess) {
+    prim::clear_runtime_error();
+    return false;  // cannot tell: stay joined
+  }
+  return st == cudaStreamCaptureStatusNone;
+}
+
+status prefetch_engine::join_capture(cudaStream_t stream) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  settle_if_ended();
+  return join_locked(stream, "capture_join");
+}
+
+status prefetch_engine::join_locked(cudaStream_t stream, const char* op) noexcept {
+  if (capturing_)
+    return fail(status::capture, "%s: a capture is already under way (%s)", op,
+                joined_ ? "the caller's, joined before: end it and capture_settle"
+                        : "the engine's own, from capture_begin");
+  if (plan_.empty()) return fail(no_plan, "%s: no plan loaded", op);
+  for (const micro_batch_slot& s : slots_)
+    if (s.used && s.live > 0)
+      return fail(illegal_transition,
+                  "%s: micro-batch %u still holds %zu tensors; a step is captured whole, "
+                  "from its first forward_begin to its last release",
+                  op, s.id, s.live);
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  const cudaError_t qe = cudaStreamIsCapturing(stream, &cs);
+  if (qe != cudaSuccess) {
+    prim::clear_runtime_error();
+    return fail(status::capture, "%s: cudaStreamIsCapturing(%p) failed (%s): join the "
+                "capture of a stream that is being captured (not the legacy stream)",
+                op, static_cast<void*>(stream), cudaGetErrorName(qe));
+  }
+  if (cs != cudaStreamCaptureStatusActive)
+    return fail(status::capture,
+                "%s: stream %p is %s: join after the caller began the capture "
+                "(cudaStreamBeginCapture, torch.cuda.graph) and before the step's first call",
+                op, static_cast<void*>(stream),
+                cs == cudaStreamCaptureStatusInvalidated ? "in an invalidated capture"
+                                                         : "not capturing");
+  // The earlier copies: done ones retired by query, the rest waited for (their events were
+  // recorded outside the capture).
+  retire(false);
+  while (!in_flight_.empty()) {
+    STASH_CUDA_FAIL(prim::event_synchronize(in_flight_.front().done));
+    retire_front();
+  }
+  const std::size_t n = plan_.total(), L = plan_.layers();
+  if (const status st = events_.reserve(config_.max_micro_batches * (2 * n + L) + 8);
+      st != status::ok)
+    return st;
+  if (!replayed_.get()) {
+    try {
+      replayed_ = prim::make_event(false);
+    } catch (const error& e) {
+      return fail(e.code(), "%s: %s", op, e.what());
+    }
+  }
+  try {
+    held_.reserve(held_.size() + config_.max_micro_batches * n);
+  } catch (const std::bad_alloc&) {
+    return fail(status::internal, "%s: out of host memory", op);
+  }
+  own_compute_ = config_.compute;
+  config_.compute = stream;
+  joined_ = capturing_ = true;
+  refused_ = false;
+  refusal_[0] = '\0';
+  failed_at_begin_ = stats_.failed_count;
+  pinned_->set_frozen(true);
+  events_.set_frozen(true);
+  parked_trace_ = std::move(trace_);
+  return status::ok;
+}
+
+void prefetch_engine::join_side_streams() noexcept {
+  for (cudaStream_t c : {d2h_.get(), h2d_.get()}) {
+    bool member = false;
+    if (prim::stream_capturing(c, &member) != cudaSuccess) prim::clear_runtime_error();
+    if (member && prim::event_record(replayed_.get(), c) == cudaSuccess)
+      prim::stream_wait(config_.compute, replayed_.get());
+  }
+}
+
+status prefetch_engine::settle_capture() noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!joined_)
+    return fail(status::capture, "capture_settle: no capture of the caller's was joined%s",
+                capturing_ ? " (the engine's own is under way: capture_end ends it)" : "");
+  if (!joined_stream_ended())
+    return fail(status::capture,
+                "capture_settle: stream %p is still capturing: end the capture first "
+                "(cudaStreamEndCapture; torch.cuda.graph ends it when its block exits)",
+                static_cast<void*>(config_.compute));
+  return settle_locked();
+}
+
+status prefetch_engine::settle_locked() noexcept {
+  config_.compute = own_compute_;
+  joined_ = capturing_ = false;
+  pinned_->set_frozen(false);
+  events_.set_frozen(false);
+  trace_ = std::move(parked_trace_);
+  // The captured copies, by bookkeeping alone: nothing of the capture ran, and the graph's
+  // copies are ordered inside the graph (Note [Capture begun by the caller]).
+  while (!in_flight_.empty()) retire_front();
+  const micro_batch_slot* live = nullptr;
+  for (const micro_batch_slot& s : slots_)
+    if (s.used && s.live > 0 && !live) live = &s;
+  if (refused_)
+    return fail(status::capture, "capture_settle: the captured step is not usable: %s",
+                refusal_);
+  if (live)
+    return fail(status::capture,
+                "capture_settle: micro-batch %u still holds %zu tensors: a captured step "
+                "must release every tensor it offered",
+                live->id, live->live);
+  if (stats_.failed_count != failed_at_begin_)
+    return fail(status::capture,
+                "capture_settle: %llu tensor(s) failed during the capture (the failing call "
+                "returned why)",
+                static_cast<unsigned long long>(stats_.failed_count - failed_at_begin_));
+  ++captures_;
+  return status::ok;
+}
+
+status prefetch_engine::release_held(std::size_t* bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (bytes) *bytes = 0;
+  settle_if_ended();
+  if (capturing_)
+    return fail(status::capture, "capture_release during a graph capture: the pinned "
+                "blocks of the capture under way are still being recorded");
+  std::size_t total = 0;
+  cudaStream_t compute = config_.compute;
+  for (const held_block& h : held_) {
+    pinned_->deallocate(h.host, &compute, 1);
+    total += h.bytes;
+  }
+  held_.clear();
+  if (bytes) *bytes = total;
+  return status::ok;
 }
 
 }  // namespace stash::engine

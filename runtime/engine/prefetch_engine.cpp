@@ -56,6 +56,24 @@ prefetch_engine::prefetch_engine(const engine_config& config)
 
 prefetch_engine::~prefetch_engine() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (joined_) {  // Note [Capture begun by the caller]: the capture is not ours to end
+    const bool ended = joined_stream_ended();
+    settle_locked();
+    prim::clear_runtime_error();
+    if (!ended) {
+      // Still capturing: waiting for the engine's streams would invalidate the caller's
+      // capture. Its copies never ran; hand back what the engine holds without a wait.
+      for (micro_batch_slot& s : slots_) {
+        for (tensor_record& r : s.tensors) {
+          if (r.state == tensor_state::absent || r.state == tensor_state::released) continue;
+          if (r.prefetched) free_device(r.prefetched, r.bytes, config_.compute, nullptr, 0);
+          if (r.owns_device && r.device) free_device(r.device, r.bytes, r.producer, nullptr, 0);
+          r = tensor_record{};
+        }
+      }
+      return;  // the pinned pool goes with the engine
+    }
+  }
   if (capturing_) {  // abandoned mid-capture: end it, keep no graph (nothing ran)
     cudaGraph_t g = nullptr;
     if (cudaStreamEndCapture(config_.compute, &g) == cudaSuccess && g) cudaGraphDestroy(g);
@@ -88,6 +106,7 @@ prefetch_engine::~prefetch_engine() {
 
 status prefetch_engine::set_plan(engine_plan plan) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  settle_if_ended();
   if (capturing_)  // Note [Capturing a step]
     return refuse("set_plan during a graph capture: a new plan changes the step being "
                   "captured; end the capture, then set the plan and capture again");
@@ -239,6 +258,13 @@ status prefetch_engine::offload(tensor_key k, void* device, std::size_t bytes,
   if (config_.pool && !config_.pool->owns(device))
     return fail(status::invalid_argument,
                 "offload: %p is not the start of a block of the engine's device pool", device);
+  if (!capturing_ && producer != config_.compute && actively_capturing(producer))
+    return fail(status::capture,
+                "offload of tensor (micro-batch %u, layer %u, index %u): its producer stream "
+                "is capturing a graph, but the engine is not in capture mode: call "
+                "capture_join(producer) before the step's first forward_begin (Note "
+                "[Capture begun by the caller])",
+                k.micro_batch, k.layer, k.index);
   if (capturing_ && producer != config_.compute)  // Note [Capturing a step]
     return refuse("offload of tensor (micro-batch %u, layer %u, index %u) during a graph "
                   "capture: its producer is not the compute stream, so the block could not "
@@ -470,6 +496,7 @@ status prefetch_engine::alloc_device(std::size_t bytes, void** out) noexcept {
 
 status prefetch_engine::synchronize() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
+  settle_if_ended();
   if (capturing_)
     return refuse("synchronize during a graph capture: a host wait for the engine's "
                   "streams (cudaStreamSynchronize), which capture forbids");

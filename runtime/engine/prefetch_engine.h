@@ -101,6 +101,48 @@
 // Producers must be the compute stream during capture: a block handed back at end_capture
 // is the compute stream's memory, safe for its work after the launch, not another's.
 //
+// Note [Capture begun by the caller]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A framework may capture the step itself: torch.cuda.graph begins a capture of a stream
+// of its own (a side stream, not the engine's compute stream) and ends it when its block
+// exits; the step's graph is the caller's and the caller replays it. join_capture(stream)
+// puts the engine in capture mode for that capture with the same rules as Note
+// [Capturing a step], but begins nothing and ends nothing:
+//  * `stream` must be capturing already (cudaStreamIsCapturing: active). For the capture's
+//    length it is the engine's compute stream: the waits of forward_begin and the loss
+//    turn, the order events of prefetches, the prefetch blocks (allocated for it), the
+//    compute-order handback. The engine's D2H and H2D streams fork from it by event
+//    record and wait, as eagerly, so they join the caller's capture; backward_end of
+//    layer 0, once no micro-batch holds tensors, joins them back into `stream` (an event
+//    recorded on each, waited for by `stream`), so the caller's end of capture finds no
+//    unjoined fork.
+//  * before it joins, the engine retires its earlier copies: it queries their events and
+//    waits for the ones not done yet (host waits on events outside the capture; the double
+//    allows them, as the runtime's rules say: the capture forbids waits on its own work).
+//    It reserves the step's events and freezes the pinned and event pools, so the step
+//    pins nothing and creates no event: an eager step of the plan must come first (it
+//    sizes the pinned pool), as torch asks for warm-up steps before a capture anyway.
+//  * offloads whose producer is not `stream` are refused (the rule of the Note above). An
+//    offload from a producer that is capturing while the engine is not in capture mode is
+//    refused too, naming join_capture: eager bookkeeping would query captured events.
+//    forward_begin joins by itself when the configured compute stream is capturing.
+//  * pinned blocks released during the capture are held, not given back: the caller's
+//    graph copies into them at every replay, and the engine never sees a replay, so no
+//    later step may have them while the graph lives (its pinned slots are fixed for the
+//    graph's life). release_held() gives them all back, ordered after the compute
+//    stream's work so far (the caller's replays must be finished or enqueued there), and
+//    so does the destructor. set_plan keeps them: an earlier shape's graph may still be
+//    replayed after a re-plan. The engine must outlive the caller's graphs.
+//  * settle_capture(), after the caller ended the capture, leaves capture mode: the
+//    compute stream is the configured one again, the pools thaw, the captured copies are
+//    retired by bookkeeping (nothing of the capture ran), and it returns the capture's
+//    verdict as end_capture would: the first refusal, a step not whole, a failed tensor.
+//    While `stream` still captures it refuses and changes nothing. forward_begin and
+//    join_capture settle by themselves a capture that has ended (the verdict is then
+//    dropped: the call that refused, during the capture, returned it already).
+// The engine does not count the caller's replays (graph().replays is its own graph's);
+// graph().captures counts caller captures that settled whole.
+//
 // Note [Pinned pool exhausted]
 // keep_on_device: the tensor stays where it is (ON_DEVICE, the engine owns the block and
 //   frees it at release), counted in kept_on_device; offload returns ok. Data never moves,
@@ -219,6 +261,13 @@ class prefetch_engine {
   status begin_capture(std::size_t pinned_bytes) noexcept;
   status end_capture() noexcept;
   status replay() noexcept;
+  // Note [Capture begun by the caller]. join: `stream` is capturing; no micro-batch may
+  // hold tensors. settle: after the caller ended that capture; the capture's verdict.
+  // release_held: gives back the pinned blocks the caller's graphs hold; *bytes (may be
+  // null): how many.
+  status join_capture(cudaStream_t stream) noexcept;
+  status settle_capture() noexcept;
+  status release_held(std::size_t* bytes) noexcept;
   struct graph_state {
     bool capturing = false, ready = false;
     std::uint64_t captures = 0, replays = 0;
@@ -262,6 +311,14 @@ class prefetch_engine {
   // Note [Capturing a step]: records the first refusal of this capture; returns capture.
   status refuse(const char* fmt, ...) noexcept __attribute__((format(printf, 2, 3)));
   void drop_graph() noexcept;  // waits for the compute stream, destroys the graph
+  // Note [Capture begun by the caller]
+  status join_locked(cudaStream_t stream, const char* op) noexcept;
+  status settle_locked() noexcept;
+  void join_side_streams() noexcept;  // d2h and h2d, where capture members, into compute
+  bool joined_stream_ended() noexcept;  // joined, and the caller's capture is over
+  void settle_if_ended() noexcept {     // the verdict is dropped (the refusal returned it)
+    if (joined_ && joined_stream_ended()) settle_locked();
+  }
 
   engine_config config_;
   std::mutex mutex_;
@@ -285,6 +342,18 @@ class prefetch_engine {
   bool dropped_by_plan_ = false;
   prim::event_owner replayed_;  // after a launch: the copy streams wait on it
   std::uint64_t captures_ = 0, replays_ = 0;
+  // Note [Capture begun by the caller]
+  bool joined_ = false;                    // capturing_ for the caller's capture
+  cudaStream_t own_compute_ = nullptr;     // config_.compute outside it
+  struct held_block {
+    void* host;
+    std::size_t bytes;
+  };
+  std::vector<held_block> held_;           // pinned blocks of the caller's graphs
 };
+
+// Whether `stream` is in an active capture by a query that succeeded (a failed query, as
+// of the legacy stream beside another stream's capture, is cleared and answers false).
+bool actively_capturing(cudaStream_t stream) noexcept;
 
 }  // namespace stash::engine
