@@ -135,6 +135,50 @@ STASHDBL_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStrea
   return ret(launch_graph(st, *exec, *s));
 }
 
+// Inspection of a captured graph: its nodes in capture order (a topological order) and
+// each node's type, as the runtime reports them (a node handle is the node's address).
+STASHDBL_EXPORT cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes,
+                                              size_t* numNodes) {
+  STASHDBL_ENTER("cudaGraphGetNodes");
+  if (numNodes == nullptr) return fail(cudaErrorInvalidValue);
+  State& st = state();
+  std::lock_guard<std::mutex> lk(st.mu);
+  Graph* g = find_graph(st, graph);
+  if (g == nullptr) return fail(cudaErrorInvalidValue);
+  if (nodes != nullptr) {
+    // As documented: at most *numNodes handles; fewer nodes leave the rest null.
+    for (size_t i = 0; i < *numNodes; ++i)
+      nodes[i] = i < g->nodes.size() ? reinterpret_cast<cudaGraphNode_t>(&g->nodes[i]) : nullptr;
+    if (*numNodes > g->nodes.size()) *numNodes = g->nodes.size();
+  } else {
+    *numNodes = g->nodes.size();
+  }
+  return cudaSuccess;
+}
+
+STASHDBL_EXPORT cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, cudaGraphNodeType* type) {
+  STASHDBL_ENTER("cudaGraphNodeGetType");
+  if (node == nullptr || type == nullptr) return fail(cudaErrorInvalidValue);
+  State& st = state();
+  std::lock_guard<std::mutex> lk(st.mu);
+  const Node* n = nullptr;
+  for (auto& [handle, g] : st.graphs) {
+    (void)handle;
+    for (const Node& x : g->nodes)
+      if (reinterpret_cast<cudaGraphNode_t>(const_cast<Node*>(&x)) == node) n = &x;
+  }
+  if (n == nullptr) return fail(cudaErrorInvalidValue);
+  switch (n->kind) {
+    case NodeKind::kMemcpy: *type = cudaGraphNodeTypeMemcpy; break;
+    case NodeKind::kMemset: *type = cudaGraphNodeTypeMemset; break;
+    case NodeKind::kHost: *type = cudaGraphNodeTypeHost; break;
+    case NodeKind::kCompute: *type = cudaGraphNodeTypeEmpty; break;  // emulated compute
+    case NodeKind::kAlloc: *type = cudaGraphNodeTypeMemAlloc; break;
+    case NodeKind::kFree: *type = cudaGraphNodeTypeMemFree; break;
+  }
+  return cudaSuccess;
+}
+
 // Returns at once; launched work still runs (its lanes drain, Note [Stream workers]).
 STASHDBL_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
   STASHDBL_ENTER("cudaGraphExecDestroy");

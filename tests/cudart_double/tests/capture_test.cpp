@@ -121,6 +121,47 @@ TEST(Capture, CapturedCallsRunOnlyWhenTheGraphIsLaunched) {
   EXPECT_EQ(back.get()[4095], 1);
 }
 
+// cudaGraphGetNodes and cudaGraphNodeGetType: what a caller inspects a captured graph by
+// (stash's Python tests count the engine's copies in a graph this way).
+TEST(Capture, GetNodesListsTheCapturedNodesWithTheirTypes) {
+  StreamOwner s(cudaStreamNonBlocking);
+  DeviceBuffer a(4096);
+  PinnedBuffer h(4096);
+  std::atomic<int> calls{0};
+  Capturing cap(s);
+  CUDA_OK(cudaMemsetAsync(a.p, 1, 4096, s));
+  CUDA_OK(cudaMemcpyAsync(a.p, h.p, 4096, cudaMemcpyHostToDevice, s));
+  CUDA_OK(cudaMemcpyAsync(h.p, a.p, 4096, cudaMemcpyDeviceToHost, s));
+  CUDA_OK(cudaLaunchHostFunc(s, count_call, &calls));
+  cudaGraph_t g = nullptr;
+  CUDA_OK(cap.end(&g));
+  Exec e(g);
+  size_t n = 0;
+  CUDA_OK(cudaGraphGetNodes(g, nullptr, &n));
+  ASSERT_EQ(n, 4u);
+  std::vector<cudaGraphNode_t> nodes(6, nullptr);
+  n = nodes.size();
+  CUDA_OK(cudaGraphGetNodes(g, nodes.data(), &n));
+  EXPECT_EQ(n, 4u) << "*numNodes becomes the count when the array is larger";
+  EXPECT_EQ(nodes[4], nullptr);
+  int memcpys = 0, memsets = 0, hosts = 0;
+  for (size_t i = 0; i < n; ++i) {
+    cudaGraphNodeType t = cudaGraphNodeTypeEmpty;
+    CUDA_OK(cudaGraphNodeGetType(nodes[i], &t));
+    memcpys += t == cudaGraphNodeTypeMemcpy;
+    memsets += t == cudaGraphNodeTypeMemset;
+    hosts += t == cudaGraphNodeTypeHost;
+  }
+  EXPECT_EQ(memcpys, 2);
+  EXPECT_EQ(memsets, 1);
+  EXPECT_EQ(hosts, 1);
+  n = 2;
+  CUDA_OK(cudaGraphGetNodes(g, nodes.data(), &n));
+  EXPECT_EQ(n, 2u) << "at most *numNodes handles";
+  EXPECT_EQ(cudaGraphGetNodes(g, nullptr, nullptr), cudaErrorInvalidValue);
+  cudaGetLastError();
+}
+
 TEST(Capture, BeginAndEndRefuseWhatTheRuntimeRefuses) {
   StreamOwner s(cudaStreamNonBlocking);
   EXPECT_EQ(cudaStreamBeginCapture(s, static_cast<cudaStreamCaptureMode>(7)),
