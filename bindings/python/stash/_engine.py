@@ -31,6 +31,7 @@ STATE_NAMES = {-1: "not_offered", 0: "on_device", 1: "offloading", 2: "on_host",
 
 STASH_ERROR_BAD_PLAN = 101
 STASH_ERROR_UNKNOWN_TENSOR = 102
+STASH_ERROR_CAPTURE = 107
 
 # A cudaStream_t as an int (None: the legacy default stream); a tensor key
 # (micro-batch, layer, index).
@@ -133,6 +134,12 @@ def _lib() -> ctypes.CDLL:
         "stash_engine_overlap": ([P, ctypes.POINTER(Overlap), ctypes.POINTER(Overlap), S,
                                   ctypes.POINTER(S)], I),
         "stash_engine_streams": ([P, ctypes.POINTER(P), ctypes.POINTER(P)], I),
+        "stash_engine_capture_join": ([P, P], I),
+        "stash_engine_capture_settle": ([P], I),
+        "stash_engine_capture_release": ([P, ctypes.POINTER(S)], I),
+        "stash_engine_graph_state": ([P, ctypes.POINTER(I), ctypes.POINTER(I),
+                                      ctypes.POINTER(ctypes.c_uint64),
+                                      ctypes.POINTER(ctypes.c_uint64)], I),
         "stash_action_name": ([I], ctypes.c_char_p),
         "stash_plan_read_actions": ([ctypes.c_char_p, ctypes.POINTER(S), ctypes.POINTER(S), S,
                                      ctypes.POINTER(S), ctypes.POINTER(I), S], I),
@@ -402,6 +409,41 @@ class Engine:
         self._check(_lib().stash_engine_streams(self._live(), ctypes.byref(d2h),
                                                 ctypes.byref(h2d)), "stash_engine_streams")
         return d2h.value, h2d.value
+
+    # --- a capture begun by the caller (Note [Capture begun by the caller] in
+    # runtime/engine/prefetch_engine.h) ----------------------------------------------------
+
+    def capture_join(self, stream: Stream) -> None:
+        """Runs the next step inside the caller's capture of `stream` (which must be
+        capturing; no micro-batch may hold tensors): `stream` is the engine's compute
+        stream until capture_settle."""
+        self._check(self._fn.stash_engine_capture_join(self._live(), stream),
+                    "stash_engine_capture_join")
+
+    def capture_settle(self) -> None:
+        """After the caller ended the capture: leaves capture mode; raises StashError
+        (status STASH_ERROR_CAPTURE) while the stream still captures or when the captured
+        step is not usable, saying why."""
+        self._check(self._fn.stash_engine_capture_settle(self._live()),
+                    "stash_engine_capture_settle")
+
+    def capture_release(self) -> int:
+        """Gives back the pinned blocks the caller's graphs hold (their replays must be
+        finished or enqueued on the compute stream); returns their bytes."""
+        n = ctypes.c_size_t()
+        self._check(self._fn.stash_engine_capture_release(self._live(), ctypes.byref(n)),
+                    "stash_engine_capture_release")
+        return int(n.value)
+
+    def graph_state(self) -> Dict[str, int]:
+        """{"capturing", "ready", "captures", "replays"} (stash_engine_graph_state)."""
+        capturing, ready = ctypes.c_int(), ctypes.c_int()
+        captures, replays = ctypes.c_uint64(), ctypes.c_uint64()
+        self._check(self._fn.stash_engine_graph_state(
+            self._live(), ctypes.byref(capturing), ctypes.byref(ready),
+            ctypes.byref(captures), ctypes.byref(replays)), "stash_engine_graph_state")
+        return {"capturing": int(capturing.value), "ready": int(ready.value),
+                "captures": int(captures.value), "replays": int(replays.value)}
 
     def __del__(self) -> None:
         try:

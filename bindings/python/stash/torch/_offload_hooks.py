@@ -96,6 +96,40 @@ whose backward runs first) stayed alive through the block's whole backward, wher
 measuring step (which recomputes it) had seen it freed: the plan's first run peaked 1.05
 MB above its prediction, and 1.05 MB lower with the list emptied. The prefetch buffers of
 a block not yet unpacked stay with the engine (step.live) until their first unpack.
+
+Note [Steps under CUDA graphs]
+A planned step is static, so it can run under a CUDA graph capture: torch.cuda.graph
+around a whole training step (forward, loss, backward, optimizer step), captured on
+torch's side stream and replayed by the caller. Block 0 asks whether its work is being
+captured (torch.cuda.is_current_stream_capturing; on the CPU test double, whether the
+hooks' stream captures). If so, the step runs in capture mode:
+- the engine joins the caller's capture on that stream (stash_engine_capture_join: its
+  copies fork from it and join back by event record and wait, its pools are frozen, it
+  waits for nothing on the host; Note [Capture begun by the caller] in
+  runtime/engine/prefetch_engine.h); the prefetch buffers are allocated with that stream
+  current, in torch's graph pool, where the blocks' activations are too: an offloaded
+  storage is handed back (freed into that pool) once its copy is ordered before the
+  capture's later work, so the graph holds no second copy of it;
+- the hooks make no host wait and no event query (the CPU path's host syncs are skipped:
+  nothing of the copies runs during a capture); the step's seams for subclasses
+  (_step_starting, _step_aborted, _backward_finished) are not called: stash.torch.fit's
+  record of a step times it with events and reads them after a device sync, which no
+  captured step can do, so a captured step is no step of fit's report (the eager steps
+  around it are);
+- the plan is the one the last eager step ran: a capture does not switch plans. A plan
+  that is not final (fit's measuring step, with its marks and samples, or a derived
+  plan's first run, which fit checks) is refused at block 0 with a StashError, before
+  anything is captured, saying to run the step eagerly first; so is a recompute that
+  would save the CUDA RNG state (torch cannot read it during capture), and a capture that
+  begins anywhere but at block 0 (stash's schedule spans the blocks: a graph of one block,
+  as torch.cuda.make_graphed_callables makes, cannot hold its copies' waits and
+  prefetches).
+- the engine settles at the next block 0 after the capture ended (or release_graphs()).
+  The pinned blocks the captured step copied through stay held for the graph's life (its
+  replays copy into them; stash never sees a replay); release_graphs() gives them back
+  once the graphs are gone. A re-plan (a new shape, a corrected plan) needs a new capture:
+  the graph replays the plan it was captured with.
+The eager path pays one capture query per step, at block 0.
 """
 
 from __future__ import annotations
@@ -159,6 +193,9 @@ class OffloadHooks:
     _hooks: Dict[str, int]
     # From EngineStreams and OffloadHandle.
     _hand_over: Callable[[_Step, Key, int, int, Optional[torch.Tensor]], None]
+    _capturing_stream: Callable[[], Optional[int]]
+    _join_capture: Callable[[int], None]
+    _settle_capture: Callable[[], None]
     _fetch: Callable[[_Fetched], torch.Tensor]
     _recompute_kept: Callable[[int, int, int], None]
     _cuda_rng_devices: Callable[[Tuple[Any, ...], Dict[str, Any]], List[int]]
@@ -300,13 +337,18 @@ class OffloadHooks:
         finally:
             if self._steps.get(step.mb) is step:
                 del self._steps[step.mb]
-            self._step_aborted(step, reason)
+            if not step.captured:  # Note [Steps under CUDA graphs]
+                self._step_aborted(step, reason)
 
     def _begin_step(self, i: int, args: Tuple[Any, ...] = (),
                     kwargs: Optional[Dict[str, Any]] = None) -> _Step:
         mb = self._micro_batch
+        capture: Optional[int] = None
         if i == 0:
             self._reap()
+            # Note [Steps under CUDA graphs]
+            self._settle_capture()
+            capture = self._capturing_stream()
         step = self._steps.get(mb)
         if i == 0 and step is not None:
             # Note [A step that ends early]
@@ -337,15 +379,52 @@ class OffloadHooks:
                     "an exception between its forward and backward, or a forward in "
                     "training mode with no backward)"))
         if i == 0:
-            self._step_starting(mb, args, kwargs or {})
+            if capture is not None:
+                self._capture_starting(capture)
+            else:
+                self._step_starting(mb, args, kwargs or {})
             blocks = self.blocks
             step = self._steps[mb] = _Step(mb, lambda: resident_storages(blocks))
+            step.captured = capture is not None
         elif step is None or step.next_block != i:
             expected = "block 0" if step is None else f"block {step.next_block}"
+            alone = ""
+            if self._capturing_stream() is not None:
+                alone = (" (here under a CUDA graph capture that began at this block: a graph "
+                         "of single blocks, as torch.cuda.make_graphed_callables makes, cannot "
+                         "hold stash's schedule, which spans the blocks; capture the whole "
+                         "training step with torch.cuda.graph instead)")
+            elif step is None and i > 0:
+                alone = (" (torch.cuda.make_graphed_callables runs and captures each block on "
+                         "its own: stash's schedule spans the blocks, so capture the whole "
+                         "training step with torch.cuda.graph instead)")
             raise StashError(f"stash.torch.offload: block {i} ran in micro-batch {mb} where "
                              f"{expected} was expected; the blocks must run in order, once "
-                             "each per micro-batch")
+                             f"each per micro-batch{alone}")
         return step
+
+    def _capture_starting(self, stream: int) -> None:
+        """Block 0 of a step captured on `stream` (Note [Steps under CUDA graphs]): refuses
+        a plan that is not final, else the engine joins the capture."""
+        if any(not getattr(a, "exact", True) for a in self.actions):
+            raise StashError(
+                f"{self._who}: this step is being captured into a CUDA graph, but its plan "
+                "is not final: stash.torch.fit measures the first step of a shape (timed "
+                "with events and device syncs, recomputing every block) and checks the "
+                "first run of a derived plan, and neither can run under capture. Run steps "
+                "eagerly until fit runs its plan (the measuring step, then one planned step: "
+                "the warm-up torch.cuda.graph asks for), then capture; a captured step "
+                "replays the plan of the last eager step")
+        if self._cuda and any(RECOMPUTE in cast(Iterable[int], a) for a in self.actions):
+            raise StashError(
+                f"{self._who}: this step is being captured into a CUDA graph, and its plan "
+                "recomputes tensors: a recompute restores the CUDA RNG state the block's "
+                "forward saw, which torch cannot read during capture "
+                "(torch.cuda.get_rng_state). A plan that only keeps and offloads is "
+                "capturable: raise the budget until the plan recomputes nothing, or run "
+                "this plan eagerly")
+        if self._engine_active:
+            self._join_capture(stream)
 
     def _passes_through(self) -> bool:
         """Whether the blocks run as plain forwards now (grad on): stash.torch.fit lets
@@ -577,7 +656,8 @@ class OffloadHooks:
         if step.backward_open is not None and step.backward_open != 0 and self._engine_active:
             self.engine.backward_end(step.mb, step.backward_open)
         self._end_step(step)
-        self._backward_finished(step)
+        if not step.captured:  # Note [Steps under CUDA graphs]
+            self._backward_finished(step)
 
     def _end_step(self, step: _Step) -> None:
         """Gives back what the engine still holds for the step and ends it."""

@@ -33,6 +33,10 @@ is called; run the blocks on it.
   ahead of the GPU holds more of those than the planner's one layer in flight.
   max_in_flight_bytes (about one block's offloaded bytes) bounds copies in transit: an
   offload past the cap makes the host wait for older copies.
+Under a CUDA graph capture (Note [Steps under CUDA graphs] in _offload_hooks.py) the
+engine's compute stream is the capturing stream (torch.cuda.graph's own side stream): the
+prefetch buffers are allocated with that stream current, so torch puts them in the
+graph's private pool, as it does the blocks' activations; nothing waits on the host.
 CPU (torch's CPU build on the test double, STASHDBL_FOREIGN_IS_DEVICE=1): torch ops are
 synchronous on the host and have no streams. The engine gets a stream of its own as the
 compute stream (created through the libcudart that libstash loaded); unpack acquires on
@@ -91,6 +95,7 @@ class _CudaRt:
         lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
         lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
+        lib.cudaStreamIsCapturing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
         lib.cudaGetErrorString.argtypes = [ctypes.c_int]
         lib.cudaGetErrorString.restype = ctypes.c_char_p
         self.lib = lib
@@ -109,6 +114,13 @@ class _CudaRt:
     def stream_synchronize(self, s: Optional[int]) -> None:
         self.check(self.lib.cudaStreamSynchronize(s), "cudaStreamSynchronize")
 
+    def stream_is_capturing(self, s: Optional[int]) -> bool:
+        """Whether `s` is in a capture (active or invalidated)."""
+        status = ctypes.c_int()
+        self.check(self.lib.cudaStreamIsCapturing(s, ctypes.byref(status)),
+                   "cudaStreamIsCapturing")
+        return status.value != 0  # cudaStreamCaptureStatusNone
+
 
 class EngineStreams:
     """OffloadHandle's engine callbacks and stream handling (Note [Stream order with
@@ -125,12 +137,17 @@ class EngineStreams:
     _lock: threading.Lock
     _sources: Dict[int, List[torch.Tensor]]  # data pointer -> uint8 views held for the D2H
     _buffers: Dict[int, torch.Tensor]  # data pointer -> uint8 tensor of a prefetch
+    # Note [Steps under CUDA graphs] in _offload_hooks.py: the capturing stream the engine
+    # joined (its cudaStream_t, and on CUDA the torch stream), None outside a capture.
+    _capture: Optional[int] = None
+    _capture_stream: Optional[torch.cuda.Stream] = None
 
     # --- engine callbacks (inside engine calls, on this thread) -------------------------
 
     def _alloc(self, nbytes: int, _stream: Optional[int]) -> int:
         if self._cuda:
-            with torch.cuda.stream(self._compute):
+            stream = self._capture_stream if self._capture is not None else self._compute
+            with torch.cuda.stream(stream):
                 buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         else:
             buf = torch.empty(nbytes, dtype=torch.uint8)
@@ -139,11 +156,12 @@ class EngineStreams:
         return buf.data_ptr()
 
     def _release(self, ptr: int, _nbytes: int, stream: Optional[int]) -> None:
-        if not self._cuda:
+        if not self._cuda and self._capture is None:
             # The engine hands a block back as free for work enqueued on `stream` from now
             # on (the compute stream, right after its wait for the block's copy), not
             # after the host saw the copy end. torch's CPU allocator frees at once, so the
-            # host waits here (Note [Stream order with torch's allocator]).
+            # host waits here (Note [Stream order with torch's allocator]). Under a capture
+            # nothing of the copies ran, and a wait would invalidate it.
             assert self._cudart is not None  # set on the CPU path
             self._cudart.stream_synchronize(stream if stream else self._cpu_stream)
         # The lock guards the two maps against a backward on autograd's device thread and
@@ -212,8 +230,9 @@ class EngineStreams:
                                  "the offloaded tensors of its forward are gone")
             consumer = self._producer()
             ptr = self.engine.acquire(f.key, consumer)
-            if not self._cuda:
-                # Note [Stream order with torch's allocator]: the host waits on CPU.
+            if not self._cuda and self._capture is None:
+                # Note [Stream order with torch's allocator]: the host waits on CPU (not
+                # under a capture: nothing ran, and the wait would invalidate it).
                 assert self._cudart is not None  # set on the CPU path
                 self._cudart.stream_synchronize(self._cpu_stream)
             with self._lock:
@@ -224,10 +243,58 @@ class EngineStreams:
             if flat is None:
                 raise StashError(f"stash.torch.offload: acquire of {name} returned {ptr:#x}, "
                                  "which is neither a prefetch buffer nor an offloaded storage")
-            if (self._cuda and self._compute is not None
-                    and consumer != self._compute.cuda_stream):
+            compute = (self._capture if self._capture is not None else
+                       self._compute.cuda_stream if self._compute is not None else None)
+            if self._cuda and compute is not None and consumer != compute:
                 flat.record_stream(torch.cuda.current_stream(self.device))
             f.flat = flat
             step.live.discard(f.key)
             self.engine.release(f.key)
         return f.flat
+
+    # --- Note [Steps under CUDA graphs] in _offload_hooks.py -------------------------------
+
+    def _capturing_stream(self) -> Optional[int]:
+        """The stream the step's work is being captured on, or None: torch's current stream
+        when it captures (CUDA), the hooks' own stream when the test double captures it
+        (CPU)."""
+        if self._cuda:
+            if not torch.cuda.is_current_stream_capturing():
+                return None
+            return int(torch.cuda.current_stream(self.device).cuda_stream)
+        if self._cudart is None or self._cpu_stream is None:
+            return None
+        return self._cpu_stream if self._cudart.stream_is_capturing(self._cpu_stream) else None
+
+    def _join_capture(self, stream: int) -> None:
+        """The engine runs the step inside the caller's capture of `stream`."""
+        engine = self.engine
+        assert engine is not None  # the hooks run only while the handle is open
+        engine.capture_join(stream)
+        self._capture = stream
+        self._capture_stream = torch.cuda.current_stream(self.device) if self._cuda else None
+
+    def _settle_capture(self) -> None:
+        """After the caller ended the capture the engine joined: the engine leaves capture
+        mode (while the stream still captures, nothing changes). A bad verdict was raised
+        during the capture already, by the call the engine refused."""
+        engine = self.engine
+        if self._capture is None or engine is None:
+            return
+        try:
+            engine.capture_settle()
+        except StashError:
+            if engine.graph_state()["capturing"]:
+                return  # the capture still runs
+        self._capture = None
+        self._capture_stream = None
+
+    def release_graphs(self) -> int:
+        """The CUDA graphs captured through this handle's steps will not be replayed again
+        (they were destroyed, or their replays are finished or enqueued on the compute
+        stream): gives back the pinned blocks they copy through, held since their capture
+        (Note [Steps under CUDA graphs] in _offload_hooks.py). Returns their bytes."""
+        self._settle_capture()
+        if self.engine is None:
+            return 0
+        return self.engine.capture_release()

@@ -106,3 +106,6 @@ class _Step:
         self.token_ref: Optional[Any] = None
         self.last_output: Set[Any] = set()  # storage keys of the last block's output
         self.thread = threading.get_ident()
+        # Begun under a CUDA graph capture (Note [Steps under CUDA graphs] in
+        # _offload_hooks.py): the subclass's step seams do not hear of it.
+        self.captured = False
