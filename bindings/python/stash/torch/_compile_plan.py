@@ -174,7 +174,7 @@ def outside_bytes(gm: fx.GraphModule, cut: GraphBlocks, saved: Sequence[str]) ->
 
 
 def layer_doc(name: str, kind: str, values: Sequence[SavedValue], fwd_ms: float,
-              bwd_ms: float, weight: float) -> Doc:
+              bwd_ms: float, weight: float, bwd_temp_bytes: int = 0) -> Doc:
     """A profile layer: the block's saved values as tensors, each recomputable one priced
     at its share of the block's measured forward (Note [Recompute cost in a compiled
     block] in _compiled.py). A dense value may be offloaded (Note [Offload in the compiled
@@ -195,7 +195,8 @@ def layer_doc(name: str, kind: str, values: Sequence[SavedValue], fwd_ms: float,
         [(t["bytes"], t["recomputable"], t["offloadable"]) for t in tensors]
     ).encode()).hexdigest()[:16]
     return {"name": name, "signature": f"{kind}:compiled:{digest}", "fwd_ms": float(fwd_ms),
-            "bwd_ms": float(bwd_ms), "bwd_temp_bytes": 0, "tensors": tensors}
+            "bwd_ms": float(bwd_ms), "bwd_temp_bytes": int(bwd_temp_bytes),
+            "tensors": tensors}
 
 
 def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]],

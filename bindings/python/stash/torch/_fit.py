@@ -679,12 +679,23 @@ class BudgetHandle(OffloadHandle):
                 return int(torch.cuda.max_memory_allocated(self.device))
             return self._counting.peak() if self._counting is not None else 0
 
+        def meter_segment() -> Tuple[int, int]:
+            # Note [Backward temporaries of a compiled block] in _compiled.py: (the peak
+            # since the last call or the window's start, the bytes alive now), on
+            # meter_open's scale; the peak starts again from now. CPU only.
+            if self._counting is None:
+                return 0, 0
+            peak = self._counting.peak()
+            self._counting.reset_peak()
+            return peak, self._counting.peak()
+
         opt = self.optimizer
         state = fit_compiled_state(
             self.blocks, budget=self.budget, solver=self.options.solver,
             describe=lambda: (_device_info(self.device), self._link_section,
                               {"pinnable_bytes": _pinnable_bytes()}),
             meter=(meter_open, meter_peak),
+            segment=None if self._cuda else meter_segment,
             counted=self._bytes.fixed_counted, refused=self.close,
             gradients=self._bytes.gradients_alive, grouped=opt is not None,
             missing=lambda: (_optimizer_state_estimate(opt)
