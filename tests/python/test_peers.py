@@ -28,15 +28,21 @@ def test_a_peers_measured_peak_becomes_stashs_budget():
                _result("full-ac", "full-ac", peak=400, tps=7.0),
                _result("torchtune", "torchtune", status="unavailable"),
                _result("sac", "sac", status="failed"),
-               _result("compile-0.5", "compile", peak=555, tps=9.0)]
+               _result("compile-0.5", "compile", peak=555, tps=9.0),
+               _result("compile-whole", "compile", peak=900, tps=12.0)]
     rows = stash_systems(results, [85, 70])
     assert [(s.reference, s.budget) for s in rows] == [
         ("keep-all", 1000),                      # keep-all's own peak
         ("full-ac", 400), ("compile-0.5", 555),  # the peers that ran, their exact bytes
-        ("compile-0.5", 555),                    # and with the layers compiled
-        ("85%", 850), ("70%", 700)]              # shares of keep-all's measured peak
+        ("compile-0.5", 555),                    # with the layers compiled
+        ("compile-0.5", 555),                    # with the model compiled whole
+        ("compile-whole", 900),
+        ("85%", 850), ("70%", 700),              # shares of keep-all's measured peak
+        ("85% of compile-whole", 765), ("70% of compile-whole", 630)]
     assert all(isinstance(s, StashFit) and s.kind == "stash" for s in rows)
-    assert [s.name for s in rows if s.compiled] == ["stash+compile@compile-0.5"]
+    assert [s.name for s in rows if s.compiled] == [
+        "stash+compile@compile-0.5", "stash+whole@compile-0.5", "stash+whole@85%",
+        "stash+whole@70%"]
     # A peer that did not run gives no budget; without keep-all there are no shares.
     assert stash_systems(results[2:4], [85]) == []
 
@@ -44,7 +50,8 @@ def test_a_peers_measured_peak_becomes_stashs_budget():
 def test_systems_are_chosen_by_name_and_unknown_names_are_refused():
     systems = peer_systems([0.3, 0.5])
     assert [s.name for s in systems] == ["keep-all", "full-ac", "sac", "save_on_cpu",
-                                         "torchtune", "compile-0.3", "compile-0.5"]
+                                         "torchtune", "compile-0.3", "compile-0.5",
+                                         "compile-whole"]
     assert [s.name for s in system_by_name(systems, ["keep-all", "sac"])] == ["keep-all", "sac"]
     with pytest.raises(ValueError, match="unknown system.*compile-0.9"):
         system_by_name(systems, ["compile-0.9"])
@@ -168,7 +175,7 @@ def test_tiny_run_every_cpu_peer_runs_and_trains_as_keep_all(tiny_run):
     rows = {r["name"]: r for r in doc["rows"]}
     assert doc["device"] == "cpu" and doc["torchtune"] == "0.6.1"
     for name in ["keep-all", "full-ac", "sac", "save_on_cpu", "compile-0.3", "compile-0.5",
-                 "compile-0.7"]:
+                 "compile-0.7", "compile-whole"]:
         r = rows[name]
         assert r["status"] == "ok", (name, r["reason"])
         assert r["peak_bytes"] > 0 and r["tokens_per_s"] > 0 and len(r["losses"]) == 4
@@ -186,12 +193,17 @@ def test_tiny_run_every_cpu_peer_runs_and_trains_as_keep_all(tiny_run):
     assert rows["save_on_cpu"]["peak_bytes"] >= keep
 
     stash_rows = [r for r in doc["rows"] if r["kind"] == "stash"]
-    peers_ran = ["full-ac", "sac", "save_on_cpu", "compile-0.3", "compile-0.3", "compile-0.5",
-                 "compile-0.5", "compile-0.7", "compile-0.7"]  # eager, then layers compiled
-    assert [r["reference"] for r in stash_rows] == ["keep-all"] + peers_ran + ["85%", "70%",
-                                                                             "55%"]
-    assert [r["compiled"] for r in stash_rows if r["reference"].startswith("compile")] == \
-        [False, True] * 3
+    # Each compile-B peak: eager, the layers compiled, the model compiled whole.
+    peers_ran = ["full-ac", "sac", "save_on_cpu"] + [
+        f"compile-{b}" for b in (0.3, 0.5, 0.7) for _ in range(3)] + ["compile-whole"]
+    shares = ["85%", "70%", "55%"]
+    assert [r["reference"] for r in stash_rows] == \
+        ["keep-all"] + peers_ran + shares + [f"{s} of compile-whole" for s in shares]
+    assert [r["compiled"] for r in stash_rows if r["reference"].startswith("compile-0")] == \
+        [False, True, True] * 3
+    assert [r["name"] for r in stash_rows if r["name"].startswith("stash+whole")] == \
+        [f"stash+whole@compile-{b}" for b in (0.3, 0.5, 0.7)] + [
+            f"stash+whole@{s}" for s in shares]
     # Note [Ratios from interleaved steps]: the eager rows' tokens/s are the interleaved
     # pass's; compiled rows keep their own.
     for r in doc["rows"]:
@@ -200,8 +212,10 @@ def test_tiny_run_every_cpu_peer_runs_and_trains_as_keep_all(tiny_run):
             assert r["timed_steps"] == (2 if not r["compiled"] else r["timed_steps"])
     for r in stash_rows:
         ref = rows.get(r["reference"])
-        assert r["budget"] == (ref["peak_bytes"] if ref else
-                               round(keep * float(r["reference"][:-1]) / 100))
+        share = r["reference"].split("%")[0]
+        of = rows["compile-whole"]["peak_bytes"] if "of compile-whole" in r["reference"] \
+            else keep
+        assert r["budget"] == (ref["peak_bytes"] if ref else round(of * float(share) / 100))
         if r["status"] != "ok":  # only a budget below what fit can train in
             assert r["infeasible"] and "smallest feasible budget" in r["reason"], r["reason"]
             continue
@@ -217,11 +231,17 @@ def test_tiny_run_every_cpu_peer_runs_and_trains_as_keep_all(tiny_run):
         # run used to be allowed 5% over: 0.4% at 55% was seen.)
         budget = r["stash"]["budget_bytes"]
         planned = [s for s in r["steps"] if s["mode"] == "plan"]
+        if r["name"].startswith("stash+whole") and planned[0]["check"] == "failed":
+            # Note [A compiled plan's first run] in stash/torch/_compiled.py: a plan whose
+            # first run failed its check is corrected; every step after it is within.
+            assert planned[0]["fit_peak_bytes"] > budget, (r["label"], planned[0])
+            planned = planned[1:]
         assert planned and all(s["fit_peak_bytes"] <= budget for s in planned), (
             r["label"], [s["fit_peak_bytes"] for s in planned], budget)
         assert planned[0]["fit_peak_bytes"] <= planned[0]["predicted_peak_bytes"], (
             r["label"], planned[0])
-        assert r["within_budget"] is True
+        assert r["within_budget"] is (not r["name"].startswith("stash+whole")
+                                      or all(s["fit_peak_bytes"] <= budget for s in r["steps"]))
         assert r["stash"]["predicted_peak_bytes"] > 0
         assert r["stash"]["predicted_step_ms"] > 0
     ok = {r["reference"] for r in stash_rows if r["status"] == "ok"}

@@ -236,6 +236,36 @@ class CompileBudget(System):
         return _Compiled()
 
 
+class CompileWhole(System):
+    """The whole model under torch.compile (model.compile()) at torch's default
+    partitioner: what the compiled model saves without a memory budget, the reference of
+    stash's rows under whole-model compile."""
+
+    def __init__(self) -> None:
+        super().__init__("compile-whole", "torch.compile of the whole model", "compile",
+                         compiled=True)
+
+    def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+              device: Device) -> Session:
+        return _whole(model, Session())
+
+
+def _whole(model: LlamaForCausalLM, session: Session) -> Session:
+    """The model compiled whole, anew, for `session`'s life."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model.compile()
+    close = session.close
+
+    def closed() -> None:
+        close()
+        torch._dynamo.reset()
+
+    session.close = closed  # type: ignore[method-assign]
+    return session
+
+
 class _FitSession(Session):
     def __init__(self, handle: BudgetHandle) -> None:
         self.handle = handle
@@ -302,19 +332,42 @@ class StashCompiled(StashFit):
         return session
 
 
+class StashWhole(StashFit):
+    """stash.torch.fit over the decoder layers of a model compiled whole (fit entered,
+    then model.compile()): stash plans the compiled graph's saved values (Note [Planning
+    the compiled graph] in stash/torch/_compiled.py), at a compile row's peak or a share of
+    compile-whole's."""
+
+    def __init__(self, budget: Union[int, str], label: str, reference: str, name: str,
+                 link: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__(budget, label, reference=reference, link=link)
+        self.name = name
+        self.compiled = True
+
+    def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+              device: Device) -> Session:
+        import torch._dynamo
+
+        torch._dynamo.reset()  # fit's partitioner must see the first trace
+        return _whole(model, super().start(model, optimizer, device))
+
+
 def peer_systems(compile_budgets: List[float]) -> List[System]:
     """Every peer in the order the table lists them, keep-all first."""
     return ([KeepAll(), FullCheckpoint(), SelectiveCheckpoint(), SaveOnCpu(),
-             TorchtuneOffload()] + [CompileBudget(b) for b in compile_budgets])
+             TorchtuneOffload()] + [CompileBudget(b) for b in compile_budgets]
+            + [CompileWhole()])
 
 
 def stash_systems(results: List[Dict[str, Any]], shares: List[float],
                   link: Optional[Dict[str, Any]] = None,
                   gib: float = float(1 << 30)) -> List[System]:
     """stash's rows: one at each peer's measured peak (peers that ran; at a compile-B row's
-    also one with the layers compiled, StashCompiled), then at each share of keep-all's
-    measured peak. A peer that did not run gives no budget; its own row says
-    why. Budgets are whole bytes of the same meter the peers were measured with."""
+    also one with the layers compiled, StashCompiled, and one with the model compiled
+    whole, StashWhole), then at each share of keep-all's measured peak, and under
+    whole-model compile at each share of compile-whole's. A peer that did not run gives no
+    budget; its own row says why. Budgets are whole bytes of the same meter the peers were
+    measured with."""
     keep = next((r for r in results if r["kind"] == "keep-all" and r["status"] == "ok"), None)
     out: List[System] = []
     for r in results:
@@ -324,15 +377,27 @@ def stash_systems(results: List[Dict[str, Any]], shares: List[float],
         b = int(r["peak_bytes"])
         out.append(StashFit(b, f"stash at {r['name']}'s peak ({b / gib:.2f} GiB)",
                             reference=r["name"], link=link))
-        if r["kind"] == "compile":
+        if r["kind"] == "compile" and r["name"] != "compile-whole":
             out.append(StashCompiled(b, f"stash, layers compiled, at {r['name']}'s peak "
                                         f"({b / gib:.2f} GiB)", reference=r["name"],
                                      link=link))
+            out.append(StashWhole(b, f"stash, model compiled whole, at {r['name']}'s "
+                                     f"peak ({b / gib:.2f} GiB)", reference=r["name"],
+                                  name=f"stash+whole@{r['name']}", link=link))
     if keep is not None and keep["peak_bytes"]:
         for s in shares:
             b = int(round(keep["peak_bytes"] * s / 100.0))
             out.append(StashFit(b, f"stash at {s:g}% of keep-all ({b / gib:.2f} GiB)",
                                 reference=f"{s:g}%", link=link))
+    whole = next((r for r in results if r["name"] == "compile-whole" and r["status"] == "ok"
+                  and r["peak_bytes"]), None)
+    if whole is not None:
+        for s in shares:
+            b = int(round(whole["peak_bytes"] * s / 100.0))
+            out.append(StashWhole(b, f"stash, model compiled whole, at {s:g}% of "
+                                     f"compile-whole ({b / gib:.2f} GiB)",
+                                  reference=f"{s:g}% of compile-whole",
+                                  name=f"stash+whole@{s:g}%", link=link))
     return out
 
 

@@ -16,6 +16,11 @@ on the same batches with AdamW, for --steps steps:
                       peak (keep-all's too), then at --shares of keep-all's (85%, 70%, 55%)
   stash+compile@...   the same over the layers compiled (layer.compile()), at each
                       compile-B row's peak: stash's plan against torch's, both compiled
+  compile-whole       the whole model under torch.compile (model.compile()), no budget
+  stash+whole@...     fit over the layers of the model compiled whole, at each compile-B
+                      row's peak and at --shares of compile-whole's: stash plans the
+                      compiled graph's saved values (Note [Planning the compiled graph] in
+                      stash/torch/_compiled.py)
 For each: the measured peak (Note [One meter for every row] in _meter.py), tokens/s (the
 median step after the warm-up), the losses against keep-all's (bitwise for the eager
 systems; within a relative tolerance for compiled ones, Note [Which losses must match]),
@@ -137,6 +142,15 @@ def _raise_injected(module: torch.nn.Module, args: Tuple[Any, ...]) -> None:
     raise InjectedFault("stash.bench: an injected fault in a block's forward")
 
 
+def _graphs_compiled() -> int:
+    """The graphs Dynamo has compiled in this process so far: a step that compiles one (a
+    compiled row's first step; under whole-model compile, a plan's first step, whose plan
+    is a new graph) is not timed."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def run_system(system: System, size: Dict[str, Any], batches: List[torch.Tensor],
                device: Device, meter: Meter, warmup: int,
                fault_at: Optional[int] = None) -> Dict[str, Any]:
@@ -167,6 +181,7 @@ def run_system(system: System, size: Dict[str, Any], batches: List[torch.Tensor]
                 layers = decoder_layers(model)
                 fault = layers[min(1, len(layers) - 1)].register_forward_pre_hook(
                     _raise_injected)
+            graphs = _graphs_compiled()
             try:
                 with meter.step(i, n, model, opt, ids):
                     loss, ms = _train_step(model, opt, session, ids, device)
@@ -182,6 +197,7 @@ def run_system(system: System, size: Dict[str, Any], batches: List[torch.Tensor]
             row["losses"].append(loss.item())
             row["steps"].append({"wall_ms": ms, "metered": meter.watches(i, n),
                                  "tokens": int(ids.numel()),
+                                 "compiled_graphs": _graphs_compiled() - graphs,
                                  **{f"{k}_bytes": v for k, v in meter.last.items()}})
         report = session.stash_report()
     except Exception as e:
@@ -207,11 +223,11 @@ def run_system(system: System, size: Dict[str, Any], batches: List[torch.Tensor]
             s.update(mode=r["mode"], fit_peak_bytes=r["measured_peak_bytes"],
                      predicted_peak_bytes=r["predicted_peak_bytes"], step_ms=r["step_ms"],
                      predicted_step_ms=r["predicted_step_ms"],
-                     step_budget_bytes=r.get("budget_bytes"))
+                     step_budget_bytes=r.get("budget_bytes"), check=r.get("check"))
     done = [s for s in row["steps"] if not s.get("lost")]
     timed = [s for i, s in enumerate(row["steps"])
              if i >= warmup and not s["metered"] and not s.get("lost")
-             and s.get("mode", "plan") == "plan"]
+             and s.get("mode", "plan") == "plan" and not s.get("compiled_graphs")]
     if not timed:
         timed = [s for s in done if not s["metered"]][-1:] or done[-1:]
         row["timing_note"] = "no step after the warm-up: timed the last unmetered step"
@@ -367,7 +383,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="activation_memory_budget values for torch.compile ('' for none)")
     ap.add_argument("--systems", default="",
                     help="peers to run, comma-separated names (default all; keep-all "
-                         "always runs): full-ac, sac, save_on_cpu, torchtune, compile-B")
+                         "always runs): full-ac, sac, save_on_cpu, torchtune, compile-B, "
+                         "compile-whole")
     ap.add_argument("--no-stash", action="store_true", help="the peers only")
     ap.add_argument("--out", default="out/peers", help="folder for peers.{md,json,svg}")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
