@@ -19,7 +19,7 @@
 # unpacked into .carry/deps, or else from the machine.
 # Environment: STASH_GPU_ARCH (default: the first GPU's compute capability, e.g. 90-real),
 # STASH_GPU_CHECK_STEPS (default "build tests ranks peers"; all: "build tests bench demo
-# fit ranks peers"), STASH_GPU_BUILD_DIR (default build-gpu/),
+# fit graphs ranks peers"), STASH_GPU_BUILD_DIR (default build-gpu/),
 # STASH_GPU_FIT_SIZE (the fit step's model: h200, default, or tiny), STASH_GPU_FIT_SHARES
 # (default 85,70,55: % of keep-all) and STASH_GPU_FIT_GIB (default 40: GiB budgets),
 # STASH_GPU_PEERS_SIZE (default h200-fill; h200 is half the layers at half the batch) and
@@ -169,7 +169,7 @@ fi
 # own torch and transformers: keep-all, then 85%, 70%, 55% of its peak and a 40 GiB budget.
 # The peers' wheels (Note [The peers' wheels] in gpu-carry.sh), for the Python steps only.
 pypath="$tests/python"  # the package, installed with the tests
-if ls "$root"/.carry/wheels/*.whl >/dev/null 2>&1 && { want peers || want fit; }; then
+if ls "$root"/.carry/wheels/*.whl >/dev/null 2>&1 && { want peers || want fit || want graphs; }; then
   if [ ! -f "$root/.carry/site/.installed" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$root/.carry/site" "$root"/.carry/wheels/*.whl 2>&1 | tee -a "$report" &&
@@ -196,6 +196,18 @@ if want fit; then
     run "stash.bench.fit (Llama, bf16, new lengths, a fault)" 300 python3 -m stash.bench.fit \
       --size "${STASH_GPU_FIT_SIZE:-h200}" --shares 70 --gib "" --steps 12 \
       --lengths "$lengths" --fault-at 3 --out "$out_dir/fit-lengths"
+fi
+
+# Issue 23: under CUDA graphs. The built-in workload captured and replayed (gradients bit
+# for bit, host time per step with graphs against eager), and stash.torch.fit with the
+# training step captured by torch.cuda.graph (losses and parameters bitwise with the eager
+# plan, max_memory_allocated within the budget) and make_graphed_callables refused by name.
+if want graphs; then
+  run "stash demo --graphs" 300 "$stash" demo --graphs --steps 3 --out "$out_dir/demo-graphs"
+  PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    STASH_LIB_DIR="$libdir" \
+    run "fit under torch.cuda.graph" 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
+      "$tests/python/test_fit_gpu.py" -k "graph"
 fi
 
 # stash.torch.fit under FSDP2 on NCCL at world size 1, and the link as 2 and 4 processes on

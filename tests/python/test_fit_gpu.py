@@ -190,3 +190,116 @@ def test_whole_model_compile_offloads_within_the_budget():
         assert p < keep, (peaks, keep)
     for a, b in zip(ref_losses, losses):
         assert abs(a - b) <= 2e-2 * abs(a), (ref_losses, losses)
+
+
+# --- issue 23 §3: fit under CUDA graphs (Note [Steps under CUDA graphs] in
+# stash/torch/_offload_hooks.py). Prepared without a GPU; the CPU tests in
+# test_fit_graphs.py cover the capture-safety of the hooks through the double.
+
+GRAPH_STEPS = 4
+
+
+def _graph_run(budget, capture):
+    """fit at `budget` on a Llama with SGD: two eager steps (measure, plan), then
+    GRAPH_STEPS steps either eager or as replays of one torch.cuda.graph capture of the
+    whole step. The losses, the parameters, the peak over the last steps, the report."""
+    model = _model(layers=4)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    h = stash.torch.fit(model.model.layers, budget, optimizer=opt)
+    g = torch.Generator().manual_seed(3)
+    data = [torch.randint(0, 8192, (4, 1024), generator=g).cuda()
+            for _ in range(2 + GRAPH_STEPS)]
+    static_ids = data[0].clone()
+    losses = []
+
+    def step():
+        loss = model(input_ids=static_ids, labels=static_ids).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    with sdpa_kernel(SDPBackend.MATH):
+        for ids in data[:2]:
+            static_ids.copy_(ids)
+            losses.append(step().item())
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        if capture:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_loss = step()
+            for ids in data[2:]:
+                static_ids.copy_(ids)
+                graph.replay()
+                losses.append(static_loss.item())
+        else:
+            for ids in data[2:]:
+                static_ids.copy_(ids)
+                losses.append(step().item())
+                opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    params = [p.detach().clone() for p in model.parameters()]
+    report, plan = h.report(), h.plan
+    if capture:
+        held = h.release_graphs()
+        assert held > 0, "a captured offloading step holds pinned slots until released"
+        del graph
+    h.close()
+    return losses, params, peak, report, plan
+
+
+def _recomputes(plan):
+    return any(t["action"] == "recompute" for layer in plan["layers"] for t in layer["tensors"])
+
+
+def test_fit_under_a_captured_training_step_replays_the_eager_plan():
+    # 70% first; a plan that recomputes is refused under capture (torch cannot read the
+    # CUDA RNG state then), so a higher share is tried for a plan that only offloads.
+    for budget in ("70%", "85%", "95%"):
+        eager = _graph_run(budget, capture=False)
+        plan = eager[4]
+        if not _recomputes(plan):
+            break
+        with pytest.raises(stash.StashError, match="recomputes"):
+            _graph_run(budget, capture=True)
+        torch.cuda.empty_cache()
+    else:
+        pytest.fail("no budget gave a plan without recompute: nothing capturable was tried")
+    assert sum(t["action"] == "offload" for layer in plan["layers"]
+               for t in layer["tensors"]) > 0, plan
+    graphed = _graph_run(budget, capture=True)
+    losses, params, peak, report, _ = graphed
+    budget_bytes = report["budget_bytes"]
+    print(f"\nfit at {budget} under torch.cuda.graph: peak {peak} bytes against the eager "
+          f"plan's {eager[2]} and the budget {budget_bytes}")
+    assert losses == eager[0], (losses, eager[0])
+    assert all(torch.equal(a, b) for a, b in zip(params, eager[1]))
+    assert peak <= budget_bytes, (peak, budget_bytes)
+    # Only the eager steps are fit's steps; the captured one and its replays are not.
+    assert [s["mode"] for s in report["steps"]] == ["measure", "plan"]
+
+
+def test_make_graphed_callables_on_the_blocks_is_refused_by_name():
+    from models import Block
+
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList([Block(1024, 8, 4096) for _ in range(4)]).cuda()
+    h = stash.torch.fit(blocks, "70%")
+    x = torch.randn(8, 1024, 1024, device="cuda", requires_grad=True)
+
+    def loss():
+        y = x
+        for b in blocks:
+            y = b(y)
+        return y.square().mean()
+
+    for _ in range(2):  # the measuring step, then a planned one
+        loss().backward()
+    assert h.plan is not None
+    copies = any(t["action"] != "keep" for layer in h.plan["layers"] for t in layer["tensors"])
+    assert copies, h.plan
+    with pytest.raises(stash.StashError, match="make_graphed_callables"):
+        torch.cuda.make_graphed_callables(tuple(blocks), tuple((x,) for _ in blocks))
+    h.close()
