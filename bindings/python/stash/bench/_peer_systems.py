@@ -256,6 +256,13 @@ def _whole(model: LlamaForCausalLM, session: Session) -> Session:
 
     torch._dynamo.reset()
     model.compile()
+    return _reset_on_close(session)
+
+
+def _reset_on_close(session: Session) -> Session:
+    """`session`, whose close() also drops Dynamo's compiled graphs."""
+    import torch._dynamo
+
     close = session.close
 
     def closed() -> None:
@@ -321,15 +328,7 @@ class StashCompiled(StashFit):
         torch._dynamo.reset()
         for layer in decoder_layers(model):
             layer.compile()
-        session = super().start(model, optimizer, device)
-        close = session.close
-
-        def closed() -> None:
-            close()
-            torch._dynamo.reset()
-
-        session.close = closed  # type: ignore[method-assign]
-        return session
+        return _reset_on_close(super().start(model, optimizer, device))
 
 
 class StashWhole(StashFit):
@@ -346,9 +345,7 @@ class StashWhole(StashFit):
 
     def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
               device: Device) -> Session:
-        import torch._dynamo
-
-        torch._dynamo.reset()  # fit's partitioner must see the first trace
+        # fit first; _whole drops every compiled graph before the model's first trace.
         return _whole(model, super().start(model, optimizer, device))
 
 

@@ -634,11 +634,12 @@ class CompiledState:
         if last is not None and last.peak is None:
             self.group += 1  # the forward before never reached block 0's backward
         grads = self._gradients()
-        measured = self.measuring_forwards()
-        # Note [Micro-batches under whole-model compile]
+        # Note [Micro-batches under whole-model compile]; the measuring forwards are
+        # looked at only while the plan is still to come.
+        pending = last is not None and self.serial == 0 and self.actions is None
+        measured = self.measuring_forwards() if pending else []
         most = max((s.grads for s in measured), default=0)
-        if (last is not None and self.serial == 0 and self.actions is None and measured
-                and grads <= most):
+        if pending and measured and grads <= most:
             self.actions = self._plan()
             self.serial = 1
             self.planned_grads = most
