@@ -151,8 +151,15 @@ def planned():
     h = stash.torch.fit(blocks, "70%", link=LINK)
     copies = Copies(h)
     step(model, ids)
-    copies.clear()
-    step(model, ids)
+    # One planned step, eager. On a loaded machine the double's copies finish late, the
+    # planned step can peak over its prediction and fit measures again (its first-run
+    # check): step until a plan stands (the copies recorded are the last step's).
+    for _ in range(6):
+        copies.clear()
+        step(model, ids)
+        if h.plan is not None:
+            break
+    assert h.plan is not None, h.report()["steps"]
     offloads = sum(t["action"] == "offload" for layer in h.plan["layers"]
                    for t in layer["tensors"])
     assert offloads > 0, "the plan must offload for this test to mean anything"
@@ -162,6 +169,8 @@ def planned():
 
 def test_a_captured_planned_step_replays_the_eager_steps_copies_bitwise(planned):
     model, ids, h, copies = planned
+    ran = [r["mode"] for r in h.report()["steps"]]  # the fixture's eager steps
+    assert ran[0] == "measure" and ran[-1] == "plan", ran
     rt = Runtime()
     eager = {k: v.clone() for k, v in copies.sources.items()}
     eager_fetched = {k: copies.buffer(k).clone() for k in copies.buffers}
@@ -217,7 +226,7 @@ def test_a_captured_planned_step_replays_the_eager_steps_copies_bitwise(planned)
     step(model, ids)
     assert {k: v for k, v in copies.sources.items()}.keys() == eager.keys()
     assert all(torch.equal(copies.sources[k], eager[k]) for k in eager)
-    assert [r["mode"] for r in h.report()["steps"]] == ["measure", "plan", "plan"]
+    assert [r["mode"] for r in h.report()["steps"]] == ran + ["plan"]
 
 
 def test_a_measuring_step_under_capture_is_refused_and_the_capture_stays_valid():
