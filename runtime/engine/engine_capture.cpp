@@ -75,12 +75,7 @@ status prefetch_engine::begin_capture(std::size_t pinned_bytes) noexcept {
   if (err != cudaSuccess)
     return prim::record_cuda_error(err, "cudaStreamBeginCapture(compute)", __FILE__, __LINE__);
   capturing_ = true;
-  refused_ = false;
-  refusal_[0] = '\0';
-  failed_at_begin_ = stats_.failed_count;
-  pinned_->set_frozen(true);
-  events_.set_frozen(true);
-  parked_trace_ = std::move(trace_);
+  enter_capture();
   return status::ok;
 }
 
@@ -253,13 +248,17 @@ status prefetch_engine::join_locked(cudaStream_t stream, const char* op) noexcep
   own_compute_ = config_.compute;
   config_.compute = stream;
   joined_ = capturing_ = true;
+  enter_capture();
+  return status::ok;
+}
+
+void prefetch_engine::enter_capture() noexcept {
   refused_ = false;
   refusal_[0] = '\0';
   failed_at_begin_ = stats_.failed_count;
   pinned_->set_frozen(true);
   events_.set_frozen(true);
   parked_trace_ = std::move(trace_);
-  return status::ok;
 }
 
 void prefetch_engine::join_side_streams() noexcept {

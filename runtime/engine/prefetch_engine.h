@@ -315,6 +315,10 @@ class prefetch_engine {
   status join_locked(cudaStream_t stream, const char* op) noexcept;
   status settle_locked() noexcept;
   void join_side_streams() noexcept;  // d2h and h2d, where capture members, into compute
+  // Note [Capturing a step]: the state every capture starts in, the engine's own
+  // (begin_capture) or the caller's (capture_join): no refusal yet, the pinned and event
+  // pools frozen, the trace parked.
+  void enter_capture() noexcept;
   bool joined_stream_ended() noexcept;  // joined, and the caller's capture is over
   void settle_if_ended() noexcept {     // the verdict is dropped (the refusal returned it)
     if (joined_ && joined_stream_ended()) settle_locked();
