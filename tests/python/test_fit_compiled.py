@@ -128,16 +128,14 @@ def test_fit_plans_the_compiled_graph(keep_all):
     # The step that measured, the step that planned (it still runs the measuring graph),
     # then the plan.
     assert [s.serial for s in st.steps] == [0, 0, 1, 1, 1]
-    # Note [Planning the compiled graph]: the forward is the same computation; the
-    # losses are bitwise those of compiled training without stash.
-    assert all(torch.equal(a["loss"], b["loss"]) for a, b in zip(ref, got)), \
-        ([a["loss"] for a in ref], [b["loss"] for b in got])
-    # The parameters after 5 AdamW steps agree to within 1e-5 (measured: 6.7e-7): a value
-    # the plan recomputes is rebuilt in backward by a kernel Inductor fuses differently
-    # from the forward's, which may round one ulp apart (Note [Planning the compiled
-    # graph]'s tolerance).
-    diff = max((a - b).abs().max().item() for a, b in zip(ref_params, params))
-    assert diff <= 1e-5, diff
+    # Note [Planning the compiled graph]: the forward is the same computation, so the
+    # first step's loss (the same parameters) is bitwise that of compiled training without
+    # stash. The gradients are not bitwise: a value the measuring graph or the plan
+    # recomputes is rebuilt in backward by a kernel Inductor fuses differently from the
+    # forward's, which may round one ulp apart (later losses seen 1e-6 apart). Later steps
+    # and the parameters after 5 AdamW steps agree within the compiled tolerance.
+    assert torch.equal(ref[0]["loss"], got[0]["loss"]), (ref[0]["loss"], got[0]["loss"])
+    _same_training(ref, ref_params, got, params)
     acts = [a for layer in st.actions for a in layer]
     assert "recompute" in acts and "keep" in acts, st.actions
     # On the meter: every planned step within the budget and below compiled keep-all.
@@ -224,7 +222,10 @@ def test_every_length_under_whole_model_compile_is_planned_for_itself():
     recomputed = {sh: sum(a == "recompute" for layer in sp.actions for a in layer)
                   for sh, sp in st.shape_plans.items()}
     assert recomputed[(4, 192, 64)] > recomputed[(4, 96, 64)], recomputed
-    assert all(torch.equal(a["loss"], b["loss"]) for a, b in zip(ref[:3], got[:3]))
+    # The first step's loss is bitwise (the same forward on the same parameters); the
+    # gradients of a recomputing graph may round one ulp apart (test_fit_plans_the_
+    # compiled_graph), so later losses agree within the compiled tolerance.
+    assert torch.equal(ref[0]["loss"], got[0]["loss"]), (ref[0]["loss"], got[0]["loss"])
     for i, (a, b) in enumerate(zip(ref, got)):
         assert torch.allclose(a["loss"], b["loss"], rtol=1e-5, atol=0), (i, a, b)
     for s in got[2:]:
