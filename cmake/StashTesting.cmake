@@ -24,8 +24,9 @@ set(STASH_SKIP_REGEX "\\[ STASH NO DEVICE \\]")
 # its libraries, CLI, header and profiles) and nothing else, no build tree and no sources;
 # `-L cpu` runs the .cpu variants on the installed double. tools/gpu-carry.sh carries a
 # build to a GPU machine that way, as rmm carries its installed gtests. Nothing in that CTestTestfile.cmake names
-# the build machine: ctest reads it in its own folder, where `file(REAL_PATH .)` is that
-# folder, and every program, library and file is found from there. The programs' RUNPATH
+# the build machine: ctest reads it in its own folder, its working directory (`pwd -P`
+# there, since CMake 4 resolves no relative path in a CTestTestfile), and every program,
+# library and file is found from there. The programs' RUNPATH
 # is $ORIGIN/<tests to lib>; the files a test runs or reads are named by environment
 # variables (Note [Test programs' paths] in tests/common/test_paths.h). A sanitizer build
 # installs no tests: its programs need the sanitizer runtime of the build machine.
