@@ -110,9 +110,9 @@ cudaError_t copy(void* dst, const void* src, size_t count, int kind,
   std::unique_lock<std::mutex> lk(st.mu);
   Stream* s = find_stream(st, stream);
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  if (sync_api) {
-    if (cudaError_t e = refuse_unsafe(st); e != cudaSuccess) return fail(e);
-  }
+  // A synchronous copy is not refused under a capture (Note [Capture rules]): only its
+  // use of the legacy stream can conflict, which route_op checks.
+  (void)sync_api;
   bool captured = false;
   if (cudaError_t e = route_op(st, *s, &captured); e != cudaSuccess) return fail(e);
   OpSpec spec;
@@ -148,6 +148,10 @@ cudaError_t memset(void* ptr, int value, size_t count, cudaStream_t stream, bool
   std::unique_lock<std::mutex> lk(st.mu);
   Stream* s = find_stream(st, stream);
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  // Zero bytes: success before anything else is looked at, as the real runtime answers
+  // (seen on an H200, CUDA 13: cudaMemsetAsync(nullptr, 0, 0, s) on a stream whose capture
+  // was invalidated returns cudaSuccess).
+  if (count == 0) return cudaSuccess;
   if (sync_api) {
     if (cudaError_t e = refuse_unsafe(st); e != cudaSuccess) return fail(e);
   }

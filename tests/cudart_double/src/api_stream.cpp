@@ -269,7 +269,10 @@ STASHDBL_EXPORT cudaError_t cudaEventQuery(cudaEvent_t event) {
 STASHDBL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   STASHDBL_ENTER("cudaEventSynchronize");
   return with_event(event, [](State& st, Lock& lk, Event& ev) {
-    if (in_active_capture(ev)) return fail(cudaErrorCapturedEvent);
+    if (in_active_capture(ev)) {  // Note [Capture rules]: the real runtime's answer
+      ev.capture->invalidated = true;
+      return fail(cudaErrorInvalidValue);
+    }
     sync_event(st, lk, ev);
     return cudaSuccess;
   });

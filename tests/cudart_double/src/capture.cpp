@@ -141,8 +141,13 @@ cudaError_t begin_capture(State& st, Stream& s, cudaStreamCaptureMode mode) {
 cudaError_t end_capture(State& st, Stream& s, cudaGraph_t* out) {
   if (!s.capture) return cudaErrorIllegalState;
   std::shared_ptr<Capture> c = s.capture;
-  if (c->members.front() != &s) return cudaErrorStreamCaptureUnmatched;
+  // Note [Capture rules]: as the real runtime answers (seen on an H200, CUDA 13).
+  if (c->members.front() != &s) {
+    c->invalidated = true;
+    return cudaErrorStreamCaptureUnmatched;
+  }
   if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id()) {
+    end(st, *c);
     return cudaErrorStreamCaptureWrongThread;
   }
   // A node nothing depends on must be in the origin's dependency set: else some fork
@@ -161,9 +166,10 @@ cudaError_t end_capture(State& st, Stream& s, cudaGraph_t* out) {
   }
   const bool invalidated = c->invalidated;
   end(st, *c);
-  *out = nullptr;
+  if (out != nullptr) *out = nullptr;
   if (invalidated) return cudaErrorStreamCaptureInvalidated;
   if (unjoined) return cudaErrorStreamCaptureUnjoined;
+  if (out == nullptr) return cudaSuccess;  // ended, the graph dropped
   std::shared_ptr<Graph> graph(std::move(c->graph));
   graph->lanes = c->members.size();
   *out = reinterpret_cast<cudaGraph_t>(graph.get());

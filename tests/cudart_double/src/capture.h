@@ -19,10 +19,14 @@
 //    any capture with cudaErrorStreamCaptureIsolation (both invalidate).
 //    cudaStreamEndCapture on the origin stream fails with cudaErrorStreamCaptureUnjoined
 //    when a node has no successor and is not in the origin's dependency set (a fork that
-//    was never joined back). Ending on another member: cudaErrorStreamCaptureUnmatched;
-//    on a stream that does not capture: cudaErrorIllegalState; from another thread when
-//    the mode is not relaxed: cudaErrorStreamCaptureWrongThread (the capture goes on).
-//    However it ends, every member leaves the capture; a failed capture yields no graph.
+//    was never joined back). Ending on another member: cudaErrorStreamCaptureUnmatched,
+//    and the capture is invalidated; on a stream that does not capture:
+//    cudaErrorIllegalState; from another thread when the mode is not relaxed:
+//    cudaErrorStreamCaptureWrongThread, and the capture is over (no graph). A null
+//    pGraph ends the capture and drops the graph (cudaSuccess). However it ends, every
+//    member leaves the capture; a failed capture yields no graph. (Those three answers
+//    are the real runtime's, seen on an H200 with CUDA 13; the double first had them
+//    otherwise.)
 //  - Invalidation. A refused call invalidates the capture(s) it conflicts with: their
 //    later stream ops fail with cudaErrorStreamCaptureInvalidated and EndCapture returns
 //    that error and no graph. Argument errors (a bad kind, a bad pointer) do not
@@ -30,9 +34,11 @@
 //  - Syncs. cudaStreamSynchronize and cudaStreamQuery of a capturing stream, and
 //    cudaDeviceSynchronize while any capture is under way, fail with
 //    cudaErrorStreamCaptureUnsupported (every mode: they necessarily conflict).
-//    cudaEventQuery, cudaEventSynchronize and cudaEventElapsedTime of an event last
-//    recorded in a capture still under way fail with cudaErrorCapturedEvent; this
-//    invalidates nothing (no stream op was attempted). Once the capture ended the event
+//    cudaEventQuery and cudaEventElapsedTime of an event last recorded in a capture still
+//    under way fail with cudaErrorCapturedEvent; this invalidates nothing (no stream op
+//    was attempted). cudaEventSynchronize of one fails with cudaErrorInvalidValue and
+//    invalidates its capture (the real runtime's answer, seen on an H200 with CUDA 13;
+//    cudaEventElapsedTime's was not checked). Once the capture ended the event
 //    reads as it did before that record (the double's choice; the real runtime's answer
 //    was not checked).
 //  - The legacy stream. While a blocking stream (not cudaStreamNonBlocking) is a member
@@ -40,7 +46,10 @@
 //    copy or memset (they run on it) fail with cudaErrorStreamCaptureImplicit and
 //    invalidate those captures; cudaStreamIsCapturing and cudaStreamGetCaptureInfo of the
 //    legacy stream fail with it without invalidating, as documented.
-//  - Potentially unsafe calls: cudaMalloc, cudaFree, cudaMemcpy and cudaMemset. As
+//  - Potentially unsafe calls: cudaMalloc, cudaFree and cudaMemset (cudaMemcpy is not
+//    one: the real runtime, on an H200 with CUDA 13, lets a synchronous host-to-device
+//    copy run during a Global capture of a non-blocking stream, and so does the
+//    double; cudaMemset's and cudaFree's answers there were not checked). As
 //    cudaThreadExchangeStreamCaptureMode documents: under the calling thread's mode Global
 //    they are refused while the thread has a capture of its own not begun relaxed, or any
 //    other thread has a capture begun Global; under ThreadLocal only the thread's own
