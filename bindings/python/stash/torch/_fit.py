@@ -714,7 +714,7 @@ class BudgetHandle(OffloadHandle):
         return self._clock.kind
 
     def _fail(self, error: StashError) -> NoReturn:
-        self._failed = error
+        self._failed = str(error)  # the text only: a traceback would hold the step's frames
         ranks = getattr(self, "_ranks", None)
         if ranks is not None:
             ranks.fail(str(error))  # every other rank raises with it
