@@ -147,9 +147,21 @@ fi
 STASH_GPU_PYTHON=$(command -v python3)
 export STASH_GPU_PYTHON
 
+# The C++ suites through ctest; the GPU Python tests (ctest's python.offload_gpu and
+# python.fit_gpu: two processes, as the pluggable allocator is for a process's life)
+# through pytest itself, verbose with each test's time and a per-test limit, so that one
+# slow or hanging test shows which and leaves the others their time.
 if want tests; then
-  run "ctest -L gpu" 300 ctest --test-dir "$tests" -L gpu -E python.ranks_gpu \
+  run "ctest -L gpu (C++ suites)" 240 ctest --test-dir "$tests" -L gpu -E '^python\.' \
     --output-on-failure --timeout 120
+  per_test=(); python3 -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout=240)
+  for name in offload fit; do
+    PYTHONPATH="$tests/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+      PYTHONDONTWRITEBYTECODE=1 STASH_LIB_DIR="$libdir" \
+      run "python.${name}_gpu" 540 python3 -m pytest -v -rs -s -p no:cacheprovider \
+        --durations=0 "${per_test[@]}" --junitxml="$out_dir/pytest-$name-gpu.xml" \
+        "$tests/python/test_${name}_gpu.py"
+  done
 fi
 
 if want bench; then
@@ -204,10 +216,12 @@ fi
 # plan, max_memory_allocated within the budget) and make_graphed_callables refused by name.
 if want graphs; then
   run "stash demo --graphs" 300 "$stash" demo --graphs --steps 3 --out "$out_dir/demo-graphs"
-  PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
-    STASH_LIB_DIR="$libdir" \
-    run "fit under torch.cuda.graph" 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
-      "$tests/python/test_fit_gpu.py" -k "graph"
+  if ! want tests; then  # step tests runs these with the other GPU Python tests
+    PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+      STASH_LIB_DIR="$libdir" \
+      run "fit under torch.cuda.graph" 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
+        "$tests/python/test_fit_gpu.py" -k "graph"
+  fi
 fi
 
 # stash.torch.fit under FSDP2 on NCCL at world size 1, and the link as 2 and 4 processes on

@@ -1,6 +1,7 @@
 """GPU: stash.torch.fit on a Hugging Face Llama in bf16 with SDPA, on the real runtime.
 
-ctest `python.offload_gpu` (label gpu) runs this file with test_offload_gpu.py; without a
+ctest `python.fit_gpu` (label gpu) runs this file in a process of its own, with torch's
+own CUDA allocator (test_offload_gpu.py installs stash's); without a
 device, or without transformers, it skips with the marker ctest's SKIP_REGULAR_EXPRESSION
 looks for. Every step's torch.cuda.max_memory_allocated(), the measuring step's
 included, must be within the budget, the planned steps must offload, and the losses must
@@ -256,9 +257,18 @@ def _recomputes(plan):
 
 def test_fit_under_a_captured_training_step_replays_the_eager_plan():
     # 70% first; a plan that recomputes is refused under capture (torch cannot read the
-    # CUDA RNG state then), so a higher share is tried for a plan that only offloads.
-    for budget in ("70%", "85%", "95%"):
-        eager = _graph_run(budget, capture=False)
+    # CUDA RNG state then), so a higher share is tried for a plan that only offloads. A
+    # share below the least-memory step's peak is refused (the logits of a 4-layer model
+    # weigh much against its layers): the next one is tried.
+    for budget in ("70%", "80%", "85%", "95%"):
+        try:
+            eager = _graph_run(budget, capture=False)
+        except stash.StashError as e:
+            if "no plan fits the budget" not in str(e):
+                raise
+            print(f"\n{budget}: {e}")
+            torch.cuda.empty_cache()
+            continue
         plan = eager[4]
         if not _recomputes(plan):
             break
@@ -286,7 +296,7 @@ def test_make_graphed_callables_on_the_blocks_is_refused_by_name():
 
     torch.manual_seed(0)
     blocks = torch.nn.ModuleList([Block(1024, 8, 4096) for _ in range(4)]).cuda()
-    h = stash.torch.fit(blocks, "70%")
+    h = stash.torch.fit(blocks, "85%")  # any plan with copies; 85% stays above least memory
     x = torch.randn(8, 1024, 1024, device="cuda", requires_grad=True)
 
     def loss():

@@ -1,6 +1,6 @@
 """GPU: stash.torch.fit under FSDP2 on the NCCL backend at world size 1, and the link as
 several processes on one GPU share it (the GPU machine has one GPU: multi-rank on separate
-GPUs cannot be measured there). In ctest python.offload_gpu; skips without a device.
+GPUs cannot be measured there). In ctest python.ranks_gpu; skips without a device.
 
 Prints the figures BENCHMARKS.md records (pytest -s shows them; -rs the skip reasons)."""
 

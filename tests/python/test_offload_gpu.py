@@ -130,7 +130,7 @@ def test_offload_and_recompute_lower_the_peak(allocator):
         s = h.stats()
     n_rec = layer.count("recompute")
     assert s["hooks"]["recompute_count"] == (N - 1) * n_rec * STEPS
-    assert s["recompute_count"] == (N - 1) * n_rec * STEPS
+    assert s["recompute_count"] == 0  # the engine sees only offloads (stash.torch.offload)
     assert s["hooks"]["recompute_forwards"] == (N - 1) * STEPS
     # A Block saves nothing again after the first save of its last tensor but that tensor
     # (relu's output, for fc2): with that tensor not recomputed, every replay stops short.
