@@ -62,6 +62,11 @@ cudaError_t host_alloc(void** ptr, size_t size, unsigned flags) {
     *ptr = nullptr;
     return cudaSuccess;
   }
+  {
+    State& st = state();
+    std::lock_guard<std::mutex> lk(st.mu);
+    if (cudaError_t e = refuse_unsafe(st); e != cudaSuccess) return fail(e);  // Note [Capture rules]
+  }
   BlockRef b = MemoryTable::map(size, MemKind::kPinned);
   if (!b) return fail(cudaErrorMemoryAllocation);
   b->flags = flags;
@@ -174,6 +179,7 @@ STASHDBL_EXPORT cudaError_t cudaFreeHost(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
   State& st = state();
   std::lock_guard<std::mutex> lk(st.mu);
+  if (cudaError_t e = refuse_unsafe(st); e != cudaSuccess) return fail(e);  // Note [Capture rules]
   BlockRef b = st.memory.at_base(ptr);
   if (!b || b->kind != MemKind::kPinned) return fail(cudaErrorInvalidValue);
   host_access(st, ptr, b->size, /*is_write=*/true, "cudaFreeHost");

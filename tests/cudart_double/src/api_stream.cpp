@@ -261,7 +261,10 @@ STASHDBL_EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stre
 STASHDBL_EXPORT cudaError_t cudaEventQuery(cudaEvent_t event) {
   STASHDBL_ENTER("cudaEventQuery");
   return with_event(event, [](State& st, Lock&, Event& ev) {
-    if (in_active_capture(ev)) return fail(cudaErrorCapturedEvent);
+    if (in_active_capture(ev)) {  // Note [Capture rules]: the real runtime's answer
+      ev.capture->invalidated = true;
+      return fail(cudaErrorCapturedEvent);
+    }
     return query_event(st, ev) ? cudaSuccess : cudaErrorNotReady;
   });
 }

@@ -34,11 +34,12 @@
 //  - Syncs. cudaStreamSynchronize and cudaStreamQuery of a capturing stream, and
 //    cudaDeviceSynchronize while any capture is under way, fail with
 //    cudaErrorStreamCaptureUnsupported (every mode: they necessarily conflict).
-//    cudaEventQuery and cudaEventElapsedTime of an event last recorded in a capture still
-//    under way fail with cudaErrorCapturedEvent; this invalidates nothing (no stream op
-//    was attempted). cudaEventSynchronize of one fails with cudaErrorInvalidValue and
-//    invalidates its capture (the real runtime's answer, seen on an H200 with CUDA 13;
-//    cudaEventElapsedTime's was not checked). Once the capture ended the event
+//    cudaEventQuery of an event last recorded in a capture still under way fails with
+//    cudaErrorCapturedEvent and cudaEventSynchronize with cudaErrorInvalidValue; both
+//    invalidate its capture (the real runtime's answers, seen on an H200 with CUDA 13:
+//    a host that polls a captured event has broken the capture). cudaEventElapsedTime
+//    fails with cudaErrorCapturedEvent and invalidates nothing (not checked on a GPU).
+//    Once the capture ended the event
 //    reads as it did before that record (the double's choice; the real runtime's answer
 //    was not checked).
 //  - The legacy stream. While a blocking stream (not cudaStreamNonBlocking) is a member
@@ -46,7 +47,8 @@
 //    copy or memset (they run on it) fail with cudaErrorStreamCaptureImplicit and
 //    invalidate those captures; cudaStreamIsCapturing and cudaStreamGetCaptureInfo of the
 //    legacy stream fail with it without invalidating, as documented.
-//  - Potentially unsafe calls: cudaMalloc, cudaFree and cudaMemset (cudaMemcpy is not
+//  - Potentially unsafe calls: cudaMalloc, cudaFree, cudaMemset, and pinned memory's
+//    cudaHostAlloc, cudaMallocHost and cudaFreeHost (cudaMemcpy is not
 //    one: the real runtime, on an H200 with CUDA 13, lets a synchronous host-to-device
 //    copy run during a Global capture of a non-blocking stream, and so does the
 //    double; cudaMemset's and cudaFree's answers there were not checked). As
@@ -154,7 +156,7 @@ cudaStreamCaptureMode& thread_capture_mode();
 cudaError_t route_op(State& st, Stream& s, bool* captured);
 void add_node(State& st, Stream& s, Node node);
 
-cudaError_t refuse_unsafe(State& st);                // cudaMalloc, cudaFree, sync copies
+cudaError_t refuse_unsafe(State& st);                // Note [Capture rules]: the unsafe calls
 cudaError_t refuse_stream_sync(State& st, Stream& s);  // cudaStreamSynchronize/Query
 cudaError_t refuse_device_sync(State& st);           // cudaDeviceSynchronize
 // The legacy stream's answer to a capture query (Implicit, without invalidating).

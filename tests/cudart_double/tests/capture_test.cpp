@@ -324,6 +324,27 @@ TEST(Capture, MallocIsRefusedUnderGlobalModeFromAnyThread) {
   cudaGetLastError();
 }
 
+TEST(Capture, PinnedAllocationIsRefusedUnderGlobalMode) {
+  StreamOwner s(cudaStreamNonBlocking);
+  void* p = nullptr;
+  {
+    Capturing cap(s);
+    EXPECT_EQ(cudaHostAlloc(&p, 256, cudaHostAllocDefault), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(status_of(s), cudaStreamCaptureStatusInvalidated);
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cap.end(&g), cudaErrorStreamCaptureInvalidated);
+  }
+  CUDA_OK(cudaMallocHost(&p, 256));
+  {
+    Capturing cap(s);
+    EXPECT_EQ(cudaFreeHost(p), cudaErrorStreamCaptureUnsupported);
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cap.end(&g), cudaErrorStreamCaptureInvalidated);
+  }
+  CUDA_OK(cudaFreeHost(p));
+  cudaGetLastError();
+}
+
 TEST(Capture, RelaxedAndThreadLocalModesAllowMalloc) {
   StreamOwner s(cudaStreamNonBlocking);
   void* p = nullptr;
@@ -410,12 +431,17 @@ TEST(Capture, AnEventRecordedInTheCaptureCannotBeWaitedOnByTheHost) {
   Capturing cap(s);
   CUDA_OK(cudaEventRecord(e, s));
   EXPECT_EQ(cudaEventQuery(e), cudaErrorCapturedEvent);
-  EXPECT_EQ(status_of(s), cudaStreamCaptureStatusActive) << "a query invalidates nothing";
-  EXPECT_EQ(cudaEventSynchronize(e), cudaErrorInvalidValue);
-  EXPECT_EQ(status_of(s), cudaStreamCaptureStatusInvalidated) << "a host wait does";
+  EXPECT_EQ(status_of(s), cudaStreamCaptureStatusInvalidated) << "even a query breaks it";
   cudaGraph_t g = nullptr;
   EXPECT_EQ(cap.end(&g), cudaErrorStreamCaptureInvalidated);
   EXPECT_EQ(g, nullptr);
+  {
+    Capturing again(s);
+    CUDA_OK(cudaEventRecord(e, s));
+    EXPECT_EQ(cudaEventSynchronize(e), cudaErrorInvalidValue);
+    EXPECT_EQ(status_of(s), cudaStreamCaptureStatusInvalidated) << "and a host wait";
+    EXPECT_EQ(again.end(&g), cudaErrorStreamCaptureInvalidated);
+  }
   cudaGetLastError();
 }
 
