@@ -38,6 +38,40 @@ def test_a_share_budget_is_judged_per_shape():
 LENGTHS = [32, 128, 48, 96, 40, 112, 56, 80, 64, 120, 36, 100, 72, 88, 44, 104, 60, 124]
 
 
+def test_a_short_shape_a_share_cannot_hold_runs_at_a_longer_shapes_bytes():
+    """Note [What a share budget means]: at a share a short sequence cannot be planned at
+    (its parameters, gradients and optimizer state weigh more against its few
+    activations), the short shape, measured or derived, is planned at the budget in bytes
+    the share gave the longer shapes, not refused; every step within its budget and the
+    losses bitwise with plain training."""
+    data = (batches(1, seq=256) + batches(1, seq=192, seed=2) + batches(1, seq=16, seed=3)
+            + batches(1, seq=24, seed=4) + batches(1, seq=256, seed=5))
+    def run(budget):
+        model, blocks = mistral()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
+        losses = []
+        for ids in data:
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        steps = h.report()["steps"] if h else None
+        if h:
+            h.close()
+        return losses, steps
+
+    ref, _ = run(None)
+    losses, steps = run("60%")
+    assert losses == ref, (losses, ref)
+    seq = [int(ids.shape[1]) for ids in data]
+    longest = max(s["budget_bytes"] for s in steps if seq[s["step"]] >= 192)
+    short = [s for s in steps if seq[s["step"]] < 64]
+    assert short and all(s["budget_bytes"] == longest for s in short), steps
+    assert not any(s["over_budget"] for s in steps), steps
+
+
 def test_a_new_length_every_step_is_planned_from_the_measured_ones():
     """Note [A profile derived from the measured shapes]: 18 lengths from 32 to 128 (4x),
     every one new: two measuring steps, every other step planned from a derived profile

@@ -19,6 +19,14 @@ planned with the gradients where they are made (Note [Gradients by position] in
 _fit_gradients.py). A unitless number that could be a share (at most 100, or a
 fraction such as 0.7) is refused, naming both spellings: "50" is 50 bytes to the planner's
 syntax, and no model trains in 50 bytes.
+A short shape can have no plan at the share of its own keep-all peak: the bytes that are
+not activations (parameters, gradients, optimizer state) weigh more against its few
+activations, and least memory is above the share. Such a shape is planned at the largest
+budget in bytes the share gave a shape of this run (ShapePlans.roomier_budget): the run
+already holds that much for a longer shape, so the short one fits inside the run's peak
+instead of stopping stash (seen on an H200: a 6-layer Llama at "70%" through lengths 512
+to 2048 was refused at 512). Only with no such shape, or one that does not hold it either,
+is it refused.
 """
 
 from __future__ import annotations

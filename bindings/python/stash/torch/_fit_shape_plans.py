@@ -105,8 +105,19 @@ class ShapePlans:
         return int(entry["figures"]["budget_bytes"]) if entry and "figures" in entry else None
 
     def budget_for(self, key: str) -> Optional[int]:
-        """The budget in bytes of the shape `key` (None: a share not resolved yet)."""
-        return budget_of(self.budget, self.cache.get(key))
+        """The budget in bytes of the shape `key` (None: a share not resolved yet): for a
+        measured shape whose least-memory step peaked over its share, the longer shape's
+        bytes it is planned at (Note [What a share budget means])."""
+        entry = self.cache.get(key)
+        own = budget_of(self.budget, entry)
+        if entry is None or own is None or "figures" in entry:
+            return own
+        measured = entry.get("measured_peak_bytes")
+        if measured is not None and measured > own:
+            roomier = self.roomier_budget(key, measured)
+            if roomier is not None:
+                return roomier.nbytes
+        return own
 
     def plan_from_measurement(self, key: str) -> Entry:
         if self.ranks is not None:
@@ -147,15 +158,34 @@ class ShapePlans:
             return None
         return entry
 
+    def roomier_budget(self, key: str, needed: int) -> Optional[Budget]:
+        """Note [What a share budget means]: for a share that shape `key` cannot be planned
+        at (it needs `needed` bytes), the largest budget in bytes the share gave another
+        shape of this run, when that holds it; else None."""
+        if not self.budget.is_share:
+            return None
+        given = [b for k, e in self.cache.items() if k != key
+                 for b in [budget_of(self.budget, e)] if b is not None]
+        if not given or max(given) < needed:
+            return None
+        return Budget(nbytes=max(given), text=f"{self.budget} of a longer shape")
+
     def _plan_locally(self, key: str) -> Entry:
         entry = self.cache[key]
         without = self._wants_view(entry)
+        measured = entry.get("measured_peak_bytes")
         try:
-            plan, figures = plan_measured(view(entry["profile"], without),
-                                          entry.get("measured_peak_bytes"),
+            plan, figures = plan_measured(view(entry["profile"], without), measured,
                                           self.budget, self.options.solver)
         except BudgetRefused as e:
-            self._fail(e)
+            roomier = self.roomier_budget(key, measured or 0)  # least memory must fit
+            if roomier is None:
+                self._fail(e)
+            try:
+                plan, figures = plan_measured(view(entry["profile"], without), measured,
+                                              roomier, self.options.solver)
+            except BudgetRefused:
+                self._fail(e)
         entry.update(plan=plan, figures=figures, actions=_actions_of(plan),
                      without_gradients=without)
         self.cache.store_plan(key, plan, without)
@@ -180,6 +210,13 @@ class ShapePlans:
             made = plan_derived(bases, tokens, self.budget, self.options.solver, without)
         except InfeasibleBudget as e:  # Note [A shape that cannot fit] in _fit_plan.py
             refusal = derived_refusal(e, self.budget, tokens, [b[0] for b in bases])
+            roomier = self.roomier_budget(key, e.min_feasible_bytes)
+            if roomier is not None:  # Note [What a share budget means]
+                try:
+                    made = plan_derived(bases, tokens, roomier, self.options.solver, without)
+                    refusal = None
+                except InfeasibleBudget:
+                    pass
         if refusal is not None:
             self._fail(refusal)
         if made is None:
