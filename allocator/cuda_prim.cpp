@@ -69,6 +69,16 @@ cudaError_t event_elapsed(float* ms, cudaEvent_t from, cudaEvent_t to) noexcept 
   return clear_not_ready(cudaEventElapsedTime(ms, from, to));
 }
 
+relaxed_capture_mode::relaxed_capture_mode() noexcept {
+  exchanged_ = cudaThreadExchangeStreamCaptureMode(&previous_) == cudaSuccess;
+  if (!exchanged_) clear_runtime_error();
+}
+
+relaxed_capture_mode::~relaxed_capture_mode() {
+  if (exchanged_ && cudaThreadExchangeStreamCaptureMode(&previous_) != cudaSuccess)
+    clear_runtime_error();
+}
+
 cudaError_t copy_d2h(void* host, const void* device, size_t bytes, cudaStream_t s) noexcept {
   return cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s);
 }

@@ -86,6 +86,22 @@ cudaError_t event_synchronize(cudaEvent_t ev) noexcept;  // unloading counts as 
 // either is pending.
 cudaError_t event_elapsed(float* ms, cudaEvent_t from, cudaEvent_t to) noexcept;
 
+// While alive, the calling thread's stream-capture mode is relaxed
+// (cudaThreadExchangeStreamCaptureMode), then restored: a host query or wait on an event
+// recorded before a Global capture began, made while it runs, would otherwise invalidate
+// that capture (what torch.cuda.graph begins; seen on an H200).
+class relaxed_capture_mode {
+ public:
+  relaxed_capture_mode() noexcept;
+  ~relaxed_capture_mode();
+  relaxed_capture_mode(const relaxed_capture_mode&) = delete;
+  relaxed_capture_mode& operator=(const relaxed_capture_mode&) = delete;
+
+ private:
+  cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
+  bool exchanged_ = false;
+};
+
 // Asynchronous copies on `s`.
 cudaError_t copy_d2h(void* host, const void* device, size_t bytes, cudaStream_t s) noexcept;
 cudaError_t copy_h2d(void* device, const void* host, size_t bytes, cudaStream_t s) noexcept;

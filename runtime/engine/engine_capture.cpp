@@ -223,11 +223,15 @@ status prefetch_engine::join_locked(cudaStream_t stream, const char* op) noexcep
                 cs == cudaStreamCaptureStatusInvalidated ? "in an invalidated capture"
                                                          : "not capturing");
   // The earlier copies: done ones retired by query, the rest waited for (their events were
-  // recorded outside the capture).
-  retire(false);
-  while (!in_flight_.empty()) {
-    STASH_CUDA_FAIL(prim::event_synchronize(in_flight_.front().done));
-    retire_front();
+  // recorded outside the capture). The caller's capture is under way, so the thread's
+  // mode is relaxed meanwhile: under Global a host query invalidates it.
+  {
+    prim::relaxed_capture_mode relaxed;
+    retire(false);
+    while (!in_flight_.empty()) {
+      STASH_CUDA_FAIL(prim::event_synchronize(in_flight_.front().done));
+      retire_front();
+    }
   }
   const std::size_t n = plan_.total(), L = plan_.layers();
   if (const status st = events_.reserve(config_.max_micro_batches * (2 * n + L) + 8);

@@ -425,6 +425,10 @@ status prefetch_engine::make_room(std::size_t bytes) noexcept {
 
 void prefetch_engine::retire(bool block) noexcept {
   if (capturing_) return;  // Note [Capturing a step]: end_capture retires the captured copies
+  if (in_flight_.empty()) return;
+  // A capture of the caller's may be under way (not joined yet, or on another stream):
+  // under its Global mode a host query would invalidate it.
+  prim::relaxed_capture_mode relaxed;
   while (!in_flight_.empty()) {
     cudaEvent_t ev = in_flight_.front().done;
     const cudaError_t err = block ? prim::event_synchronize(ev) : prim::event_query(ev);

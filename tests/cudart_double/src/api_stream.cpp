@@ -265,6 +265,7 @@ STASHDBL_EXPORT cudaError_t cudaEventQuery(cudaEvent_t event) {
       ev.capture->invalidated = true;
       return fail(cudaErrorCapturedEvent);
     }
+    if (cudaError_t e = refuse_unsafe(st); e != cudaSuccess) return fail(e);
     return query_event(st, ev) ? cudaSuccess : cudaErrorNotReady;
   });
 }
@@ -276,6 +277,7 @@ STASHDBL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
       ev.capture->invalidated = true;
       return fail(cudaErrorInvalidValue);
     }
+    if (cudaError_t e = refuse_unsafe(st); e != cudaSuccess) return fail(e);
     sync_event(st, lk, ev);
     return cudaSuccess;
   });

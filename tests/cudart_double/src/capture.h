@@ -47,8 +47,11 @@
 //    copy or memset (they run on it) fail with cudaErrorStreamCaptureImplicit and
 //    invalidate those captures; cudaStreamIsCapturing and cudaStreamGetCaptureInfo of the
 //    legacy stream fail with it without invalidating, as documented.
-//  - Potentially unsafe calls: cudaMalloc, cudaFree, cudaMemset, and pinned memory's
-//    cudaHostAlloc, cudaMallocHost and cudaFreeHost (cudaMemcpy is not
+//  - Potentially unsafe calls: cudaMalloc, cudaFree, cudaMemset, pinned memory's
+//    cudaHostAlloc, cudaMallocHost and cudaFreeHost, and cudaEventQuery and
+//    cudaEventSynchronize of an event recorded outside the capture (torch's caching
+//    allocator defers its event queries while a capture runs for this reason; the real
+//    runtime's answer for those two is not checked yet) (cudaMemcpy is not
 //    one: the real runtime, on an H200 with CUDA 13, lets a synchronous host-to-device
 //    copy run during a Global capture of a non-blocking stream, and so does the
 //    double; cudaMemset's and cudaFree's answers there were not checked). As

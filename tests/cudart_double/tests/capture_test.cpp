@@ -345,6 +345,33 @@ TEST(Capture, PinnedAllocationIsRefusedUnderGlobalMode) {
   cudaGetLastError();
 }
 
+TEST(Capture, HostWaitsOnEarlierEventsNeedTheThreadRelaxed) {
+  StreamOwner s(cudaStreamNonBlocking), other(cudaStreamNonBlocking);
+  EventOwner before(cudaEventDisableTiming);
+  CUDA_OK(cudaEventRecord(before, other));
+  CUDA_OK(cudaStreamSynchronize(other));
+  {
+    Capturing cap(s);
+    EXPECT_EQ(cudaEventQuery(before), cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(status_of(s), cudaStreamCaptureStatusInvalidated);
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cap.end(&g), cudaErrorStreamCaptureInvalidated);
+  }
+  {
+    Capturing cap(s);
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CUDA_OK(cudaThreadExchangeStreamCaptureMode(&mode));
+    EXPECT_EQ(cudaEventQuery(before), cudaSuccess);
+    EXPECT_EQ(cudaEventSynchronize(before), cudaSuccess);
+    CUDA_OK(cudaThreadExchangeStreamCaptureMode(&mode));
+    EXPECT_EQ(status_of(s), cudaStreamCaptureStatusActive);
+    cudaGraph_t g = nullptr;
+    CUDA_OK(cap.end(&g));
+    CUDA_OK(cudaGraphDestroy(g));
+  }
+  cudaGetLastError();
+}
+
 TEST(Capture, RelaxedAndThreadLocalModesAllowMalloc) {
   StreamOwner s(cudaStreamNonBlocking);
   void* p = nullptr;
