@@ -275,7 +275,7 @@ STASHDBL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   return with_event(event, [](State& st, Lock& lk, Event& ev) {
     if (in_active_capture(ev)) {  // Note [Capture rules]: the real runtime's answer
       ev.capture->invalidated = true;
-      return fail(cudaErrorInvalidValue);
+      return fail(cudaErrorCapturedEvent);
     }
     if (cudaError_t e = refuse_unsafe(st); e != cudaSuccess) return fail(e);
     sync_event(st, lk, ev);

@@ -34,10 +34,10 @@
 //  - Syncs. cudaStreamSynchronize and cudaStreamQuery of a capturing stream, and
 //    cudaDeviceSynchronize while any capture is under way, fail with
 //    cudaErrorStreamCaptureUnsupported (every mode: they necessarily conflict).
-//    cudaEventQuery of an event last recorded in a capture still under way fails with
-//    cudaErrorCapturedEvent and cudaEventSynchronize with cudaErrorInvalidValue; both
-//    invalidate its capture (the real runtime's answers, seen on an H200 with CUDA 13:
-//    a host that polls a captured event has broken the capture). cudaEventElapsedTime
+//    cudaEventQuery and cudaEventSynchronize of an event last recorded in a capture still
+//    under way fail with cudaErrorCapturedEvent and invalidate its capture (the real
+//    runtime's answers, seen on an H200 with CUDA 13: a host that polls a captured event
+//    has broken the capture). cudaEventElapsedTime
 //    fails with cudaErrorCapturedEvent and invalidates nothing (not checked on a GPU).
 //    Once the capture ended the event
 //    reads as it did before that record (the double's choice; the real runtime's answer
@@ -51,7 +51,7 @@
 //    cudaHostAlloc, cudaMallocHost and cudaFreeHost, and cudaEventQuery and
 //    cudaEventSynchronize of an event recorded outside the capture (torch's caching
 //    allocator defers its event queries while a capture runs for this reason; the real
-//    runtime's answer for those two is not checked yet) (cudaMemcpy is not
+//    runtime refuses them so, seen on an H200) (cudaMemcpy is not
 //    one: the real runtime, on an H200 with CUDA 13, lets a synchronous host-to-device
 //    copy run during a Global capture of a non-blocking stream, and so does the
 //    double; cudaMemset's and cudaFree's answers there were not checked). As

@@ -465,7 +465,7 @@ TEST(Capture, AnEventRecordedInTheCaptureCannotBeWaitedOnByTheHost) {
   {
     Capturing again(s);
     CUDA_OK(cudaEventRecord(e, s));
-    EXPECT_EQ(cudaEventSynchronize(e), cudaErrorInvalidValue);
+    EXPECT_EQ(cudaEventSynchronize(e), cudaErrorCapturedEvent);
     EXPECT_EQ(status_of(s), cudaStreamCaptureStatusInvalidated) << "and a host wait";
     EXPECT_EQ(again.end(&g), cudaErrorStreamCaptureInvalidated);
   }
