@@ -1,6 +1,6 @@
 """The type checker over the package (issue 22: full type hints, a checker in the suite):
 mypy with bindings/python/pyproject.toml's [tool.mypy], which checks all of stash/ and
-holds the modules its override lists to mypy's strict flags. Run on the source tree, not
+holds all of it to mypy's strict flags. Run on the source tree, not
 the installed wheel: the hints are the source's."""
 
 import os
@@ -26,7 +26,7 @@ def test_the_package_type_checks():
 
 
 def test_a_strict_module_with_an_untyped_function_fails(tmp_path):
-    """The strict override is in force: a planted module under one of its names, with a
+    """Strict is in force: a planted module under one of the package's names, with a
     function that has no hints, fails the check."""
     pkg = tmp_path / "stash" / "torch"
     pkg.mkdir(parents=True)

@@ -1,6 +1,7 @@
 """stash's device pool as PyTorch's CUDA allocator (libstash_torch.so, stash_torch.h)."""
 
 import ctypes
+from typing import Any, Dict, Optional, Union
 
 from .._lib import PoolStats, StashError, find_library, load, parse_bytes
 
@@ -8,7 +9,7 @@ LIBRARY = "libstash_torch.so"
 installed = False  # use_allocator made stash's pool torch's CUDA allocator in this process
 
 
-def _lib():
+def _lib() -> ctypes.CDLL:
     lib = load(LIBRARY)
     if not getattr(lib, "_stash_typed", False):
         lib.stash_torch_set_budget.argtypes = [ctypes.c_int, ctypes.c_size_t]
@@ -26,43 +27,43 @@ def _lib():
         lib.stash_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                          ctypes.c_void_p]
         lib.stash_torch_free.restype = None
-        lib._stash_typed = True
+        setattr(lib, "_stash_typed", True)
     return lib
 
 
-def _check(status, what):
+def _check(status: int, what: str) -> None:
     if status != 0:
         msg = _lib().stash_torch_last_error().decode(errors="replace")
         raise StashError(f"{what}: {msg or 'status ' + str(status)}", status)
 
 
-def set_budget(budget, device=-1):
+def set_budget(budget: Union[int, str, None], device: int = -1) -> None:
     """Sets the device pool's budget (bytes, or a string such as "40GiB"; 0 or None: no
     budget) for `device`, or every device (-1). Only while that pool has no live block."""
     bytes_ = 0 if budget is None else parse_bytes(budget)
     _check(_lib().stash_torch_set_budget(int(device), bytes_), "stash_torch_set_budget")
 
 
-def allocator_stats(device=0):
+def allocator_stats(device: int = 0) -> Dict[str, Any]:
     """The pool statistics of `device` as a dict (stash_pool_stats_t fields)."""
     s = PoolStats.empty()
     _check(_lib().stash_torch_stats(int(device), ctypes.byref(s)), "stash_torch_stats")
     return s.as_dict()
 
 
-def reset_peak(device=0):
+def reset_peak(device: int = 0) -> None:
     _check(_lib().stash_torch_reset_peak(int(device)), "stash_torch_reset_peak")
 
 
-def release_cached(device=0):
+def release_cached(device: int = 0) -> int:
     """Gives the pool's entirely free slabs back to CUDA; the bytes released."""
     n = ctypes.c_size_t(0)
     _check(_lib().stash_torch_release_cached(int(device), ctypes.byref(n)),
            "stash_torch_release_cached")
-    return n.value
+    return int(n.value)
 
 
-def use_allocator(budget=None):
+def use_allocator(budget: Union[int, str, None] = None) -> Any:
     """Makes stash's device pool PyTorch's CUDA allocator, with an optional budget (bytes or
     "40GiB"; None: STASH_DEVICE_BUDGET from the environment, else none) for every device.
 

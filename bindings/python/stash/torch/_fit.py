@@ -515,7 +515,7 @@ class BudgetHandle(OffloadHandle):
         if self._cuda:
             if self._pool:
                 from . import _allocator
-                _allocator.reset_peak(self.device.index)  # type: ignore[no-untyped-call]
+                _allocator.reset_peak(self.device.index)
             else:
                 torch.cuda.reset_peak_memory_stats(self.device)
         # The step starts after its planning: that time belongs to no step (report()'s
@@ -642,7 +642,7 @@ class BudgetHandle(OffloadHandle):
         if self._cuda:
             if self._pool:
                 from . import _allocator
-                stats = _allocator.allocator_stats(  # type: ignore[no-untyped-call]
+                stats = _allocator.allocator_stats(
                     self.device.index)
                 rec.meter_peak = int(stats["peak_bytes"])
             else:

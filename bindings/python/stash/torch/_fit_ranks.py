@@ -155,7 +155,7 @@ class Ranks:
                              "multi-rank fit needs it to agree on a plan") from e
         global _handles
         _handles += 1
-        store = dist.PrefixStore(f"stash.fit/{_handles}/", base)
+        store = dist.PrefixStore(f"stash.fit/{_handles}/", base)  # type: ignore[attr-defined]
         world = dist.get_world_size()
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or world
         return cls(store, dist.get_rank(), world, local, timeout_s)

@@ -161,7 +161,7 @@ def peak_delta(prof: Any) -> int:
 
 
 def _cpu_device_type() -> Any:
-    from torch.autograd import DeviceType
+    from torch.autograd import DeviceType  # type: ignore[attr-defined]
 
     return DeviceType.CPU
 

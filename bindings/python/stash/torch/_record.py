@@ -20,6 +20,7 @@ profile` (CUPTI), which also names what it could not measure.
 import ctypes
 import hashlib
 import json
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
 import torch
 
@@ -28,7 +29,7 @@ from .._lib import StashError, load
 from ._saved import SaveOrder, call_block, resident_storages, storage_of, tensors_in
 
 
-def _pinnable_bytes():
+def _pinnable_bytes() -> int:
     """The pinned pool's default cap for this rank, from the library (stash_pinned_default_cap:
     0.8 x the host memory really available, cgroup limits included, / LOCAL_WORLD_SIZE)."""
     lib = load("libstash.so")
@@ -40,7 +41,7 @@ def _pinnable_bytes():
     return int(n.value)
 
 
-def _device_info(device=None):
+def _device_info(device: Optional[torch.device] = None) -> Dict[str, Any]:
     """A profile's device section: `device`'s, or (None) the current CUDA device's when
     there is one."""
     if device is None and torch.cuda.is_available():
@@ -51,8 +52,9 @@ def _device_info(device=None):
     return {"name": "cpu", "memory_bytes": 0}
 
 
-def _fixed_bytes(blocks):
-    seen, total = set(), 0
+def _fixed_bytes(blocks: Sequence[torch.nn.Module]) -> int:
+    seen: Set[Any] = set()
+    total = 0
     for block in blocks:
         for p in block.parameters():
             key, n = storage_of(p)
@@ -68,7 +70,10 @@ def _fixed_bytes(blocks):
     return total
 
 
-def record(blocks, sample_inputs, path=None, *, names=None, link=None, fixed_bytes=None):
+def record(blocks: Sequence[torch.nn.Module], sample_inputs: Any, path: Optional[str] = None,
+           *, names: Optional[Sequence[str]] = None,
+           link: Optional[Mapping[str, Any]] = None,
+           fixed_bytes: Optional[int] = None) -> Dict[str, Any]:
     """Runs one forward pass of `blocks` (nn.Modules applied in order: block i's output is
     block i+1's input) on `sample_inputs` (a tensor, or a tuple of positional arguments
     for the first block) and returns a stash.profile/1 skeleton as a dict; writes it as
@@ -97,9 +102,10 @@ def record(blocks, sample_inputs, path=None, *, names=None, link=None, fixed_byt
             earlier.add(storage_of(t)[0])
         for i, block in enumerate(blocks):
             order = SaveOrder(resident, (storage_of(t)[0] for t in tensors_in(x)), earlier)
-            tensors = []
+            tensors: List[Dict[str, Any]] = []
 
-            def pack(t, order=order, tensors=tensors):
+            def pack(t: torch.Tensor, order: SaveOrder = order,
+                     tensors: List[Dict[str, Any]] = tensors) -> torch.Tensor:
                 seen = order.see(t)
                 if seen is not None and seen[1]:
                     e = order.entries[seen[0]]
@@ -116,11 +122,11 @@ def record(blocks, sample_inputs, path=None, *, names=None, link=None, fixed_byt
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = call_block(block, x)
             # An input that two inputs share gets "input" once; later ones are renamed.
-            seen_names = set()
-            for t in tensors:
-                if t["name"] in seen_names:
-                    t["name"] = f"input.{len(seen_names)}"
-                seen_names.add(t["name"])
+            seen_names: Set[str] = set()
+            for entry in tensors:
+                if entry["name"] in seen_names:
+                    entry["name"] = f"input.{len(seen_names)}"
+                seen_names.add(entry["name"])
             digest = hashlib.sha256(json.dumps(
                 [(t["bytes"], t["recomputable"]) for t in tensors]).encode()).hexdigest()[:16]
             layers.append({
