@@ -129,6 +129,15 @@ def _train_lengths(budget=None):
             peaks.append(torch.cuda.max_memory_allocated())
     report = h.report() if h else None
     if h:
+        # What the next reader of a failure needs: each measured shape's fixed bytes and
+        # what was measured beside the blocks (the derived plans scale from these).
+        for key, entry in h._plans.cache.items():
+            doc = entry.get("profile")
+            if doc is not None and not entry.get("derived"):
+                print(f"\nmeasured shape {key}: fixed_bytes {doc['fixed_bytes']}, loss_bytes "
+                      f"{doc.get('loss_bytes')}, measurement {doc.get('measurement')}, "
+                      f"layer 0 bwd_temp_bytes {doc['layers'][0]['bwd_temp_bytes']}, saved "
+                      f"{sum(t['bytes'] for t in doc['layers'][0]['tensors'])}")
         h.close()
     return losses, peaks, tokens / seconds, report
 
