@@ -209,13 +209,18 @@ def _tick_backward(ctx: Any, g: torch.Tensor) -> Tuple[Any, ...]:
 _tick.register_autograd(_tick_backward, setup_context=_tick_setup)
 
 
+# The ticks are side effects, not values: torch 2.11's Inductor folded `t * 0` below to a
+# constant and, the tick's output then unused, dropped the functional op as dead code, so
+# on an H200 the forward ticks never ran and fit saw no step at all. Marked so, FX's and
+# Inductor's dead-code elimination keep them whatever becomes of their output. (`x + t`
+# kept them too, but made every block's backward reduce its whole gradient for t's.)
+torch.fx.node.has_side_effect(torch.ops.stash.tick.default)
+torch.fx.node.has_side_effect(torch.ops.stash.tick_back.default)
+
+
 def _ticked(x: torch.Tensor, handle: int, block: int, serial: str) -> torch.Tensor:
-    # The tick's zero is added as it is: `x + t * 0` let torch 2.11's Inductor fold the
-    # product to a constant and drop the (functional) tick with it, so on the H200 the
-    # forward ticks never ran and fit saw no step at all; the tick's output is opaque,
-    # so `x + t` keeps it. (-0.0 in x reads +0.0 after; nothing else changes.)
     t: torch.Tensor = torch.ops.stash.tick(x, handle, block, serial)
-    return x + t
+    return x + t * 0
 
 
 # --- the partitioner -----------------------------------------------------------------------
