@@ -126,21 +126,15 @@ bool event_guard::record_deferred(queue& q, entry& e) noexcept {
   return true;
 }
 
-// The guard's events were recorded by earlier users of a block, maybe before a capture
-// that runs now on some stream: a host query or wait on them under that capture's Global
-// mode would invalidate it, so the thread's mode is relaxed for the call
-// (prim::relaxed_capture_mode; a thread-local exchange, no device work).
+// Called by reap and drain with the thread's capture mode relaxed (Note [Event-guarded
+// reuse]).
 bool event_guard::complete(cudaEvent_t ev) noexcept {
   // An error other than "not ready" (a broken context) keeps the block pending for good:
   // handing it out could let new work overlap the failed work that used it.
-  prim::relaxed_capture_mode relaxed;
   return prim::event_query(ev) == cudaSuccess;
 }
 
-void event_guard::wait(cudaEvent_t ev) noexcept {
-  prim::relaxed_capture_mode relaxed;
-  prim::event_synchronize(ev);
-}
+void event_guard::wait(cudaEvent_t ev) noexcept { prim::event_synchronize(ev); }
 
 void event_guard::pop(queue& q) noexcept {
   ++q.head;

@@ -18,7 +18,11 @@
 // (and the pools skip reap entirely while their own allocation stream captures), and a
 // block freed on a capturing stream is queued without an event; the event is recorded
 // once that stream has left capture, and reuse waits for it. (Graph replays that use the
-// block afterwards need a graph-private pool, which this pool does not provide.)
+// block afterwards need a graph-private pool, which this pool does not provide.) A capture
+// of another stream may be under way, in Global mode (torch.cuda.graph's): a host query
+// or wait then invalidates it (seen on an H200), so reap and drain run their queries with
+// the thread's capture mode relaxed (prim::relaxed_capture_mode), once per call, and only
+// when something is pending.
 //
 // Not thread-safe: the owning pool's mutex covers it. No heap allocation once the queues
 // have reached their high-water marks; no throwing, no logging.
@@ -31,6 +35,7 @@
 
 #include "block_map.h"
 #include "core/error.h"
+#include "cuda_prim.h"
 
 namespace stash {
 
@@ -52,6 +57,7 @@ class event_guard {
   template <class F>
   size_t reap(F&& on_done) noexcept {
     if (entries_ == 0) return 0;
+    prim::relaxed_capture_mode relaxed;
     size_t done = 0;
     for (queue& q : queues_) {
       if (q.head == q.items.size() || !ready_to_query(q)) continue;
@@ -72,6 +78,8 @@ class event_guard {
   // Blocks until every pending event has completed (destructors only), then forgets them.
   template <class F>
   void drain(F&& on_done) noexcept {
+    if (entries_ == 0) return;
+    prim::relaxed_capture_mode relaxed;
     for (queue& q : queues_) {
       while (q.head < q.items.size()) {
         entry& e = q.items[q.head];
