@@ -714,7 +714,9 @@ class BudgetHandle(OffloadHandle):
         return self._clock.kind
 
     def _fail(self, error: StashError) -> NoReturn:
-        self._failed = str(error)  # the text only: a traceback would hold the step's frames
+        # Nothing here keeps `error`: its traceback holds the loop's frames, and through
+        # their tensors' autograd graph stash's hooks, this handle and the model, a cycle
+        # the garbage collector cannot see (test_a_refused_budget_lets_the_model_go).
         ranks = getattr(self, "_ranks", None)
         if ranks is not None:
             ranks.fail(str(error))  # every other rank raises with it
