@@ -17,6 +17,20 @@ from test_fit_loops import (LINK, VOCAB, batches, mistral, same, stack_steps,  #
                             trained)
 
 
+def train_on(data, budget):
+    """A fresh Mistral trained on `data` under fit at `budget` (None: plain training): the
+    losses, the final parameters and the handle (test_fit_loops.trained)."""
+    model, blocks, opt, h = trained(budget)
+    losses = []
+    for ids in data:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach().clone())
+    return losses, [p.detach().clone() for p in model.parameters()], h
+
+
 def test_a_share_budget_is_judged_per_shape():
     """Note [What a share budget means]: each step against its own shape's bytes."""
     model, blocks = mistral()
@@ -46,25 +60,11 @@ def test_a_short_shape_a_share_cannot_hold_runs_at_a_longer_shapes_bytes():
     losses bitwise with plain training."""
     data = (batches(1, seq=256) + batches(1, seq=192, seed=2) + batches(1, seq=16, seed=3)
             + batches(1, seq=24, seed=4) + batches(1, seq=256, seed=5))
-    def run(budget):
-        model, blocks = mistral()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
-        losses = []
-        for ids in data:
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-        steps = h.report()["steps"] if h else None
-        if h:
-            h.close()
-        return losses, steps
-
-    ref, _ = run(None)
-    losses, steps = run("60%")
-    assert losses == ref, (losses, ref)
+    expected = train_on(data, None)
+    got = train_on(data, "60%")
+    same(got, expected)
+    steps = got[2].report()["steps"]
+    got[2].close()
     seq = [int(ids.shape[1]) for ids in data]
     longest = max(s["budget_bytes"] for s in steps if seq[s["step"]] >= 192)
     short = [s for s in steps if seq[s["step"]] < 64]
@@ -78,20 +78,8 @@ def test_a_new_length_every_step_is_planned_from_the_measured_ones():
     whose first run passes its check, every step within its shape's budget, bitwise."""
     g = torch.Generator().manual_seed(3)
     data = [torch.randint(0, VOCAB, (2, s), generator=g) for s in LENGTHS]
-
-    def go(budget):
-        model, blocks, opt, h = trained(budget)
-        losses = []
-        for ids in data:
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.detach().clone())
-        return losses, [p.detach().clone() for p in model.parameters()], h
-
-    expected = go(None)
-    got = go("90%")
+    expected = train_on(data, None)
+    got = train_on(data, "90%")
     same(got, expected)
     steps = got[2].report()["steps"]
     assert [s["mode"] for s in steps].count("measure") == 2, steps
