@@ -52,8 +52,9 @@ The budget is the process's device memory at its peak: torch.cuda.max_memory_all
 with torch's allocator, or stash's pool peak under stash.torch.use_allocator. On CUDA the
 profile's fixed_bytes is calibrated from the measuring step: its measured peak less the
 canonical model's activation peak for what the step did. That makes everything that is not
-a block activation count: parameters, gradients, the loss's logits, cuBLAS workspaces,
-the allocator's rounding. The optimizer's state exists only after its first step(): when
+a block activation count: parameters, gradients, cuBLAS workspaces, the allocator's
+rounding; the loss's logits and the optimizer step's temporaries are read in windows of
+their own (Note [The measuring step's windows on CUDA]). The optimizer's state exists only after its first step(): when
 the measuring step came before it, its size is added from the optimizer's parameters
 (Adam/AdamW: two tensors like each parameter; SGD with momentum: one) and, once the
 optimizer has stepped (a post-step hook when fit is given the optimizer), replaced by
@@ -78,6 +79,34 @@ a least-memory step does not show) adds the difference to the shape's fixed byte
 and the next step runs the plan made with them.
 "70%" is a share of the keep-all peak the canonical model gives for the measured profile
 (Note [What a share budget means] in _fit_options.py).
+
+Note [The measuring step's windows on CUDA]
+A measuring step's one peak cannot say where it was, and two positions hold what no block
+decides and what does not scale as the blocks do:
+- the loss's (the head, the loss and their backward, between the last block's forward and
+  its backward): the logits over the vocabulary, in float32 where the loss upcasts them.
+  Folded into the fixed bytes, they stood beside every block's replayed activations in
+  the model, which they never meet (Note [The loss's position] in planner/model/plan.h):
+  on an H200 the planner's least memory for a 4-layer Llama-3-8B at sequence 4096 came
+  out 0.8 GiB above the measuring step's own peak, and budgets full checkpointing trains
+  in were refused;
+- optimizer.step()'s: parameters, gradients, the optimizer's state (made by its first
+  step) and its temporaries (AdamW's foreach kernels, the default on CUDA, made 0.9 GB
+  beside 0.2 GB of bf16 parameters). It does not scale with the tokens, so for a short
+  shape it can be the step's peak while a long shape's measuring step never shows it (6
+  of 10 derived plans of a 6-layer Llama over their budgets on an H200).
+So a measuring step reads the meter in windows, resetting it at each border: "blocks"
+(the blocks' forwards and backwards), "loss" (from the last block's forward end to its
+backward's start) and, with the optimizer given to fit, optimizer.step() alone (its pre-
+and post-step hooks). The blocks' window gives the fixed bytes as before, the loss's the
+profile's loss_bytes (what it held above the fixed bytes and the activations the model
+puts there), the optimizer's its optimizer_bytes (Note [The optimizer's position] there),
+which a derived shape keeps as measured. The step's peak in report() is the largest
+window. So in a measuring step, and only there, a reading of max_memory_allocated()
+after optimizer.step() covers the last window alone; planned steps leave the meter to the
+user. The state a first step makes is written as estimated at block 0 in these figures,
+and the post-step hook of the next step shifts them by the estimate's error, as for the
+fixed bytes alone before.
 
 Note [Why not torch.cuda.MemPool]
 torch >= 2.5 can route the allocations made inside a `torch.cuda.use_mem_pool(pool)`
@@ -394,6 +423,10 @@ class BudgetHandle(OffloadHandle):
                 self._recorder.forward_ended(i, order.entries)
         if self._recorder.tracking:  # Note [What it costs]: no sample to build otherwise
             self._sample(f"forward[{i}]", after=("loss",) if i == self._n - 1 else ("fwd", i))
+        if (rec is not None and rec.windows is not None and i == self._n - 1
+                and not step.captured):
+            self._window(rec, "blocks")  # Note [The measuring step's windows on CUDA]
+            rec.in_loss = True
 
     def _forward_released(self, i: int, step: _Step) -> None:
         # Note [What the budget counts]: a window of its own from here, so that what the
@@ -413,6 +446,9 @@ class BudgetHandle(OffloadHandle):
             rec.bwd.setdefault((step.serial, i), Span()).begin = m
         if self._recorder.tracking:
             self._sample(f"backward[{i}]", after=("bwd", i))
+        if rec.windows is not None and rec.in_loss and i == self._n - 1:
+            self._window(rec, "loss")  # Note [The measuring step's windows on CUDA]
+            rec.in_loss = False
 
     def _backward_finished(self, step: _Step) -> None:
         rec = self._step
@@ -478,10 +514,23 @@ class BudgetHandle(OffloadHandle):
         counted = self._bytes.fixed_counted()
         self._opt_state_counted = _optimizer_state_estimate(self.optimizer)
         if self._cuda:
-            missing = self._opt_state_counted if (
-                self.optimizer is not None and not len(self.optimizer.state)) else 0
-            doc["fixed_bytes"] = fixed_bytes_cuda(doc, rec, self._recorder.actions_seen(),
-                                                  counted, missing)
+            # Note [The measuring step's windows on CUDA]: the state made by this step's
+            # optimizer.step() is counted as estimated at block 0, as the fixed bytes
+            # count it; the post-step hook then shifts both by the estimate's error.
+            missing = rec.optimizer_state_missing
+            if missing:
+                self._opt_state_counted = missing
+            windows = rec.windows or {}
+            doc["fixed_bytes"], loss = fixed_bytes_cuda(
+                doc, windows.get("blocks", rec.peak_bytes), windows.get("loss"),
+                self._recorder.actions_seen(), counted, missing)
+            if loss:
+                doc["loss_bytes"] = loss
+            if rec.optimizer_peak is not None:
+                real = _optimizer_state_bytes(self.optimizer) if missing else 0
+                doc["optimizer_bytes"] = int(max(0, rec.optimizer_peak - real + missing))
+            if rec.constant_bytes is not None:
+                doc["measurement"]["constant_bytes"] = int(max(counted, rec.constant_bytes))
         else:
             doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted, self._bytes.trainable())
         self._plans.measured(rec.key, {"profile": doc, "measured_peak_bytes": rec.peak_bytes})
@@ -513,11 +562,7 @@ class BudgetHandle(OffloadHandle):
         mode = self._choose(key, without_gradients=grads == 0)
         setup_ms = (time.perf_counter() - t0) * 1e3  # planning (and a first link measurement)
         if self._cuda:
-            if self._pool:
-                from . import _allocator
-                _allocator.reset_peak(self.device.index)
-            else:
-                torch.cuda.reset_peak_memory_stats(self.device)
+            self._reset_cuda_peak()
         # The step starts after its planning: that time belongs to no step (report()'s
         # planning_ms says how much it was).
         rec = StepRecord(len(self._records), mode, key, self._clock.mark())
@@ -532,6 +577,14 @@ class BudgetHandle(OffloadHandle):
         self._step = rec
         if mode == "measure" and self._cuda:
             self._cupti_used = self._cupti.start()
+            rec.windows = {}  # Note [The measuring step's windows on CUDA]
+            opt = self.optimizer
+            if opt is not None and not len(opt.state):
+                rec.optimizer_state_missing = _optimizer_state_estimate(opt)
+            if not self._pool:  # Note [What stays the same across shapes] in _fit_shapes.py
+                rec.constant_bytes = (int(torch.cuda.memory_allocated(self.device))
+                                      - _tensor_bytes(inputs) + self._bytes.trainable()
+                                      - grads + rec.optimizer_state_missing)
         # Note [What it costs] (planned steps): fit tracks storages only where it must,
         # in a measuring step, or on the CPU without the counting allocator.
         self._recorder.begin_step(tracking=not self._cuda and (
@@ -640,17 +693,39 @@ class BudgetHandle(OffloadHandle):
         if rec.meter_peak is not None:
             return
         if self._cuda:
-            if self._pool:
-                from . import _allocator
-                stats = _allocator.allocator_stats(
-                    self.device.index)
-                rec.meter_peak = int(stats["peak_bytes"])
-            else:
-                rec.meter_peak = int(torch.cuda.max_memory_allocated(self.device))
+            rec.meter_peak = self._cuda_peak()
+            if rec.windows is not None:  # Note [The measuring step's windows on CUDA]
+                if rec.before_optimizer_peak is not None:
+                    rec.optimizer_peak = rec.meter_peak
+                else:
+                    self._window(rec, "loss" if rec.in_loss else "blocks")
+                rec.meter_peak = max([rec.meter_peak] + list(rec.windows.values()))
         elif self._counting is not None and rec.meter_base is not None:
             rec.meter_peak = max(rec.meter_running, rec.meter_base + self._counting.peak())
         else:
             rec.meter_peak = self._bytes.fixed_counted() + rec.live_peak
+
+    def _cuda_peak(self) -> int:
+        """The CUDA meter's peak since its last reset: stash's pool under use_allocator,
+        else torch's max_memory_allocated."""
+        if self._pool:
+            from . import _allocator
+            return int(_allocator.allocator_stats(self.device.index)["peak_bytes"])
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+    def _window(self, rec: StepRecord, name: str) -> None:
+        """Closes a window of a measuring step's meter (Note [The measuring step's windows
+        on CUDA]): its peak joins the window's, and the meter starts again."""
+        assert rec.windows is not None
+        rec.windows[name] = max(rec.windows.get(name, 0), self._cuda_peak())
+        self._reset_cuda_peak()
+
+    def _reset_cuda_peak(self) -> None:
+        if self._pool:
+            from . import _allocator
+            _allocator.reset_peak(self.device.index)
+        else:
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def _switch(self, actions: List[LayerActions], mode: str) -> None:
         if mode == self._mode and actions is self.actions:
@@ -733,6 +808,10 @@ class BudgetHandle(OffloadHandle):
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: opt
         if rec is not None and rec.backward_done and closure is None:
             rec.optimizer_began = True
+            if rec.windows is not None and rec.before_optimizer_peak is None:
+                # Note [The measuring step's windows on CUDA]
+                self._window(rec, "loss" if rec.in_loss else "blocks")
+                rec.before_optimizer_peak = max(rec.windows.values())
 
     def _after_optimizer_step(self, opt: torch.optim.Optimizer, *_: Any) -> None:
         if self._compiled_st is not None:

@@ -65,6 +65,9 @@ def shift_fixed(doc: Doc, delta: int) -> None:
     doc["fixed_bytes"] = max(0, int(doc["fixed_bytes"]) + delta)
     if "optimizer_bytes" in doc:
         doc["optimizer_bytes"] = max(0, int(doc["optimizer_bytes"]) + delta)
+    m = doc.get("measurement", {})
+    if "constant_bytes" in m:  # Note [What stays the same across shapes] in _fit_shapes.py
+        m["constant_bytes"] = max(0, int(m["constant_bytes"]) + delta)
     g = positions(doc)
     if g is not None:
         g["fixed_bytes"] = max(0, int(g["fixed_bytes"]) + delta)

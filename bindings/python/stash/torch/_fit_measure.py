@@ -268,15 +268,26 @@ def measured_profile(rec: StepRecord, layers: Sequence[_LayerRecord],
     }
 
 
-def fixed_bytes_cuda(doc: Doc, rec: StepRecord, actions_seen: List[List[str]], counted: int,
-                     missing_optimizer_state: int) -> int:
-    """Note [What the budget counts], on CUDA: the measured peak less the canonical
-    model's activation peak for what the measuring step did, plus the optimizer state
-    that did not exist yet; at least what fit counts."""
-    probe = dict(doc, fixed_bytes=0)
-    act = evaluate(probe, _plan_doc(probe, actions_seen), 1 << 62,
-                   strict=False)["predicted_peak_bytes"]
-    return int(max(rec.peak_bytes - act + missing_optimizer_state, counted))
+def fixed_bytes_cuda(doc: Doc, peak: int, loss_peak: Optional[int],
+                     actions_seen: List[List[str]], counted: int,
+                     missing_optimizer_state: int) -> Tuple[int, int]:
+    """Note [What the budget counts], on CUDA: (fixed_bytes, loss_bytes). The fixed bytes
+    are the measured peak of the blocks' passes less the canonical model's activation
+    peak there for what the measuring step did, plus the optimizer state that did not
+    exist yet; at least what fit counts. With the loss's window read apart (Note [The
+    measuring step's windows on CUDA] in _fit.py), loss_bytes is what that window held
+    above the fixed bytes and the activations the model puts there (Note [The loss's
+    position] in planner/model/plan.h); 0 without it."""
+    probe = dict(doc, fixed_bytes=0, loss_bytes=0, optimizer_bytes=0)
+    seen = _plan_doc(probe, actions_seen)
+    act = evaluate(probe, seen, 1 << 62, strict=False)["predicted_peak_bytes"]
+    fixed = int(max(peak - act + missing_optimizer_state, counted))
+    if loss_peak is None:
+        return fixed, 0
+    big = 1 << 50  # a loss position that binds: the peak less it is the activations there
+    at_loss = evaluate(dict(probe, loss_bytes=big), seen, 1 << 62,
+                       strict=False)["predicted_peak_bytes"] - big
+    return fixed, int(max(0, loss_peak + missing_optimizer_state - fixed - at_loss))
 
 
 def fixed_bytes_cpu(doc: Doc, rec: StepRecord, counted: int, gradient_bytes: int) -> int:

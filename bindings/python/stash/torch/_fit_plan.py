@@ -109,6 +109,16 @@ def _keep_all_peak(doc: Doc) -> int:
     return int(evaluate(doc, keep, 1 << 62, strict=False)["predicted_peak_bytes"])
 
 
+def _floor(doc: Doc) -> str:
+    """What no plan moves, for a refusal: the fixed bytes, and the optimizer step's peak
+    where it was measured (Note [The measuring step's windows on CUDA] in _fit.py)."""
+    text = (f"; {_gib(int(doc.get('fixed_bytes', 0)))} of every position is not the blocks' "
+            "activations (parameters, gradients, optimizer state, the loss's logits)")
+    if doc.get("optimizer_bytes"):
+        text += f", and optimizer.step() peaks at {_gib(int(doc['optimizer_bytes']))}"
+    return text
+
+
 def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str,
                   replayed: bool = True) -> Tuple[Doc, Dict[str, Any]]:
     """(plan, figures) for a measured profile; BudgetRefused when no plan meets the budget
@@ -130,8 +140,8 @@ def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str
             f"stash.torch.fit: no plan fits the budget of {_gib(e.budget_bytes)} "
             f"(requested {budget}): the smallest feasible budget for this model "
             f"and shape is {_gib(smallest)} ({smallest} bytes); "
-            f"keep-all would peak at {_gib(e.keep_all_peak_bytes)}{seen}. The blocks are "
-            "restored; nothing was changed.", e.status) from e
+            f"keep-all would peak at {_gib(e.keep_all_peak_bytes)}{seen}{_floor(doc)}. The "
+            "blocks are restored; nothing was changed.", e.status) from e
     if measured is not None and measured > figures["budget_bytes"]:
         raise _least_memory_over(doc, measured, figures["budget_bytes"])
     return prefix_closed(doc, plan, figures) if replayed else (plan, figures)

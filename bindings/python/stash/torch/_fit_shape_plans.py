@@ -200,7 +200,9 @@ class ShapePlans:
         if tokens is None:
             return None
         counted = self._fixed_counted()
-        bases = [(int(self.shapes[k][1] or 0), e["profile"], counted)
+        # Note [What stays the same across shapes] in _fit_shapes.py
+        bases = [(int(self.shapes[k][1] or 0), e["profile"],
+                  max(counted, int(e["profile"].get("measurement", {}).get("constant_bytes", 0))))
                  for k, e in self.cache.items()
                  if k != key and self.shapes.get(k, (None,))[0] == family
                  and not e.get("derived") and "profile" in e and self.shapes[k][1]]

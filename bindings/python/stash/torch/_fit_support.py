@@ -300,6 +300,19 @@ class StepRecord:
     saved_counts: Dict[int, int] = field(default_factory=dict)  # checking: layer -> tensors
     check: Optional[str] = None  # checking: "passed" or why it failed
     meter_peak: Optional[int] = None   # the meter's reading at the step's end
+    # CUDA, a measuring step (Note [The measuring step's windows on CUDA] in _fit.py):
+    # the meter's peak by window, "blocks" (their forwards and backwards) and "loss" (the
+    # head, the loss and their backward); whether the loss window is open; the most
+    # before optimizer.step(), and over it alone; the optimizer state's bytes fit
+    # estimated at block 0 where none existed yet.
+    windows: Optional[Dict[str, int]] = None
+    in_loss: bool = False
+    before_optimizer_peak: Optional[int] = None
+    optimizer_peak: Optional[int] = None
+    optimizer_state_missing: int = 0
+    # CUDA, a measuring step: what no shape changes, read at block 0 (Note [What stays
+    # the same across shapes] in _fit_shapes.py).
+    constant_bytes: Optional[int] = None
     # CPU: what is alive at block 0, below the counting allocator's window (Note [The CPU
     # allocator's meter] in _meter.py).
     meter_base: Optional[int] = None

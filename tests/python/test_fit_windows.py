@@ -1,0 +1,83 @@
+"""What a CUDA measuring step's meter readings become in the profile, checked on a profile
+the CPU test double measured (the CUDA path itself needs a GPU: test_fit_gpu.py).
+
+Note [The measuring step's windows on CUDA] in stash/torch/_fit.py: the blocks' window
+gives the fixed bytes and the loss's window the loss_bytes, so that the canonical model
+prices the measured actions at the windows' peaks. Note [What stays the same across
+shapes] in stash/torch/_fit_shapes.py: a derived shape scales only what lies above the
+bytes no shape changes."""
+
+import json
+
+import pytest
+import torch
+
+import stash
+import stash.torch
+from stash._planner import evaluate
+from stash.torch._fit_measure import fixed_bytes_cuda
+from stash.torch._fit_shapes import derive_profile
+from stash.torch._fit_support import _plan_doc
+
+pytest.importorskip("transformers")
+
+from test_fit_loops import batches, trained  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """A Mistral's profile from fit's measuring step, and the actions that step ran."""
+    model, _, opt, h = trained("90%")
+    ids = batches(1)[0]
+    model(input_ids=ids, labels=ids).loss.backward()
+    seen = h._recorder.actions_seen()
+    opt.step()
+    opt.zero_grad()
+    model(input_ids=ids, labels=ids).loss.backward()  # block 0 records the measured step
+    key = next(iter(h._plans.cache))
+    doc = json.loads(json.dumps(h._plans.cache[key]["profile"]))
+    h.close()
+    for k in ("loss_bytes", "optimizer_bytes"):
+        doc.pop(k, None)
+    return doc, seen
+
+
+def _peak(doc, seen):
+    return evaluate(doc, _plan_doc(doc, seen), 1 << 62, strict=False)["predicted_peak_bytes"]
+
+
+@pytest.mark.parametrize("loss_above", [0, 3 << 20, 40 << 20])
+def test_the_windows_give_a_profile_that_prices_the_measured_step_at_its_peak(measured,
+                                                                             loss_above):
+    doc, seen = measured
+    act = _peak(dict(doc, fixed_bytes=0), seen)
+    blocks = 50 << 20
+    loss = blocks - act + loss_above  # what the loss's window read
+    fixed, loss_bytes = fixed_bytes_cuda(doc, blocks, loss, seen, counted=0,
+                                         missing_optimizer_state=0)
+    assert fixed == blocks - act
+    out = dict(doc, fixed_bytes=fixed, loss_bytes=loss_bytes)
+    # The model prices the measured actions at the larger window, the loss's when it
+    # held more than any block position.
+    assert _peak(out, seen) == max(blocks, loss), (loss_bytes, loss_above)
+    # Without the loss's window its bytes are the fixed bytes' (everywhere), as before.
+    assert fixed_bytes_cuda(doc, max(blocks, loss), None, seen, 0, 0)[1] == 0
+
+
+def test_a_derived_shape_scales_only_what_lies_above_the_constant_bytes(measured):
+    doc, _ = measured
+    constant, per_token = 30 << 20, 200_000
+
+    def at(tokens):
+        return dict(json.loads(json.dumps(doc)),
+                    fixed_bytes=constant + per_token * tokens)
+
+    bases = [(128, at(128), constant), (256, at(256), constant)]
+    assert derive_profile(bases, 96)["fixed_bytes"] == pytest.approx(
+        constant + per_token * 96, abs=2)
+    # Scaled from fit's smaller count instead, the constant shrinks with the tokens: the
+    # under-prediction an H200 showed before constant_bytes (Note [What stays the same
+    # across shapes]).
+    counted = 10 << 20
+    low = derive_profile([(t, p, counted) for t, p, _ in bases], 96)["fixed_bytes"]
+    assert low < constant + per_token * 96 - (1 << 20)
