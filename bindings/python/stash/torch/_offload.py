@@ -173,6 +173,8 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         # place] in _recompute.py); micro-batch 0's made now, before any step.
         state = torch.get_rng_state()
         self._rng_buffers = {(0, i): torch.empty_like(state) for i in range(len(self.blocks))}
+        self._draws_cuda_rng = {}  # block -> whether an eager forward drew (Note [Recompute
+        # under a capture] in _offload_hooks.py)
         self._dropped = []  # steps whose graph died (Note [A step that ends early])
         self._busy = 0      # stash's forward code on the stack: _graph_dropped only queues
         self._micro_batch = 0

@@ -130,6 +130,19 @@ hooks' stream captures). If so, the step runs in capture mode:
   once the graphs are gone. A re-plan (a new shape, a corrected plan) needs a new capture:
   the graph replays the plan it was captured with.
 The eager path pays one capture query per step, at block 0.
+
+Note [Recompute under a capture]
+A recompute puts back the RNG state its block's forward began with, so that dropout draws
+the same masks in the replay: torch.cuda.get_rng_state, which raises during a capture.
+A block whose forward draws nothing from the CUDA RNG needs no state: its replay computes
+the same whatever the generator holds. So every eager forward of a block the plan
+recomputes (the measuring step recomputes every block) compares the CUDA generators'
+offsets (Generator.get_offset) before and after it, and remembers whether the block ever
+drew. Under a capture a block that never drew is recomputed without a CUDA RNG state; a
+plan that recomputes a block that drew, or one no eager forward has shown, is refused at
+block 0 with a StashError that names the blocks. (A model in training with dropout 0, as
+Hugging Face decoders are by default, draws nothing.) The check costs two offset reads per
+recomputing block in eager steps, on CUDA only.
 """
 
 from __future__ import annotations
@@ -191,6 +204,7 @@ class OffloadHooks:
     _warned: Set[Tuple[object, ...]]
     _hook_error: Optional[StashError]
     _hooks: Dict[str, int]
+    _draws_cuda_rng: Dict[int, bool]
     # From EngineStreams and OffloadHandle.
     _hand_over: Callable[[_Step, Key, int, int, Optional[torch.Tensor]], None]
     _capturing_stream: Callable[[], Optional[int]]
@@ -415,14 +429,19 @@ class OffloadHooks:
                 "eagerly until fit runs its plan (the measuring step, then one planned step: "
                 "the warm-up torch.cuda.graph asks for), then capture; a captured step "
                 "replays the plan of the last eager step")
-        if self._cuda and any(RECOMPUTE in cast(Iterable[int], a) for a in self.actions):
+        # Note [Recompute under a capture]
+        drawing = [i for i, a in enumerate(self.actions) if self._cuda
+                   and RECOMPUTE in cast(Iterable[int], a)
+                   and self._draws_cuda_rng.get(i, True)]
+        if drawing:
             raise StashError(
                 f"{self._who}: this step is being captured into a CUDA graph, and its plan "
-                "recomputes tensors: a recompute restores the CUDA RNG state the block's "
-                "forward saw, which torch cannot read during capture "
-                "(torch.cuda.get_rng_state). A plan that only keeps and offloads is "
-                "capturable: raise the budget until the plan recomputes nothing, or run "
-                "this plan eagerly")
+                f"recomputes block(s) {drawing}, whose eager forward drew from the CUDA RNG "
+                "(dropout) or has not run eagerly under this plan: a recompute must restore "
+                "the RNG state that forward saw, which torch cannot read during capture "
+                "(torch.cuda.get_rng_state). Run the plan eagerly once before capturing, "
+                "turn dropout off in the blocks, or raise the budget until the plan "
+                "recomputes none of them")
         if self._engine_active:
             self._join_capture(stream)
 
@@ -473,15 +492,21 @@ class OffloadHooks:
         fetched: List[object] = []
         order: Optional[SaveOrder] = None
         frame: Optional[Frame] = None
+        # (device, CUDA generator offset) before an eager recomputing forward
+        offsets: List[Tuple[int, int]] = []
         first_input: Any = None
         if not plain:
             inputs, first_input = _input_keys(args, kwargs)
             order = SaveOrder(self._resident(step), inputs, inputs)
             # Note [Selective recompute]: taken before the block runs (its dropout draws
             # next).
-            frame = (Frame(i, step, forward, ForwardState(
-                self._cuda_rng_devices(args, kwargs), self._rng_buffer(mb, i)))
-                     if RECOMPUTE in cast(Iterable[int], actions) else None)
+            if RECOMPUTE in cast(Iterable[int], actions):
+                # Note [Recompute under a capture]: a captured block draws nothing.
+                rng = [] if step.captured else self._cuda_rng_devices(args, kwargs)
+                frame = Frame(i, step, forward, ForwardState(rng, self._rng_buffer(mb, i)))
+                if rng and self._cuda:
+                    offsets = [(d, torch.cuda.default_generators[d].get_offset())
+                               for d in rng]
         # Note [The keep path]: what the hook needs, bound once per block.
         # order is set unless plain, and these are used only then (pack does not run in a
         # plain layer).
@@ -510,9 +535,13 @@ class OffloadHooks:
                 if first:  # order holds t until the forward ends (Note [Offload hooks])
                     if j >= n_plan:
                         if exact:
+                            during = (", during a CUDA graph capture" if step.captured
+                                      else "")
                             raise StashError(f"stash.torch.offload: block {i} saves more "
                                              f"than the {n_plan} tensors the plan lists for "
-                                             f"layer {i}")
+                                             f"layer {i} (the first beyond them: "
+                                             f"{tuple(t.shape)} {t.dtype} on {t.device}"
+                                             f"{during})")
                         action = RECOMPUTE
                     else:
                         action = actions[j]
@@ -548,6 +577,10 @@ class OffloadHooks:
                                      "(stash.torch.record)")
                 if not plain:
                     self._hooks["keep_count"] += fetched.count(None)
+                if offsets:
+                    self._draws_cuda_rng[i] = self._draws_cuda_rng.get(i, False) or any(
+                        torch.cuda.default_generators[d].get_offset() != o
+                        for d, o in offsets)
                 if frame is not None and frame.wanted:
                     frame.args, frame.kwargs = self._input_slots(args, kwargs, saves, fetched)
                 self._forward_ended(i, step, order)
