@@ -191,7 +191,12 @@ def test_accumulation_by_hand_under_whole_model_compile_is_within_the_budget():
     st = h._compiled_st
     # Optimizer step 0 measures (its second forward with gradients alive), the first
     # forward of step 1 plans (still the measuring graph), the plan from its second on.
-    assert [s.serial for s in st.steps] == [0, 0, 0] + [1] * 7, [s.serial for s in st.steps]
+    # At the smallest feasible budget the plan's first run may peak over its prediction
+    # and be corrected once (Note [A compiled plan's first run] in _compiled.py): one
+    # plan from then on.
+    serials = [s.serial for s in st.steps]
+    assert serials[:4] == [0, 0, 0, 1] and len(set(serials[5:])) == 1, serials
+    assert serials[-1] <= 2, serials
     assert st.steps[1].grads > 0 and st.planned_grads == st.steps[1].grads
     _same_training(ref, ref_params, got, params)
     assert "recompute" in [a for layer in st.actions for a in layer], st.actions
@@ -201,7 +206,9 @@ def test_accumulation_by_hand_under_whole_model_compile_is_within_the_budget():
     steps = h.report()["steps"]
     assert [(s["mode"], s["micro_batches"]) for s in steps] == \
         [("measure", 2), ("measure", 2)] + [("plan", 2)] * 3, steps
-    assert all(not s["over_budget"] and s["aborted"] is None for s in steps), steps
+    # Step 1 holds the plan's first run (see above); every step after it is within.
+    assert all(s["aborted"] is None for s in steps), steps
+    assert not any(s["over_budget"] for s in steps[2:]), steps
     h.close()
 
 

@@ -30,7 +30,8 @@ class SavedValue:
     nbytes: int
     recomputable: bool  # False: the block's input (recompute starts from it)
     cost: float         # relative cost of recomputing it (its chain), within its block
-    offloadable: bool = False  # a dense tensor (_dense)
+    offloadable: bool = False  # a dense tensor (_dense), used by no later block
+    shared: bool = False  # used by a later block's forward too: kept (saved_by_block)
 
 
 @dataclass
@@ -139,9 +140,25 @@ def saved_at_keep_all(gm: fx.GraphModule, joint_inputs: Sequence[Any], partition
 def saved_by_block(gm: fx.GraphModule, cut: GraphBlocks, saved: Sequence[str]
                    ) -> Dict[int, List[SavedValue]]:
     """Per block, the saved values produced in it, in graph order, with their bytes and
-    recompute cost (their chain back to other saved values and the block's input)."""
+    recompute cost (their chain back to other saved values and the block's input).
+
+    A value a later block's forward uses too (a mask made once, in block 0's stretch of
+    the graph, and passed to every block) is used by those blocks' backward as well: its
+    first use in backward is the last block's. Fetched there, or recomputed there, it
+    would live from that block's backward on, which the planner, pricing it as block b's,
+    does not see (on a 4-layer Llama the mask of block 0 was fetched in block 3's
+    backward: 1.2 MB over the plan's prediction). It is kept."""
     by_name = {n.name: n for n in gm.graph.nodes}
     saved_nodes = {by_name[s] for s in saved if s in by_name}
+    # The partitioner merges common subexpressions first: block 1's copy of block 0's
+    # mask becomes block 0's, whose users then span the blocks. Its users by name, so.
+    try:
+        from torch._functorch.compile_utils import fx_graph_cse
+        merged = fx_graph_cse(gm.graph)
+        users = {n.name: [by_name[u.name] for u in n.users if u.name in by_name]
+                 for n in merged.nodes}
+    except (ImportError, RuntimeError):
+        users = {}
     out: Dict[int, List[SavedValue]] = {}
     for node in gm.graph.nodes:
         if node not in saved_nodes or node not in cut.region:
@@ -160,8 +177,11 @@ def saved_by_block(gm: fx.GraphModule, cut: GraphBlocks, saved: Sequence[str]
                         and a not in cut.boundary):
                     stack.append(a)
         cost = 0.0 if boundary else sum(_cost(n) for n in chain)
-        out.setdefault(block, []).append(SavedValue(node.name, _val_bytes(node),
-                                                    not boundary, cost, _dense(node)))
+        shared = any(cut.region.get(u, block) > block
+                     for u in list(node.users) + users.get(node.name, []))
+        out.setdefault(block, []).append(SavedValue(
+            node.name, _val_bytes(node), not boundary and not shared, cost,
+            _dense(node) and not shared, shared))
     return out
 
 
@@ -182,7 +202,7 @@ def layer_doc(name: str, kind: str, values: Sequence[SavedValue], fwd_ms: float,
     tensors = []
     seen_input = False
     for j, v in enumerate(values):
-        is_input = not v.recomputable
+        is_input = not v.recomputable and not v.shared
         tname = "input" if is_input and not seen_input else f"saved.{j}"
         seen_input = seen_input or is_input
         tensors.append({
