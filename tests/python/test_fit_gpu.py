@@ -9,6 +9,9 @@ follow keep-all's (bf16: to a tolerance; the math SDPA kernel keeps both runs
 deterministic).
 """
 
+import contextlib
+import gc
+
 import pytest
 import torch
 
@@ -106,6 +109,7 @@ def _train_lengths(budget=None):
     model.model.layers[1].mlp.register_forward_hook(fail)
     g = torch.Generator().manual_seed(2)
     losses, peaks, tokens, seconds = [], [], 0, 0.0
+    before = []
     with sdpa_kernel(SDPBackend.MATH):
         for step, seq in enumerate(LENGTHS):
             ids = torch.randint(0, 8192, (2, seq), generator=g).cuda()
@@ -116,10 +120,13 @@ def _train_lengths(budget=None):
             try:
                 loss = model(input_ids=ids, labels=ids).loss
                 loss.backward()
+                # What a failure needs: the passes' peak and what is alive at the optimizer.
+                before.append((torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()))
                 opt.step()
                 losses.append(loss.item())
             except _Injected:
                 losses.append(None)
+                before.append(None)
             armed[0] = False
             opt.zero_grad()
             torch.cuda.synchronize()
@@ -128,13 +135,17 @@ def _train_lengths(budget=None):
                 tokens += ids.numel()
             peaks.append(torch.cuda.max_memory_allocated())
     report = h.report() if h else None
+    if report is not None:
+        for s, b in zip(report["steps"], before):
+            s["before_optimizer"] = b
     if h:
         # What the next reader of a failure needs: each measured shape's fixed bytes and
         # what was measured beside the blocks (the derived plans scale from these).
         for key, entry in h._plans.cache.items():
             doc = entry.get("profile")
             if doc is not None and not entry.get("derived"):
-                print(f"\nmeasured shape {key}: fixed_bytes {doc['fixed_bytes']}, loss_bytes "
+                print(f"\nmeasured shape {key}: fixed_bytes {doc['fixed_bytes']}, "
+                      f"optimizer_bytes {doc.get('optimizer_bytes')}, loss_bytes "
                       f"{doc.get('loss_bytes')}, measurement {doc.get('measurement')}, "
                       f"layer 0 bwd_temp_bytes {doc['layers'][0]['bwd_temp_bytes']}, saved "
                       f"{sum(t['bytes'] for t in doc['layers'][0]['tensors'])}")
@@ -149,15 +160,18 @@ def test_fit_keeps_the_budget_through_lengths_and_a_lost_step():
     assert len(steps) == len(LENGTHS)
     assert [s["step"] for s in steps if s["aborted"]] == [LOST], steps
     measuring = sum(s["mode"] == "measure" for s in steps if not s["aborted"])
+    # A measuring step reads its meter in windows (Note [The measuring step's windows on
+    # CUDA] in _fit.py): the loop's reading after it covers the last, fit's the whole step.
     over = [(i, p, s["budget_bytes"]) for i, (p, s) in enumerate(zip(peaks, steps))
-            if not s["aborted"] and p > s["budget_bytes"]]
+            if not s["aborted"] and max(p, s["measured_peak_bytes"]) > s["budget_bytes"]]
     print(f"\nfit at 70% through {len(LENGTHS)} lengths and a lost step: {measuring} measuring "
           f"steps, {len(over)} over budget, {tps:.0f} tokens/s against keep-all's "
           f"{keep_tps:.0f} ({tps / keep_tps:.1%})")
     for s, p in zip(steps, peaks):
         print(f"  step {s['step']}: {s['mode']} {s.get('plan_source')} peak {p} "
               f"(fit {s['measured_peak_bytes']}, predicted {s['predicted_peak_bytes']}) "
-              f"budget {s['budget_bytes']} check {s.get('check')}")
+              f"budget {s['budget_bytes']} check {s.get('check')}; before the optimizer "
+              f"(peak, alive) {s.get('before_optimizer')}")
     assert measuring <= 2, steps
     assert not over, over
     for a, b in zip(keep_losses, losses):
@@ -174,13 +188,16 @@ def test_whole_model_compile_offloads_within_the_budget():
     def go(budget):
         torch._dynamo.reset()
         model = _model(layers=3)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        # SGD and 8 sequences: the activations weigh against the rest. With AdamW and 4 (on
+        # an H200) least memory plus the optimizer state was 76% of keep-all's peak, so a
+        # budget of 70% was refused.
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         h = stash.torch.fit(model.model.layers, budget, optimizer=opt) if budget else None
         cm = torch.compile(model)
         g = torch.Generator().manual_seed(1)
         losses, peaks = [], []
         for _ in range(5):
-            ids = torch.randint(0, 8192, (4, 1024), generator=g).cuda()
+            ids = torch.randint(0, 8192, (8, 1024), generator=g).cuda()
             torch.cuda.reset_peak_memory_stats()
             loss = cm(input_ids=ids, labels=ids).loss
             loss.backward()
@@ -223,6 +240,8 @@ def _graph_run(budget, capture):
     """fit at `budget` on a Llama with SGD: two eager steps (measure, plan), then
     GRAPH_STEPS steps either eager or as replays of one torch.cuda.graph capture of the
     whole step. The losses, the parameters, the peak over the last steps, the report."""
+    gc.collect()  # an earlier run's model, held in cycles until collected
+    torch.cuda.empty_cache()
     model = _model(layers=4)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     h = stash.torch.fit(model.model.layers, budget, optimizer=opt)
@@ -238,17 +257,43 @@ def _graph_run(budget, capture):
         opt.step()
         return loss
 
+    # What a failure needs: memory_allocated() after each block's forward and backward
+    # (host reads, allowed under capture) in the last step run or captured.
+    trace = []
+
+    def note(what):  # alive / the most so far, MiB
+        trace.append(f"{what} {torch.cuda.memory_allocated() >> 20}/"
+                     f"{torch.cuda.max_memory_allocated() >> 20}")
+
+    def traced(i):
+        def hook(_m, _args, out):
+            note(f"f{i}")
+            t = out[0] if isinstance(out, tuple) else out
+            if t.requires_grad:
+                t.register_hook(lambda g: note(f"b{i}"))
+        return hook
+    hooks = [b.register_forward_hook(traced(i)) for i, b in enumerate(model.model.layers)]
+
     with sdpa_kernel(SDPBackend.MATH):
         for ids in data[:2]:
             static_ids.copy_(ids)
+            trace.clear()
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
             losses.append(step().item())
             opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
+        planned_peak = torch.cuda.max_memory_allocated()  # the last eager step's: planned
+        print(f"\n{budget} eager planned step, MiB alive/most: {' '.join(trace)}; peak "
+              f"{planned_peak >> 20}")
+        trace.clear()
         torch.cuda.reset_peak_memory_stats()
         if capture:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 static_loss = step()
+            print(f"{budget} captured step, MiB alive/most: {' '.join(trace)}; peak "
+                  f"{torch.cuda.max_memory_allocated() >> 20}")
             for ids in data[2:]:
                 static_ids.copy_(ids)
                 graph.replay()
@@ -260,14 +305,18 @@ def _graph_run(budget, capture):
                 opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
-    params = [p.detach().clone() for p in model.parameters()]
-    report, plan = h.report(), h.plan
+    for k in hooks:
+        k.remove()
+    params = [p.detach().cpu() for p in model.parameters()]  # off the device: not in the
+    report, plan = h.report(), h.plan  # next run's peak
     if capture:
         held = h.release_graphs()
-        assert held > 0, "a captured offloading step holds pinned slots until released"
+        offloads = any(t["action"] == "offload" for layer in plan["layers"]
+                       for t in layer["tensors"])
+        assert held > 0 or not offloads, "a captured offloading step holds pinned slots"
         del graph
     h.close()
-    return losses, params, peak, report, plan
+    return losses, params, peak, report, plan, planned_peak
 
 
 def _recomputes(plan):
@@ -275,34 +324,30 @@ def _recomputes(plan):
 
 
 def test_fit_under_a_captured_training_step_replays_the_eager_plan():
-    # 70% first; a plan that recomputes is refused under capture (torch cannot read the
-    # CUDA RNG state then), so a higher share is tried for a plan that only offloads. A
-    # share below the least-memory step's peak is refused (the logits of a 4-layer model
+    # Note [Recompute under a capture] in stash/torch/_offload_hooks.py: the Llama draws
+    # nothing from the CUDA RNG (dropout 0), so a plan that recomputes is capturable too.
+    # A share below the least-memory step's peak is refused (the logits of a 4-layer model
     # weigh much against its layers): the next one is tried.
     for budget in ("70%", "80%", "85%", "95%"):
         try:
             eager = _graph_run(budget, capture=False)
+            break
         except stash.StashError as e:
             if "no plan fits the budget" not in str(e):
                 raise
             print(f"\n{budget}: {e}")
             torch.cuda.empty_cache()
-            continue
-        plan = eager[4]
-        if not _recomputes(plan):
-            break
-        with pytest.raises(stash.StashError, match="recomputes"):
-            _graph_run(budget, capture=True)
-        torch.cuda.empty_cache()
     else:
-        pytest.fail("no budget gave a plan without recompute: nothing capturable was tried")
-    assert sum(t["action"] == "offload" for layer in plan["layers"]
-               for t in layer["tensors"]) > 0, plan
+        pytest.fail("no budget gave a plan: nothing capturable was tried")
+    plan = eager[4]
+    counts = {a: sum(t["action"] == a for layer in plan["layers"] for t in layer["tensors"])
+              for a in ("keep", "offload", "recompute")}
+    assert counts["offload"] + counts["recompute"] > 0, plan
     graphed = _graph_run(budget, capture=True)
-    losses, params, peak, report, _ = graphed
+    losses, params, peak, report, _, planned = graphed
     budget_bytes = report["budget_bytes"]
-    print(f"\nfit at {budget} under torch.cuda.graph: peak {peak} bytes against the eager "
-          f"plan's {eager[2]} and the budget {budget_bytes}")
+    print(f"\nfit at {budget} under torch.cuda.graph ({counts}): peak {peak} bytes against "
+          f"the same run's eager planned step's {planned} and the budget {budget_bytes}")
     # Not bitwise: on an H200 two replays differed from the eager steps in the 5th digit
     # (9.216169 against 9.216017 at the fourth step), as eager runs of the embedding's
     # atomic backward differ from each other.
@@ -311,8 +356,42 @@ def test_fit_under_a_captured_training_step_replays_the_eager_plan():
     assert all(torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3)
                for a, b in zip(params, eager[1]))
     assert peak <= budget_bytes, (peak, budget_bytes)
+    # Against the eager planned step of the same run (the runs' plans differ: each is 70%
+    # of its own measured keep-all). On an H200 the capture held 68 MiB more (1692 MiB
+    # against 1624; BENCHMARKS.md): within 5%, not at most the eager peak.
+    assert peak <= planned * 1.05, (peak, planned)
     # Only the eager steps are fit's steps; the captured one and its replays are not.
     assert [s["mode"] for s in report["steps"]] == ["measure", "plan"]
+
+
+def test_a_captured_recompute_of_a_block_with_dropout_is_refused_by_name():
+    model = _model(layers=2)
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    ids = torch.randint(0, 8192, (2, 2048), device="cuda")
+    with sdpa_kernel(SDPBackend.MATH):
+        # The lowest share that fits (least memory must) and recomputes something.
+        for share in ("70%", "80%", "85%", "90%"):
+            h = stash.torch.fit(model.model.layers, share)
+            try:
+                for _ in range(2):
+                    model(input_ids=ids, labels=ids).loss.backward()
+                    model.zero_grad(set_to_none=True)
+            except stash.StashError as e:
+                print(f"\n{share}: {e}")
+                model.zero_grad(set_to_none=True)
+                continue
+            if _recomputes(h.plan):
+                break
+            h.close()
+        else:
+            pytest.fail("no share gave a plan that recomputes")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(stash.StashError, match="drew from the CUDA RNG"):
+            with torch.cuda.graph(graph):
+                model(input_ids=ids, labels=ids).loss.backward()
+    h.close()
 
 
 def test_make_graphed_callables_on_the_blocks_is_refused_by_name():
@@ -339,3 +418,110 @@ def test_make_graphed_callables_on_the_blocks_is_refused_by_name():
     with pytest.raises(stash.StashError, match="make_graphed_callables"):
         torch.cuda.make_graphed_callables(tuple(blocks), tuple((x,) for _ in blocks))
     h.close()
+
+
+# --- issue 23's thunder case: lightning-thunder's CUDAGraphTransform doubled a model's
+# peak; here a Hugging Face Qwen2 config (5 layers, sequence 4096, bf16) trains with the
+# whole step captured by torch.cuda.graph, with and without stash at 70% of the eager
+# keep-all peak.
+
+THUNDER_STEPS = 5
+
+
+def _thunder(budget, capture, backend):
+    """max_memory_allocated over the timed steps and their tokens/s (and fit's plan's
+    actions): two eager steps (fit's measure and plan), then THUNDER_STEPS eager steps or
+    replays of one capture of the whole step."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    import time
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(num_hidden_layers=5, use_cache=False,
+                                   attn_implementation="sdpa", max_position_embeddings=4096)
+    with torch.device("cuda"):
+        model = transformers.Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    h = stash.torch.fit(model.model.layers, budget, optimizer=opt) if budget else None
+    ids = torch.randint(0, cfg.vocab_size, (1, 4096), device="cuda")
+
+    def step():
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(2):  # the warm-up torch.cuda.graph asks for: fit's measure and plan
+        step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    if capture:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(THUNDER_STEPS):
+            graph.replay()
+    else:
+        t0 = time.perf_counter()
+        for _ in range(THUNDER_STEPS):
+            step()
+            opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    tps = THUNDER_STEPS * ids.numel() / (time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated()
+    actions = h.report()["plan"]["actions"] if h is not None else None
+    if capture:
+        if h is not None:
+            h.release_graphs()
+        del graph
+    if h is not None:
+        h.close()
+    del model, opt
+    torch.cuda.empty_cache()
+    return peak, tps, actions
+
+
+@pytest.mark.parametrize("backend", [
+    # Under capture, with torch's default SDPA kernels, block 0 saved a tensor more than its
+    # eager forward (a (4096, 22016) bf16 past the plan's 21, on an H200 with torch 2.11),
+    # refused by name. Not understood yet: the math kernel captures as planned.
+    pytest.param(None, marks=pytest.mark.xfail(raises=stash.StashError, strict=False,
+                                               reason="an extra saved tensor under capture")),
+    SDPBackend.MATH], ids=["sdpa", "math"])
+def test_the_thunder_case_under_cuda_graphs_stays_at_the_eager_peak(backend):
+    keep, keep_tps, _ = _thunder(None, False, backend)
+    keep_graph, keep_graph_tps, _ = _thunder(None, True, backend)
+    gib = 1 << 30
+    print(f"\nkeep-all: eager {keep / gib:.2f} GiB {keep_tps:,.0f} tokens/s, graphs "
+          f"{keep_graph / gib:.2f} GiB {keep_graph_tps:,.0f} tokens/s")
+    # 70% as the issue asks; where the parameters, gradients and logits alone (the least-
+    # memory step) need more, stash refuses it by name and the next share runs.
+    for share in (0.70, 0.75, 0.80):
+        budget = int(share * keep)
+        try:
+            eager, eager_tps, actions = _thunder(budget, False, backend)
+            break
+        except stash.StashError as e:
+            print(f"{share:.0%}: {e}")
+            del e
+            gc.collect()  # the refused run's model, held by its frames until collected
+            torch.cuda.empty_cache()
+    else:
+        pytest.fail("no share of keep-all fits")
+    graph, graph_tps, _ = _thunder(budget, True, backend)
+    print(f"\nthe thunder case ({backend}; Qwen2, 5 layers, seq 4096, bf16, SGD), peaks "
+          f"and tokens/s:\n  keep-all eager   {keep / gib:.2f} GiB {keep_tps:,.0f}"
+          f"\n  keep-all graphs  {keep_graph / gib:.2f} GiB {keep_graph_tps:,.0f}"
+          f"\n  stash {share:.0%} eager  {eager / gib:.2f} GiB {eager_tps:,.0f} (budget "
+          f"{budget / gib:.2f} GiB, plan {actions})"
+          f"\n  stash {share:.0%} graphs {graph / gib:.2f} GiB {graph_tps:,.0f} "
+          f"({graph_tps / eager_tps:.1%} of the eager plan)")
+    assert eager <= budget, (eager, budget)
+    assert graph <= budget, (graph, budget)
+    assert graph <= eager * 1.02, (graph, eager)
+    assert graph_tps >= 0.95 * eager_tps, (graph_tps, eager_tps)
