@@ -284,7 +284,7 @@ def _offload_run(reorder=False):
     the same run without stash. reorder: the forward's stash::offload nodes are moved to
     just before their stash::offloaded (after block b+2's tick), as a pass that reorders
     extern kernels might (Note [Offload in the compiled graph], the guard)."""
-    import stash.torch._compiled as compiled
+    import stash.torch._compiled_graph as compiled
     ref, ref_params, _ = train(family="wide_llama", seqs=[512] * STEPS)
     ref_peak = max(s["peak"] for s in ref[1:])
     budget = int(0.7 * ref_peak)
