@@ -307,8 +307,9 @@ def _graph_run(budget, capture):
     peak = torch.cuda.max_memory_allocated()
     for k in hooks:
         k.remove()
-    params = [p.detach().cpu() for p in model.parameters()]  # off the device: not in the
-    report, plan = h.report(), h.plan  # next run's peak
+    # Off the device, so that the next run's peak does not hold them.
+    params = [p.detach().cpu() for p in model.parameters()]
+    report, plan = h.report(), h.plan
     if capture:
         held = h.release_graphs()
         offloads = any(t["action"] == "offload" for layer in plan["layers"]

@@ -146,8 +146,8 @@ def saved_by_block(gm: fx.GraphModule, cut: GraphBlocks, saved: Sequence[str]
     the graph, and passed to every block) is used by those blocks' backward as well: its
     first use in backward is the last block's. Fetched there, or recomputed there, it
     would live from that block's backward on, which the planner, pricing it as block b's,
-    does not see (on a 4-layer Llama the mask of block 0 was fetched in block 3's
-    backward: 1.2 MB over the plan's prediction). It is kept."""
+    does not see (on the CPU, a 4-layer Llama's plan offloaded block 0's causal mask,
+    which the backward fetched at block 3's). It is kept."""
     by_name = {n.name: n for n in gm.graph.nodes}
     saved_nodes = {by_name[s] for s in saved if s in by_name}
     # The partitioner merges common subexpressions first: block 1's copy of block 0's

@@ -54,8 +54,9 @@ profile's fixed_bytes is calibrated from the measuring step: its measured peak l
 canonical model's activation peak for what the step did. That makes everything that is not
 a block activation count: parameters, gradients, cuBLAS workspaces, the allocator's
 rounding; the loss's logits and the optimizer step's temporaries are read in windows of
-their own (Note [The measuring step's windows on CUDA]). The optimizer's state exists only after its first step(): when
-the measuring step came before it, its size is added from the optimizer's parameters
+their own (Note [The measuring step's windows on CUDA]). The optimizer's state exists
+only after its first step(): when the measuring step came before it, its size is added
+from the optimizer's parameters
 (Adam/AdamW: two tensors like each parameter; SGD with momentum: one) and, once the
 optimizer has stepped (a post-step hook when fit is given the optimizer), replaced by
 the bytes its state really holds, re-planning if that changed anything. On the CPU test
