@@ -3,7 +3,8 @@
 every point a step can raise, in a measuring step and in a planned one; eval forwards;
 misuse named at fit(). Hugging Face models from small configs (random init, no hub) on
 the CPU test double; every comparison is bitwise against plain training that loses the
-same steps the same way. Shapes (shares per shape, new lengths): test_fit_shapes.py."""
+same steps the same way. Shapes (shares per shape, new lengths): test_fit_shapes.py;
+accumulation by hand: test_fit_accumulation.py."""
 
 import warnings
 
@@ -360,95 +361,6 @@ def test_a_refused_budget_lets_the_model_go():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "model alive: False" in out.stdout, (out.stdout, out.stderr[-3000:])
-
-
-def test_accumulation_by_hand_is_priced_per_forward():
-    """Two forwards and backwards of micro-batch 0 per optimizer step, no micro_batch():
-    bitwise, both counted in the step (micro_batches 2), and the predicted step is that of
-    two passes, not three (each forward's spans are its own). The bug this guards against
-    counted one pass as overhead and predicted 1.6-1.8x the measured step here."""
-    data = batches(16, seq=128)
-
-    def go(budget):
-        model, blocks, opt, h = trained(budget)
-        losses = []
-        for k in range(0, len(data), 2):
-            for ids in data[k:k + 2]:
-                loss = model(input_ids=ids, labels=ids).loss / 2
-                loss.backward()
-                losses.append(loss.detach().clone())
-            opt.step()
-            opt.zero_grad()
-        return losses, [p.detach().clone() for p in model.parameters()], h
-
-    expected = go(None)
-    got = go("85%")
-    same(got, expected)
-    steps = got[2].report()["steps"]
-    assert [s["micro_batches"] for s in steps] == [2] * 8
-    # A plan's first run that peaks above its prediction corrects the shape's fixed
-    # bytes (Note [What the budget counts]) for steps of two passes as for one: from
-    # then on every step peaks at or under its prediction and its budget. (It was not
-    # corrected for more than one pass, and stayed 160 KB over its prediction here.)
-    for s in steps[2:]:
-        assert s["measured_peak_bytes"] <= s["predicted_peak_bytes"], steps
-        assert not s["over_budget"], steps
-    # The measuring step's two passes are the profile's, not one pass and "overhead": the
-    # time outside the blocks (loss, optimizer) is less than one pass through them. This
-    # compares times of one step, so a loaded machine moves both sides alike.
-    profile = got[2].profile
-    one_pass = sum(layer["fwd_ms"] + layer["bwd_ms"] for layer in profile["layers"])
-    assert profile["measurement"]["passes"] == 2
-    assert profile["step_overhead_ms"] < one_pass, (profile["step_overhead_ms"], one_pass)
-    # A planned step is priced as two passes and the overhead once: at least two passes
-    # through the blocks as measured, at most two with every tensor recomputed and every
-    # byte's copies exposed. (Planned steps' own times are not compared with the measuring
-    # step's: on this VM, a load that comes and goes between steps moved that ratio from
-    # 1.0 to 3.5.)
-    tensors = [t for layer in profile["layers"] for t in layer["tensors"]]
-    worst = (sum(t["recompute_ms"] for t in tensors)
-             + sum(t["bytes"] for t in tensors) / (LINK["d2h_gbps"] * 1e6)
-             + sum(t["bytes"] for t in tensors) / (LINK["h2d_gbps"] * 1e6))
-    over = profile["step_overhead_ms"]
-    for s in steps:
-        if s["mode"] == "plan":
-            assert 2 * one_pass + over <= s["predicted_step_ms"] * (1 + 1e-9), (s, one_pass)
-            assert s["predicted_step_ms"] <= 2 * (one_pass + worst) + over, (s, one_pass, worst)
-    got[2].close()
-
-
-def test_a_step_with_a_closure_and_accumulation_is_one_step():
-    """optimizer.step(closure) whose closure runs the last micro-batch's forward and
-    backward (Lightning does this under accumulate_grad_batches): that forward belongs
-    to the step, not a sign that the step raised. Each step is one step of two passes,
-    planned after the first, bitwise; it was split into an aborted step and a step of one
-    pass, and the shape measured again."""
-    data = batches(8)
-
-    def go(budget):
-        model, blocks, opt, h = trained(budget)
-        losses = []
-
-        def pass_of(ids):
-            loss = model(input_ids=ids, labels=ids).loss / 2
-            loss.backward()
-            losses.append(loss.detach().clone())
-            return loss
-
-        for k in range(0, len(data), 2):
-            pass_of(data[k])
-            opt.step(lambda ids=data[k + 1]: pass_of(ids))
-            opt.zero_grad()
-        return losses, [p.detach().clone() for p in model.parameters()], h
-
-    expected = go(None)
-    got = go("85%")
-    same(got, expected)
-    steps = got[2].report()["steps"]
-    assert [s["aborted"] for s in steps] == [None] * 4, steps
-    assert [s["micro_batches"] for s in steps] == [2] * 4, steps
-    assert [s["mode"] for s in steps] == ["measure", "plan", "plan", "plan"], steps
-    got[2].close()
 
 
 def test_the_cpu_meter_counts_a_window():

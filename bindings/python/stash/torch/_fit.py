@@ -172,7 +172,13 @@ What a training loop does besides forward, backward and step, and what fit does 
   ends early] in _offload_hooks.py), report() lists it with why, and the next step runs
   as if the lost one had not (a measuring step is measured again). With the optimizer
   known, a forward after an optimizer step that began and never ended marks that step
-  aborted;
+  aborted. A forward that finds the gradients the step's backward made gone (set to
+  None) with no optimizer step since begins the next step: the loop gave the step up
+  between two micro-batches of its accumulation (an error in its data or its loss,
+  which no hook of fit's sees) or skipped its optimizer step (a GradScaler that found
+  an inf). The step ends where its backward did, a step of the micro-batches that ran,
+  judged against its budget; it was taken for the next step's first micro-batch. With
+  the gradients zeroed in place instead, nothing tells the two apart: one step;
 - eval: blocks in eval mode run as plain forwards, whether grad is on or not, with no
   step, record or warning; the next training step carries on where training left off;
 - a Hugging Face key/value cache handed to the blocks in training (use_cache=True) is
@@ -364,6 +370,12 @@ class BudgetHandle(OffloadHandle):
                 and rec.optimizer_began and rec.end is None):
             # Note [A step that ends early]: its optimizer step raised.
             self._abort_record(rec, "optimizer.step() raised")
+        if (rec is not None and not rec.finished and rec.aborted is None and mb == 0
+                and rec.backward_done and not self._steps and rec.end is None
+                and rec.made_gradients and self._bytes.gradients_alive() == 0):
+            # Note [The loops fit lives in]: the loop dropped the step's gradients; the
+            # step ends where its backward did, and this forward begins the next one.
+            rec.end = rec.bwd_end
         # A further forward of the running step: another micro-batch, a forward of micro-
         # batch 0 before the others' backwards, or (with the optimizer known) any forward
         # before its step(). The plan can change only where no micro-batch holds tensors.
@@ -463,6 +475,8 @@ class BudgetHandle(OffloadHandle):
             self._sample("backward end", after=("bwd", 0))
         if not self._steps:  # every micro-batch's backward has ended
             rec.backward_done = True
+            if self.optimizer is not None and not rec.made_gradients:
+                rec.made_gradients = self._bytes.gradients_alive() > 0
             rec.bwd_end = m
             if self.optimizer is None:
                 self._step_peak(rec)

@@ -294,6 +294,7 @@ class StepRecord:
     exposed_ms: float = 0.0
     step_ms: float = 0.0
     backward_done: bool = False
+    made_gradients: bool = False  # with the optimizer known: gradients alive after backward
     optimizer_began: bool = False
     plan_source: Optional[str] = None  # "measured", "derived" or "cache_dir"
     checking: bool = False   # a derived plan's first run (Note [A derived plan's first run])
