@@ -32,7 +32,16 @@ def test_accumulation_by_hand_is_priced_per_forward():
         return losses, [p.detach().clone() for p in model.parameters()], h
 
     expected = go(None)
-    got = go("85%")
+    # The time outside the blocks is checked against one pass below: on a loaded VM a
+    # spike in one step's loss or optimizer can pass it (seen with ctest -j2), where the
+    # bug this guards against passes it every time. So up to three runs.
+    for attempt in range(3):
+        got = go("85%")
+        profile = got[2].profile
+        one_pass = sum(layer["fwd_ms"] + layer["bwd_ms"] for layer in profile["layers"])
+        if profile["step_overhead_ms"] < one_pass or attempt == 2:
+            break
+        got[2].close()
     same(got, expected)
     steps = got[2].report()["steps"]
     assert [s["micro_batches"] for s in steps] == [2] * 8
@@ -44,10 +53,8 @@ def test_accumulation_by_hand_is_priced_per_forward():
         assert s["measured_peak_bytes"] <= s["predicted_peak_bytes"], steps
         assert not s["over_budget"], steps
     # The measuring step's two passes are the profile's, not one pass and "overhead": the
-    # time outside the blocks (loss, optimizer) is less than one pass through them. This
-    # compares times of one step, so a loaded machine moves both sides alike.
-    profile = got[2].profile
-    one_pass = sum(layer["fwd_ms"] + layer["bwd_ms"] for layer in profile["layers"])
+    # time outside the blocks (loss, optimizer) is less than one pass through them (times
+    # of one step; a run loaded unevenly is run again, above).
     assert profile["measurement"]["passes"] == 2
     assert profile["step_overhead_ms"] < one_pass, (profile["step_overhead_ms"], one_pass)
     # A planned step is priced as two passes and the overhead once: at least two passes

@@ -113,7 +113,7 @@ def _floor(doc: Doc) -> str:
     """What no plan moves, for a refusal: the fixed bytes, and the optimizer step's peak
     where it was measured (Note [The measuring step's windows on CUDA] in _fit.py)."""
     text = (f"; {_gib(int(doc.get('fixed_bytes', 0)))} of every position is not the blocks' "
-            "activations (parameters, gradients, optimizer state, the loss's logits)")
+            "activations (parameters, gradients, optimizer state, workspaces)")
     if doc.get("optimizer_bytes"):
         text += f", and optimizer.step() peaks at {_gib(int(doc['optimizer_bytes']))}"
     return text
