@@ -30,7 +30,6 @@ def input_shape(cut: GraphBlocks) -> Shape:
     return tuple(int(d) for d in val.shape) if isinstance(val, torch.Tensor) else ()
 
 
-
 # A handle's id is random, not a count: it is a constant of the traced graph, and a graph
 # with another process's ids must not be found in Inductor's and AOTAutograd's caches
 # (which would skip stash's partitioner for it).
@@ -79,7 +78,7 @@ def _tick_setup(ctx: Any, inputs: Tuple[Any, ...], output: torch.Tensor) -> None
 
 
 def _tick_backward(ctx: Any, g: torch.Tensor) -> Tuple[Any, ...]:
-    # The backward tick is _BackTick's (below): this gradient is a folded zero.
+    # The backward tick is _Tick's (below): this gradient is a folded zero.
     return None, None, None, None
 
 
