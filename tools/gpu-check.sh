@@ -147,15 +147,16 @@ fi
 STASH_GPU_PYTHON=$(command -v python3)
 export STASH_GPU_PYTHON
 
-# The C++ suites through ctest; the GPU Python tests (ctest's python.offload_gpu and
-# python.fit_gpu: two processes, as the pluggable allocator is for a process's life)
-# through pytest itself, verbose with each test's time and a per-test limit, so that one
-# slow or hanging test shows which and leaves the others their time.
+# The C++ suites through ctest; the GPU Python tests (ctest's python.offload_gpu,
+# python.fit_gpu and python.fit_graphs_gpu: processes of their own, as the pluggable
+# allocator is for a process's life) through pytest itself, verbose with each test's time
+# and a per-test limit, so that one slow or hanging test shows which and leaves the others
+# their time.
 if want tests; then
   run "ctest -L gpu (C++ suites)" 240 ctest --test-dir "$tests" -L gpu -E '^python\.' \
     --output-on-failure --timeout 120
   per_test=(); python3 -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout=240)
-  for name in offload fit; do
+  for name in offload fit fit_graphs; do
     PYTHONPATH="$tests/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
       PYTHONDONTWRITEBYTECODE=1 STASH_LIB_DIR="$libdir" \
       run "python.${name}_gpu" 540 python3 -m pytest -v -rs -s -p no:cacheprovider \
@@ -220,7 +221,7 @@ if want graphs; then
     PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
       STASH_LIB_DIR="$libdir" \
       run "fit under torch.cuda.graph" 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
-        "$tests/python/test_fit_gpu.py" -k "graph"
+        "$tests/python/test_fit_graphs_gpu.py"
   fi
 fi
 

@@ -13,22 +13,19 @@ import stash.torch
 
 pytest.importorskip("transformers")
 
+from test_fit import train  # noqa: E402
 from test_fit_loops import (LINK, VOCAB, batches, mistral, same, stack_steps,  # noqa: E402
                             trained)
 
 
 def train_on(data, budget):
-    """A fresh Mistral trained on `data` under fit at `budget` (None: plain training): the
-    losses, the final parameters and the handle (test_fit_loops.trained)."""
-    model, blocks, opt, h = trained(budget)
-    losses = []
-    for ids in data:
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.detach().clone())
-    return losses, [p.detach().clone() for p in model.parameters()], h
+    """A fresh Mistral trained on `data` (test_fit.train's AdamW steps) under fit at
+    `budget` (None: plain training): the losses, the final parameters and the handle."""
+    model, blocks = mistral()
+
+    def fit(opt):
+        return stash.torch.fit(blocks, budget, optimizer=opt, link=LINK)
+    return train(model, data, fit if budget else None)
 
 
 def test_a_share_budget_is_judged_per_shape():
