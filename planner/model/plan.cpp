@@ -68,7 +68,7 @@ evaluation evaluate(const step_profile& p, const decision_table& d, std::uint64_
                         std::to_string(d[i].size()) + " tensors, profile has " +
                         std::to_string(lp.tensors.size()));
     }
-    double R = 0;
+    const double R = layer_recompute_ms(p, i, d[i]);
     for (std::size_t j = 0; j < lp.tensors.size(); ++j) {
       const tensor_profile& t = lp.tensors[j];
       A[i] += t.bytes;
@@ -78,10 +78,7 @@ evaluation evaluate(const step_profile& p, const decision_table& d, std::uint64_
       }
       switch (d[i][j]) {
         case tensor_action::keep: K[i] += t.bytes; break;
-        case tensor_action::recompute:
-          R += t.recompute_ms;
-          ev.recomputed_bytes += t.bytes;
-          break;
+        case tensor_action::recompute: ev.recomputed_bytes += t.bytes; break;
         case tensor_action::offload: O[i] += t.bytes; break;
       }
     }
@@ -139,6 +136,69 @@ evaluation evaluate(const step_profile& p, const decision_table& d, std::uint64_
   if (ev.offloaded_bytes > p.pinnable_bytes) ev.violations.push_back("host");
   ev.valid = ev.violations.empty();
   return ev;
+}
+
+double layer_recompute_ms(const step_profile& p, std::size_t layer,
+                          const std::vector<tensor_action>& actions) {
+  const std::vector<tensor_profile>& ts = p.layers[layer].tensors;
+  double ms = 0;
+  if (p.recompute == recompute_cost::per_tensor) {
+    for (std::size_t j = 0; j < ts.size(); ++j) {
+      if (actions[j] == tensor_action::recompute) ms += ts[j].recompute_ms;
+    }
+    return ms;
+  }
+  std::size_t end = 0;  // one past the last recomputed tensor
+  for (std::size_t j = 0; j < ts.size(); ++j) {
+    if (actions[j] == tensor_action::recompute) end = j + 1;
+  }
+  for (std::size_t j = 0; j < end; ++j) ms += ts[j].recompute_ms;
+  return ms;
+}
+
+std::vector<std::size_t> recompute_chain(const step_profile& p, std::size_t layer) {
+  std::vector<std::size_t> chain;
+  if (p.recompute != recompute_cost::prefix) return chain;
+  const std::vector<tensor_profile>& ts = p.layers[layer].tensors;
+  for (std::size_t j = 0; j < ts.size(); ++j) {
+    if (ts[j].bytes > 0 && allowed(p, layer, j, tensor_action::recompute)) chain.push_back(j);
+  }
+  return chain;
+}
+
+step_profile chain_priced(const step_profile& p) {
+  step_profile q = p;
+  if (p.recompute != recompute_cost::prefix) return q;
+  for (std::size_t i = 0; i < q.layers.size(); ++i) {
+    const std::vector<std::size_t> chain = recompute_chain(p, i);
+    std::vector<tensor_profile>& ts = q.layers[i].tensors;
+    std::vector<double> cost(ts.size(), 0.0);
+    std::size_t from = 0;
+    for (std::size_t j : chain) {
+      for (std::size_t k = from; k <= j; ++k) cost[j] += ts[k].recompute_ms;
+      from = j + 1;
+    }
+    for (std::size_t j = 0; j < ts.size(); ++j) ts[j].recompute_ms = cost[j];
+  }
+  return q;
+}
+
+std::size_t close_prefixes(const step_profile& p, decision_table& d) {
+  if (p.recompute != recompute_cost::prefix) return 0;
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    std::size_t end = 0;
+    for (std::size_t j = 0; j < d[i].size(); ++j) {
+      if (d[i][j] == tensor_action::recompute) end = j + 1;
+    }
+    for (std::size_t j = 0; j + 1 < end; ++j) {
+      if (d[i][j] != tensor_action::recompute && allowed(p, i, j, tensor_action::recompute)) {
+        d[i][j] = tensor_action::recompute;
+        ++changed;
+      }
+    }
+  }
+  return changed;
 }
 
 decision_table keep_all(const step_profile& p) {

@@ -92,6 +92,39 @@ evaluation evaluate(const step_profile& p, const decision_table& d, std::uint64_
 bool allowed(const step_profile& p, std::size_t layer, std::size_t tensor, tensor_action a);
 
 decision_table keep_all(const step_profile& p);
+
+// Note [Recompute by prefix]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A profile's recompute_cost says how a layer's recompute is paid. per_tensor (the
+// default, the analytic model's): R_i is the sum of the recomputed tensors' recompute_ms,
+// each tensor's producer run from kept inputs. prefix (stash.torch.fit's eager blocks,
+// Note [Recompute cost as the replay pays it] in _fit.py): a layer is recomputed by
+// re-running its forward from its input up to the last tensor it needs, so R_i is the sum
+// of recompute_ms over every tensor of the layer up to its last recomputed one, whatever
+// their actions. The replay makes every tensor before that one again anyway, so a plan
+// that keeps or offloads one of them pays time for nothing and holds its bytes twice:
+// the plans worth having recompute a prefix of the layer's chain (the tensors allowed
+// to recompute that have bytes, in save order), and the solvers search only those (a
+// monotone row per chain link in the LP and the MIPs, the prefix length enumerated by the
+// inner solver, repair and polish moving only the prefix's end). They work on
+// chain_priced(p), where each chain tensor's recompute_ms is the cost of extending the
+// replay to it from the chain tensor before, so that the additive sum over a prefix is
+// exactly what the replay pays and every term they add up is the model's. Solving
+// per_tensor and closing each layer's prefix afterwards (what fit did before) prices a
+// deep, cheap-looking tensor at its own cost and then pays the whole replay to it: the
+// closure cannot lower the time it raised, and the plans came out near full
+// checkpointing with the budget unused (issue 20).
+double layer_recompute_ms(const step_profile& p, std::size_t layer,
+                          const std::vector<tensor_action>& actions);
+// The layer's chain (empty for a per_tensor profile).
+std::vector<std::size_t> recompute_chain(const step_profile& p, std::size_t layer);
+// The profile with each chain tensor's recompute_ms the cost of extending the replay to
+// it, and every other tensor's 0 (p itself for a per_tensor profile).
+step_profile chain_priced(const step_profile& p);
+// Recomputes every tensor allowed to that comes before its layer's last recomputed one
+// (prefix profiles only; it lowers no time and can only lower the peak). Returns the
+// number of tensors changed.
+std::size_t close_prefixes(const step_profile& p, decision_table& d);
 // Recomputes every recomputable tensor that is not must_keep; keeps the rest.
 decision_table recompute_all(const step_profile& p);
 

@@ -182,6 +182,14 @@ step_profile profile_from_json(const json& j) {
     p.loss_bytes = get_size(j, "", "loss_bytes");
     if (p.loss_bytes > (std::uint64_t{1} << 53)) fail("loss_bytes", "exceeds 2^53 bytes");
   }
+  if (j.contains("recompute_cost")) {
+    const std::string rc = get_string(j, "", "recompute_cost");
+    if (rc == "prefix") {
+      p.recompute = recompute_cost::prefix;
+    } else if (rc != "per_tensor") {
+      fail("recompute_cost", "must be \"per_tensor\" or \"prefix\", got \"" + rc + "\"");
+    }
+  }
 
   const json& layers = field(j, "", "layers");
   if (!layers.is_array()) fail("layers", "must be an array, got " + type_name(layers));
@@ -231,6 +239,7 @@ json profile_to_json(const step_profile& p) {
   if (p.step_overhead_ms != 0) j["step_overhead_ms"] = p.step_overhead_ms;
   if (p.optimizer_bytes != 0) j["optimizer_bytes"] = p.optimizer_bytes;
   if (p.loss_bytes != 0) j["loss_bytes"] = p.loss_bytes;
+  if (p.recompute == recompute_cost::prefix) j["recompute_cost"] = "prefix";
   return j;
 }
 

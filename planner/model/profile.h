@@ -21,6 +21,12 @@ inline constexpr std::uint64_t kMinOffloadBytes = 1048576;
 
 enum class profile_source { analytic, measured };
 
+// How recompute is paid for (Note [Recompute by prefix] in plan.h): per_tensor, each
+// recomputed tensor its own recompute_ms (its producer run from kept inputs); prefix, a
+// layer's recompute replays its forward from its input up to the last tensor it needs, so
+// it pays every recompute_ms up to that tensor's, chosen or not.
+enum class recompute_cost { per_tensor, prefix };
+
 struct tensor_profile {
   std::string name;
   std::uint64_t bytes = 0;
@@ -70,6 +76,8 @@ struct step_profile {
   // after the forwards and before the backwards, that decisions move through what they
   // keep (Note [The loss's position] in plan.h).
   std::uint64_t loss_bytes = 0;
+  // Optional "recompute_cost": "per_tensor" (the default) or "prefix".
+  recompute_cost recompute = recompute_cost::per_tensor;
   std::vector<layer_profile> layers;
 
   // Bandwidths in bytes per millisecond, as the cost model uses them.

@@ -106,12 +106,10 @@ replay::replay(const step_profile& p, const decision_table& d, const sim_options
     layer_state& l = layers_[i];
     for (std::size_t j = 0; j < lp.tensors.size(); ++j) {
       l.all += lp.tensors[j].bytes;
-      if (d[i][j] == tensor_action::recompute) {
-        l.recomputed += lp.tensors[j].bytes;
-        l.recompute_ms += lp.tensors[j].recompute_ms;
-      }
+      if (d[i][j] == tensor_action::recompute) l.recomputed += lp.tensors[j].bytes;
       offloads |= d[i][j] == tensor_action::offload;
     }
+    l.recompute_ms = layer_recompute_ms(p, static_cast<std::size_t>(i), d[i]);  // Note [Recompute by prefix]
   }
   if (offloads && (p.link.d2h_gbps <= 0 || p.link.h2d_gbps <= 0))
     throw input_error("simulate: the plan offloads but link.d2h_gbps / link.h2d_gbps is not positive");

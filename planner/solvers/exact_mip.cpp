@@ -28,7 +28,9 @@ namespace stash::planner {
 // MIP's objective at its optimum is the canonical step time minus the constant compute
 // time, with no big-M and no extra binaries.
 //
-// Host: sum_i off_i <= pinnable. The LP relaxation of this MIP equals the outer LP.
+// Host: sum_i off_i <= pinnable. Prefix profiles (Note [Recompute by prefix] in plan.h):
+// xr of a chain link <= xr of the link before it. The LP relaxation of this MIP equals the
+// outer LP.
 
 namespace {
 
@@ -70,6 +72,18 @@ exact_result solve_exact(const step_profile& p, std::uint64_t budget_bytes,
       }
       if (xr[i][j] >= 0 && xo[i][j] >= 0) {
         mip.add_row("choice" + tag, -kInf, 1, {{xr[i][j], 1}, {xo[i][j], 1}});
+      }
+    }
+    if (p.recompute == recompute_cost::prefix) {
+      // Note [Recompute by prefix] in plan.h: a chain link only after the one before it.
+      int prev = -1;
+      for (std::size_t j = 0; j < layer.tensors.size(); ++j) {
+        if (xr[i][j] < 0) continue;
+        if (prev >= 0) {
+          mip.add_row("prefix[" + std::to_string(i) + "," + std::to_string(j) + "]", 0, kInf,
+                      {{prev, 1}, {xr[i][j], -1}});
+        }
+        prev = xr[i][j];
       }
     }
     off[i] = mip.add_col(idx("off", i), 0, kInf, 0);

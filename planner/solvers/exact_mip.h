@@ -32,6 +32,8 @@ struct exact_result {
 
 // `start` (optional) must be a valid plan at the budget; it is offered as the first
 // incumbent, so on a time limit the answer is never worse than it.
+// A prefix profile is given chain_priced (Note [Recompute by prefix] in plan.h), as
+// make_plan and lower_bound_ms do: each link's recompute_ms is then its replay's cost.
 exact_result solve_exact(const step_profile& p, std::uint64_t budget_bytes,
                          const exact_options& opt, const decision_table* start = nullptr);
 

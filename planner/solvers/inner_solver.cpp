@@ -27,6 +27,7 @@ struct layer_problem {
   double keep_max = 0;  // K_i <= keep_max
   double rec_min = 0;   // recomputed bytes >= rec_min
   double off_cap = kInf;
+  bool prefix = false;  // Note [Recompute by prefix]: recompute a prefix of the can_r items
 };
 
 struct layer_answer {
@@ -186,13 +187,72 @@ layer_answer solve_greedy(const layer_problem& lp) {
   return {a, meets(lp, a)};
 }
 
+// Note [Recompute by prefix] in plan.h, for the greedy: one problem per prefix length k
+// of the layer's chain (the can_r items in order). The first k are recomputed, the rest
+// may only be kept or offloaded, and solve_greedy answers that smaller problem exactly as
+// it would any other; the cheapest k that meets the targets wins (none meets them: the
+// one closest to the keep target, for repair). Chain items cost their extension of the
+// replay (chain_priced), so the sum over the prefix is the replay's cost.
+layer_answer solve_prefix_greedy(const layer_problem& lp) {
+  const std::size_t n = lp.items.size();
+  std::vector<std::size_t> chain;
+  for (std::size_t j = 0; j < n; ++j) {
+    if (lp.items[j].can_r) chain.push_back(j);
+  }
+  layer_answer best;
+  double best_cost = kInf, best_excess = kInf;
+  for (std::size_t k = 0; k <= chain.size(); ++k) {
+    layer_problem sub = lp;
+    sub.prefix = false;
+    sub.items.clear();
+    sub.saved = 0;
+    std::vector<std::size_t> rest;  // sub item -> lp item
+    std::vector<bool> forced(n, false);
+    double forced_bytes = 0;
+    for (std::size_t m = 0; m < k; ++m) {
+      forced[chain[m]] = true;
+      forced_bytes += lp.items[chain[m]].bytes;
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      if (forced[j]) continue;
+      item it = lp.items[j];
+      it.can_r = false;
+      sub.items.push_back(it);
+      sub.saved += it.bytes;
+      rest.push_back(j);
+    }
+    sub.rec_min = std::max(0.0, lp.rec_min - forced_bytes);
+    const layer_answer part = solve_greedy(sub);
+    layer_answer whole;
+    whole.actions.assign(n, tensor_action::recompute);
+    for (std::size_t m = 0; m < rest.size(); ++m) whole.actions[rest[m]] = part.actions[m];
+    whole.meets_targets = meets(lp, whole.actions);
+    double K, R, O;
+    const double cost = cost_of(lp, whole.actions, &K, &R, &O);
+    const double excess = std::max(0.0, K - lp.keep_max) + std::max(0.0, lp.rec_min - R);
+    const bool better = whole.meets_targets
+                            ? (!best.meets_targets || cost < best_cost)
+                            : (!best.meets_targets && excess < best_excess);
+    if (best.actions.empty() || better) {
+      best = std::move(whole);
+      best_cost = cost;
+      best_excess = excess;
+    }
+  }
+  return best;
+}
+
+layer_answer solve_any_greedy(const layer_problem& lp) {
+  return lp.prefix ? solve_prefix_greedy(lp) : solve_greedy(lp);
+}
+
 // Note [Inner ILP]
 // Binary x_r, x_o per allowed tensor (x_r + x_o <= 1), exposed-time columns ed, eh >= 0
 // with ed >= O/d2h - fwd_{i+1}, eh >= O/h2d - bwd_{i+1} (exact: they are minimised), and
 // the three target rows of inner_solver.h. The greedy answer, when it meets the targets,
 // is offered as the first incumbent.
 layer_answer solve_ilp(const layer_problem& lp, const inner_options& opt) {
-  layer_answer greedy = solve_greedy(lp);
+  layer_answer greedy = solve_any_greedy(lp);
   const std::size_t n = lp.items.size();
   const double unit = kLpByteUnit;
   glpk_problem mip("stash_inner_ilp");
@@ -213,6 +273,16 @@ layer_answer solve_ilp(const layer_problem& lp, const inner_options& opt) {
       off.push_back({xo[j], mib});
     }
     if (xr[j] >= 0 && xo[j] >= 0) mip.add_row("choice" + std::to_string(j), -kInf, 1, {{xr[j], 1}, {xo[j], 1}});
+  }
+  if (lp.prefix) {  // Note [Recompute by prefix] in plan.h: a link only after the one before
+    int prev = -1;
+    for (std::size_t j = 0; j < n; ++j) {
+      if (xr[j] < 0) continue;
+      if (prev >= 0) {
+        mip.add_row("prefix" + std::to_string(j), 0, kInf, {{prev, 1}, {xr[j], -1}});
+      }
+      prev = xr[j];
+    }
   }
   int ed = -1, eh = -1;
   if (!lp.window.last && !off.empty()) {
@@ -297,6 +367,7 @@ decision_table solve_inner(const step_profile& p, const outer_lp_result& lp,
     const layer_target& t = lp.layers.at(i);
     layer_problem prob;
     prob.window = window_of(p, i);
+    prob.prefix = p.recompute == recompute_cost::prefix;
     for (std::size_t j = 0; j < layer.tensors.size(); ++j) {
       item it;
       it.bytes = static_cast<double>(layer.tensors[j].bytes);
@@ -319,7 +390,7 @@ decision_table solve_inner(const step_profile& p, const outer_lp_result& lp,
       continue;
     }
     layer_answer ans =
-        opt.method == inner_method::ilp ? solve_ilp(prob, opt) : solve_greedy(prob);
+        opt.method == inner_method::ilp ? solve_ilp(prob, opt) : solve_any_greedy(prob);
     if (!ans.meets_targets) ++st.fallbacks;
     ++st.problems;
     d[i] = ans.actions;

@@ -31,6 +31,8 @@ struct inner_stats {
 // cannot be met with whole tensors, the layer's best effort is returned and repair (repair.h)
 // restores validity. Solved once per distinct (signature, tensors, window, target) and
 // stamped onto every layer that shares it.
+// A prefix profile is given chain_priced (Note [Recompute by prefix] in plan.h), as
+// make_plan and lower_bound_ms do: each link's recompute_ms is then its replay's cost.
 decision_table solve_inner(const step_profile& p, const outer_lp_result& lp,
                            const inner_options& opt, inner_stats* stats = nullptr);
 

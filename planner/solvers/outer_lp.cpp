@@ -34,6 +34,8 @@ namespace stash::planner {
 //                        fixed + sum_{l<L} A_l + loss_bytes - sum_{l<L} r_l
 //                        - sum_{l<L-1} off_l                                    <= budget
 //   host               sum off_i <= pinnable
+//   prefix[i,k]        r_{i,k-1}/b_{k-1} - r_{i,k}/b_k >= 0, for prefix profiles only
+//                      (Note [Recompute by prefix] in plan.h): the chain's links in order
 // objective: sum r_ij·c_j/b_j + sum (ed_i + eh_i) (+ the constant compute time).
 //
 // peak:forward[i] has the same left-hand side as peak:backward[i] and a bound larger by
@@ -61,6 +63,7 @@ namespace {
 struct layer_cols {
   std::vector<int> r;      // recompute columns
   std::vector<bool> r_ro;  // whether the tensor behind r[k] is in RO
+  std::vector<double> r_mib;  // its bytes in MiB
   int oO = -1, oRO = -1, ed = -1, eh = -1;
 };
 
@@ -97,9 +100,18 @@ outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes
         c.r.push_back(lp.add_col("r[" + std::to_string(i) + "," + std::to_string(j) + "]", 0,
                                  mib, t.recompute_ms / mib));
         c.r_ro.push_back(off);
+        c.r_mib.push_back(mib);
       }
       if (off && rec) ro += mib;
       if (off && !rec) o_only += mib;
+    }
+    if (p.recompute == recompute_cost::prefix) {
+      // Note [Recompute by prefix]: the r columns are the layer's chain in save order; a
+      // link is recomputed no more than the one before it (as fractions of their bytes).
+      for (std::size_t k = 1; k < c.r.size(); ++k) {
+        lp.add_row("prefix[" + std::to_string(i) + "," + std::to_string(k) + "]", 0, kInf,
+                   {{c.r[k - 1], 1 / c.r_mib[k - 1]}, {c.r[k], -1 / c.r_mib[k]}});
+      }
     }
     c.oO = lp.add_col(idx("off_only", i), 0, o_only, 0);
     c.oRO = lp.add_col(idx("off_ro", i), 0, ro, 0);
@@ -224,7 +236,7 @@ outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes
     out.layers.push_back(t);
   }
   for (const std::string& name : lp.binding_rows()) {
-    if (name.rfind("choice", 0) != 0) out.binding.push_back(name);
+    if (name.rfind("choice", 0) != 0 && name.rfind("prefix", 0) != 0) out.binding.push_back(name);
   }
   return out;
 }

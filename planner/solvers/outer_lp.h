@@ -33,6 +33,8 @@ struct outer_lp_result {
   double solve_ms = 0;
 };
 
+// A prefix profile is given chain_priced (Note [Recompute by prefix] in plan.h), as
+// make_plan and lower_bound_ms do: each link's recompute_ms is then its replay's cost.
 outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes);
 
 }  // namespace stash::planner

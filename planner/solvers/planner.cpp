@@ -159,15 +159,18 @@ std::uint64_t min_feasible_budget(const step_profile& p, bool* proved, double ti
 
 double lower_bound_ms(const step_profile& p, std::uint64_t budget) {
   check_budget(p, budget);
-  const outer_lp_result lp = solve_outer_lp(p, budget);
+  const outer_lp_result lp = solve_outer_lp(chain_priced(p), budget);
   if (!lp.feasible) throw_infeasible(p, budget);
   return lp.step_lower_bound_ms;
 }
 
-step_plan make_plan(const step_profile& p, std::uint64_t budget, const plan_options& opt) {
+step_plan make_plan(const step_profile& given, std::uint64_t budget, const plan_options& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   check_plan_options(opt);  // Note [One check of the plan options] in planner.h
-  check_budget(p, budget);
+  check_budget(given, budget);
+  // Note [Recompute by prefix] in plan.h: the solvers see each chain link at the cost of
+  // extending the replay to it; the plan's figures are the given profile's.
+  const step_profile p = chain_priced(given);
   const outer_lp_result lp = solve_outer_lp(p, budget);
   if (!lp.feasible) throw_infeasible(p, budget);
 
@@ -242,14 +245,15 @@ step_plan make_plan(const step_profile& p, std::uint64_t budget, const plan_opti
     plan.proved_optimal = r.proved_optimal;
     plan.mip_gap = r.found ? r.gap : 1.0;
   }
-  const evaluation ev = evaluate(p, d, budget);
+  close_prefixes(given, d);  // a guard: every solver keeps prefix plans prefixes
+  const evaluation ev = evaluate(given, d, budget);
   if (!ev.valid) {
     // Never emit an invalid plan; reaching this is a planner bug, not a user error.
     throw std::logic_error("planner produced an invalid plan (" + ev.violations.front() + ")");
   }
 
   plan.budget_bytes = budget;
-  plan.profile_sha256 = profile_sha256(p);
+  plan.profile_sha256 = profile_sha256(given);
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
     const layer_profile& layer = p.layers[i];
     layer_plan lp_out;
@@ -275,8 +279,8 @@ step_plan make_plan(const step_profile& p, std::uint64_t budget, const plan_opti
   plan.predicted.lower_bound_ms = lp.step_lower_bound_ms;
   plan.predicted.gap =
       lp.step_lower_bound_ms > 0 ? ev.step_ms / lp.step_lower_bound_ms - 1.0 : 0.0;
-  const evaluation ka = evaluate(p, keep_all(p), budget);
-  const evaluation ra = evaluate(p, recompute_all(p), budget);
+  const evaluation ka = evaluate(given, keep_all(given), budget);
+  const evaluation ra = evaluate(given, recompute_all(given), budget);
   plan.keep_all = {ka.step_ms, ka.peak_bytes};
   plan.recompute_all = {ra.step_ms, ra.peak_bytes};
   plan.binding_constraints = lp.binding;

@@ -97,12 +97,58 @@ double delta_ms(const aggregates& g, std::size_t i, const tensor_profile& t, ten
   return d;
 }
 
+// Note [Recompute by prefix] in plan.h: in a prefix profile a move may change a chain
+// tensor's recompute only at the end of its layer's recomputed prefix, so every plan these
+// loops visit stays a prefix plan (they start from one) and each move's delta_ms, on the
+// chain-priced profile, is what the replay's cost changes by.
+class prefix_guard {
+ public:
+  explicit prefix_guard(const step_profile& p) : on_(p.recompute == recompute_cost::prefix) {
+    if (!on_) return;
+    for (std::size_t i = 0; i < p.layers.size(); ++i) {
+      link_.emplace_back(p.layers[i].tensors.size(), -1);
+      const std::vector<std::size_t> chain = recompute_chain(p, i);
+      for (std::size_t m = 0; m < chain.size(); ++m) link_[i][chain[m]] = static_cast<int>(m);
+      chains_.push_back(chain);
+    }
+  }
+  // Whether tensor j of layer i may go from `from` to `to` in plan d.
+  bool may(const decision_table& d, std::size_t i, std::size_t j, tensor_action from,
+           tensor_action to) const {
+    if (!on_ || (from != tensor_action::recompute && to != tensor_action::recompute)) return true;
+    const int m = link_[i][j];
+    if (m < 0) return to != tensor_action::recompute;  // not a link: never recomputed
+    const std::vector<std::size_t>& chain = chains_[i];
+    const bool before = m == 0 || d[i][chain[m - 1]] == tensor_action::recompute;
+    const bool after = static_cast<std::size_t>(m) + 1 == chain.size() ||
+                       d[i][chain[m + 1]] != tensor_action::recompute;
+    return to == tensor_action::recompute ? before : after;
+  }
+  // Whether layer i's recomputed links are a prefix of its chain.
+  bool closed(const decision_table& d, std::size_t i) const {
+    if (!on_) return true;
+    bool open = false;
+    for (std::size_t j : chains_[i]) {
+      const bool r = d[i][j] == tensor_action::recompute;
+      if (r && open) return false;
+      open = open || !r;
+    }
+    return true;
+  }
+
+ private:
+  bool on_;
+  std::vector<std::vector<int>> link_;  // [i][j]: position in the chain, or -1
+  std::vector<std::vector<std::size_t>> chains_;
+};
+
 }  // namespace
 
 decision_table min_peak_greedy(const step_profile& p) {
   decision_table d = keep_all(p);
   for (std::size_t i = 0; i < p.layers.size(); ++i) {
     for (std::size_t j = 0; j < d[i].size(); ++j) {
+      if (p.layers[i].tensors[j].bytes == 0) continue;  // frees nothing: keep it
       if (allowed(p, i, j, tensor_action::recompute)) {
         d[i][j] = tensor_action::recompute;
       } else if (allowed(p, i, j, tensor_action::offload)) {
@@ -120,6 +166,7 @@ bool repair(const step_profile& p, std::uint64_t budget, decision_table& d) {
     }
   }
   aggregates g(p, budget, d);
+  const prefix_guard guard(p);
   std::size_t tensors = 0;
   for (const auto& l : p.layers) tensors += l.tensors.size();
   // Each step strictly lowers the worst position or the host total, or, for a host fix,
@@ -133,7 +180,7 @@ bool repair(const step_profile& p, std::uint64_t budget, decision_table& d) {
     std::size_t bi = 0, bj = 0;
     tensor_action bto = tensor_action::keep;
     const auto consider = [&](std::size_t i, std::size_t j, tensor_action to, double freed) {
-      if (!allowed(p, i, j, to) || freed <= 0) return;
+      if (!allowed(p, i, j, to) || freed <= 0 || !guard.may(d, i, j, d[i][j], to)) return;
       const double score = delta_ms(g, i, p.layers[i].tensors[j], d[i][j], to) / freed;
       if (score < best) {
         best = score;
@@ -175,6 +222,7 @@ bool repair(const step_profile& p, std::uint64_t budget, decision_table& d) {
 std::size_t polish(const step_profile& p, std::uint64_t budget, decision_table& d, int max_passes) {
   aggregates g(p, budget, d);
   if (!g.host_ok() || !g.peak_ok()) return 0;
+  const prefix_guard guard(p);
   // Most expensive moves first: they are the ones worth undoing.
   std::vector<std::pair<std::size_t, std::size_t>> order;
   for (std::size_t i = 0; i < d.size(); ++i) {
@@ -194,7 +242,7 @@ std::size_t polish(const step_profile& p, std::uint64_t budget, decision_table& 
       double best = -1e-12;  // strict improvement only, so the loop terminates
       for (tensor_action to :
            {tensor_action::keep, tensor_action::offload, tensor_action::recompute}) {
-        if (to == d[i][j] || !allowed(p, i, j, to)) continue;
+        if (to == d[i][j] || !allowed(p, i, j, to) || !guard.may(d, i, j, d[i][j], to)) continue;
         const double delta = delta_ms(g, i, t, d[i][j], to);
         if (delta >= best) continue;
         const tensor_action from = d[i][j];
@@ -233,6 +281,7 @@ std::size_t polish_pairs(const step_profile& p, std::uint64_t budget, decision_t
                          int max_rounds) {
   aggregates g(p, budget, d);
   if (!g.host_ok() || !g.peak_ok()) return 0;
+  const prefix_guard guard(p);
   std::vector<std::pair<std::size_t, std::size_t>> slots;
   for (std::size_t i = 0; i < d.size(); ++i) {
     for (std::size_t j = 0; j < d[i].size(); ++j) slots.push_back({i, j});
@@ -259,7 +308,8 @@ std::size_t polish_pairs(const step_profile& p, std::uint64_t budget, decision_t
             d[i1][j1] = a1;
             d[i2][j2] = a2;
             const double after = layer_cost(g, d, i1) + (i2 != i1 ? layer_cost(g, d, i2) : 0);
-            if (after < before - 1e-12 && g.host_ok() && g.peak_ok()) {
+            if (after < before - 1e-12 && g.host_ok() && g.peak_ok() &&
+                guard.closed(d, i1) && guard.closed(d, i2)) {
               ++changes;
               improved = true;
               continue;
