@@ -15,10 +15,17 @@
 //    (forward_i holds O_{i-1}, plan.h): a slow copy costs compute time, never memory. It is
 //    also the point from which an offloaded block is free memory for the compute stream
 //    (Note [Handing offloaded blocks back] in runtime/engine/prefetch_engine.h).
-//  * The loss turn: the first backward (layer L-1) waits for every D2H copy of the step
-//    (turn_waits_for: layers 0..L-1), not only layer L-2's as the rule above would give
-//    "forward of layer L". The canonical model charges max(0, O_{L-2}/d2h - fwd_{L-1}) in
-//    full, which is exactly this wait, and no prefetch then runs beside an offload.
+//  * The loss turn: the loss and the first backward (layer L-1) wait for every D2H copy
+//    of the step (turn_waits_for: layers 0..L-1), not only layer L-2's as the rule above
+//    would give "forward of layer L". The engine enqueues that wait at the last layer's
+//    forward_end (at the first backward_begin when no forward_end came), so the loss runs
+//    as position L of the canonical peak, which holds no offload of layer L-2 (Note [The
+//    loss's position] in plan.h; the simulator runs the step overhead, the loss, after
+//    the same barrier). Enqueued at backward_begin, after the loss, it left layer L-2's
+//    sources alive through the loss wherever the host had not yet seen their copies end:
+//    on the CPU test double under load, 1.75 MiB over a 30 MiB plan. The canonical model
+//    charges max(0, O_{L-2}/d2h - fwd_{L-1}) in full, which is exactly this wait, and no
+//    prefetch then runs beside an offload.
 //    (simulate's turn_barrier = false drops it, for what-if runs.)
 //  * Prefetch lookahead d >= 1 (kMinLookahead): when backward of layer i begins, the
 //    prefetches of layers i .. i-d (down to 0) not issued yet are issued, highest layer

@@ -104,8 +104,23 @@ status prefetch_engine::forward_end(std::uint32_t mb, std::uint32_t layer) noexc
     t.micro_batch = mb;
     sample_device(t, true);
     t.start = std::exchange(mark, nullptr);
-    return trace_->finish(t, config_.compute);
+    st = trace_->finish(t, config_.compute);
+    if (st != status::ok) return st;
   }
+  // The loss is position L (Note [The step's schedule]): it runs after the turn's wait.
+  if (layer + 1 == plan_.layers()) return loss_turn(*s, mb);
+  return status::ok;
+}
+
+status prefetch_engine::loss_turn(micro_batch_slot& s, std::uint32_t mb) noexcept {
+  if (s.turn_waited) return status::ok;
+  s.turn_waited = true;
+  const int w = latest_copies(s, schedule::turn_waits_for(plan_.layers()));
+  if (w < 0) return status::ok;
+  nvtx::range range(nvtx::kWaitTurn, nvtx::payload(mb, static_cast<std::uint32_t>(w), 0));
+  const status st = timed_wait(trace_.get(), config_.compute, s.layer_copies[w], w, mb, "d2h");
+  if (st != status::ok) return st;
+  hand_back_through(s.layer_copies_seq[w]);  // Note [Handing offloaded blocks back]
   return status::ok;
 }
 
@@ -213,14 +228,9 @@ status prefetch_engine::backward_begin(std::uint32_t mb, std::uint32_t layer) no
   if (!in_flight_.empty()) retire(false);
   if (!s->backward_started) {
     // The loss turn (Note [The step's schedule]): the micro-batch's first backward waits
-    // for every forward offload of it.
+    // for every forward offload of it, unless the last layer's forward_end did.
     s->backward_started = true;
-    if (const int w = latest_copies(*s, schedule::turn_waits_for(plan_.layers())); w >= 0) {
-      nvtx::range range(nvtx::kWaitTurn, nvtx::payload(mb, static_cast<std::uint32_t>(w), 0));
-      st = timed_wait(trace_.get(), config_.compute, s->layer_copies[w], w, mb, "d2h");
-      if (st != status::ok) return st;
-      hand_back_through(s->layer_copies_seq[w]);
-    }
+    if ((st = loss_turn(*s, mb)) != status::ok) return st;
   }
   // The prefetch window (Note [The step's schedule]), each ordered after this point of the
   // compute stream.

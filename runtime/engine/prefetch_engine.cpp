@@ -171,7 +171,7 @@ void prefetch_engine::reset_slot(micro_batch_slot& s) noexcept {
     ev = nullptr;
   }
   std::fill(s.prefetch_issued.begin(), s.prefetch_issued.end(), 0);
-  s.used = s.backward_started = s.finished = false;
+  s.used = s.backward_started = s.turn_waited = s.finished = false;
   s.live = 0;
   ++s.generation;
 }

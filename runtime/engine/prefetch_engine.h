@@ -296,6 +296,9 @@ class prefetch_engine {
   status issue_prefetch(micro_batch_slot& s, std::uint32_t layer, std::size_t flat,
                         cudaStream_t order) noexcept;
   status prefetch_layer(micro_batch_slot& s, std::uint32_t layer) noexcept;
+  // The loss turn's wait for every D2H copy of the micro-batch, once per step: at the
+  // last layer's forward_end, or its backward_begin when that came without one.
+  status loss_turn(micro_batch_slot& s, std::uint32_t mb) noexcept;
   status make_room(std::size_t bytes) noexcept;
   void retire(bool block) noexcept;
   void retire_front() noexcept;

@@ -67,6 +67,7 @@ struct micro_batch_slot {
   std::uint32_t generation = 0;
   bool used = false;
   bool backward_started = false;
+  bool turn_waited = false;  // the loss turn's wait enqueued (Note [The step's schedule])
   bool finished = false;  // backward_end of layer 0 seen
   std::size_t live = 0;   // offered and not yet released
   std::vector<tensor_record> tensors;    // plan.total()

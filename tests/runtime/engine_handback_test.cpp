@@ -138,10 +138,10 @@ TEST_F(HandbackTest, ReleaseCallbackRunsOnTheComputeStreamsOrder) {
   c.alloc = &callbacks::alloc;
   c.release = &callbacks::release;
   c.user = &cb;
-  make(c, plan_of({"o", "o", "o"}));
+  make(c, plan_of({"o", "o", "o", "o"}));  // layer 2 is not the last: no loss turn yet
   ASSERT_EQ(double_api().stream_pause(engine_->d2h_stream()), cudaSuccess);
   std::vector<std::vector<uint8_t>> data;
-  for (uint32_t l = 0; l < 3; ++l) data.push_back(random_bytes(kBytes, 200 + l));
+  for (uint32_t l = 0; l < 4; ++l) data.push_back(random_bytes(kBytes, 200 + l));
   void* a = offer(0, data[0], compute_);
   offer(1, data[1], compute_);
   EXPECT_TRUE(cb.released.empty());
@@ -150,8 +150,47 @@ TEST_F(HandbackTest, ReleaseCallbackRunsOnTheComputeStreamsOrder) {
   EXPECT_EQ(cb.released[0].first, a);
   EXPECT_EQ(cb.released[0].second, compute_);  // free for work enqueued there from now on
   EXPECT_EQ(b2, a);
+  offer(3, data[3], compute_);
   ASSERT_EQ(double_api().stream_resume(engine_->d2h_stream()), cudaSuccess);
   backward_and_check(data);
+  EXPECT_TRUE(violations().empty()) << violations().front();
+}
+
+TEST_F(HandbackTest, TheLossRunsAfterTheTurnsWait) {
+  // Note [The step's schedule]: the loss is position L, which holds no offload of layer
+  // L-2. The last layer's forward_end enqueues the turn's wait and hands every source
+  // back before the loss allocates, the copies still paused (a host ahead of the GPU).
+  callbacks cb;
+  cb.pool = pool_.get();
+  cb.compute = compute_;
+  engine_config c = config();
+  c.pool = nullptr;
+  c.alloc = &callbacks::alloc;
+  c.release = &callbacks::release;
+  c.user = &cb;
+  make(c, plan_of({"o", "o", "o"}));
+  ASSERT_EQ(double_api().stream_pause(engine_->d2h_stream()), cudaSuccess);
+  std::vector<std::vector<uint8_t>> data;
+  for (uint32_t l = 0; l < 3; ++l) data.push_back(random_bytes(kBytes, 300 + l));
+  std::vector<void*> blocks;
+  for (uint32_t l = 0; l < 3; ++l) blocks.push_back(offer(l, data[l], compute_));
+  ASSERT_EQ(cb.released.size(), 3u) << "layer 1's source lives through the loss";
+  for (uint32_t l = 0; l < 3; ++l) {
+    EXPECT_EQ(cb.released[l].first, blocks[l]);
+    EXPECT_EQ(cb.released[l].second, compute_);
+  }
+  EXPECT_EQ(engine_->stats().in_flight_count, 3u);  // nothing was observed complete
+  // The loss's work reuses a source's block, ordered after the turn's wait.
+  void* loss = nullptr;
+  ASSERT_EQ(pool_->allocate(kBytes, compute_, &loss), status::ok);
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&pinned, kBytes, cudaHostAllocDefault), cudaSuccess);
+  staging_.push_back(pinned);
+  ASSERT_EQ(cudaMemcpyAsync(loss, pinned, kBytes, cudaMemcpyHostToDevice, compute_), cudaSuccess);
+  ASSERT_EQ(double_api().stream_resume(engine_->d2h_stream()), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
+  ASSERT_EQ(pool_->deallocate(loss, nullptr, 0), status::ok);
+  backward_and_check(data);  // the first backward_begin waits for nothing more
   EXPECT_TRUE(violations().empty()) << violations().front();
 }
 
@@ -160,10 +199,10 @@ TEST_F(HandbackTest, BlocksOfAnotherStreamWaitForTheirCopy) {
   // so the block goes back only once its copy is seen complete.
   cudaStream_t side = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
-  make(config(), plan_of({"o", "o", "o"}));
+  make(config(), plan_of({"o", "o", "o", "o"}));  // layer 2 is not the last: no loss turn
   ASSERT_EQ(double_api().stream_pause(engine_->d2h_stream()), cudaSuccess);
   std::vector<std::vector<uint8_t>> data;
-  for (uint32_t l = 0; l < 3; ++l) data.push_back(random_bytes(kBytes, 300 + l));
+  for (uint32_t l = 0; l < 4; ++l) data.push_back(random_bytes(kBytes, 300 + l));
   offer(0, data[0], side);
   offer(1, data[1], side);
   ASSERT_EQ(cudaStreamSynchronize(side), cudaSuccess);
@@ -173,6 +212,7 @@ TEST_F(HandbackTest, BlocksOfAnotherStreamWaitForTheirCopy) {
   ASSERT_EQ(double_api().stream_resume(engine_->d2h_stream()), cudaSuccess);
   ASSERT_EQ(engine_->synchronize(), status::ok);
   EXPECT_EQ(pool_->stats().current_bytes, in_use - 3 * kBytes);  // all copies seen complete
+  offer(3, data[3], compute_);
   backward_and_check(data);
   EXPECT_TRUE(violations().empty()) << violations().front();
   cudaStreamDestroy(side);

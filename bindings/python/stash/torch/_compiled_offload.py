@@ -13,8 +13,9 @@ partitioned pair:
   the graph holds v until block b+2 begins, and no longer: Inductor frees or reuses a
   buffer after its last use in the graph, which it decides at compile time and which no
   reference stash holds can delay. By then the engine has made the compute stream wait
-  for block b's copies (forward_begin(b+2); the end tick is the loss turn, where it waits
-  for all of them), the schedule the planner prices (one layer in flight). On the CPU
+  for block b's copies (forward_begin(b+2); the end tick is the loss turn, the last
+  block's forward_end, where it waits for all of them), the schedule the planner prices
+  (one layer in flight). On the CPU
   the host also waits for that stream there, since the host reuses the memory at once.
 - backward: the saved input v becomes the token; v = stash::fetch(token) before its
   first use acquires the prefetched copy (prefetched when block b's backward began: the
@@ -23,9 +24,10 @@ partitioned pair:
   (The fetched buffers were held until the next step's tick 0: on the peers' tiny Llama
   a plan offloading five 1 MiB values ran 13% over its prediction.)
 The ticks run the engine's layer calls: forward tick i ends block i-1's forward and
-begins block i's; the end tick ends the last block's forward and begins its backward (the
-loss turn); the backward tick of block i ends its backward and begins block i-1's; that
-of block 0 ends the step, giving back whatever the engine still holds.
+begins block i's; the end tick ends the last block's forward (the loss turn), and its
+backward, once the loss's backward is done, begins the last block's backward; the
+backward tick of block i ends its backward and begins block i-1's; that of block 0 ends
+the step, giving back whatever the engine still holds.
 
 The guard. Inductor keeps extern kernels (custom ops) in graph order, so stash::offload
 of block b runs before block b+2's tick. Should a pass move it later, the wait the tick
@@ -172,15 +174,24 @@ class CompiledMoves:
         if engine is None or self.step is None:
             return
         if block > 0:
+            # The last block's forward_end is the loss turn: the compute stream waits for
+            # every copy, and the loss runs without the sources (Note [The step's
+            # schedule] in planner/model/schedule.h).
             engine.forward_end(0, block - 1)
         if block < self.n:
             engine.forward_begin(0, block)
-        else:  # the loss turn: the compute stream waits for every copy
-            engine.backward_begin(0, self.n - 1)
 
     def backward_tick(self, block: int) -> None:
         engine = self._engine()
-        if not self.active or self.step is None or engine is None or block >= self.n:
+        if not self.active or self.step is None or engine is None:
+            return
+        if block == self.n:
+            # The end tick's backward: the loss's backward is done, the last block's
+            # begins (and prefetches the block before it). Issued at the end tick's
+            # forward, the prefetch held its buffers through the loss.
+            engine.backward_begin(0, self.n - 1)
+            return
+        if block > self.n:
             return
         engine.backward_end(0, block)
         if block > 0:
