@@ -448,6 +448,10 @@ def test_gradient_accumulation_with_micro_batches():
     steps = got[2].report()["steps"]
     assert [s["mode"] for s in steps] == ["measure", "plan", "plan"]
     assert all(s["micro_batches"] == 2 for s in steps)
+    # Note [Micro-batches in flight] in _fit_plan.py: micro-batch 0's kept activations
+    # live through micro-batch 1's pass, and the plan counts them.
+    assert not any(s["over_budget"] for s in steps), steps
+    assert got[2].profile["measurement"]["in_flight"] == 2
     got[2].close()
 
 

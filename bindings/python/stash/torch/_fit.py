@@ -38,11 +38,13 @@ the last recomputable save and marks the time at each save; tensor j's recompute
 time from the previous recomputable tensor's first save (or the replay's start) to j's
 first save. The sum over a prefix is then exactly what a replay of that prefix costs. A
 plan that recomputes a set whose members are not a prefix pays for the whole prefix up to
-its last member anyway, so before it is applied every recomputable tensor saved before
-that last one is switched to recompute too (it is computed by the replay regardless:
-recomputing it costs no time and frees its memory, or its copy), and the plan is priced
-again with the canonical model (stash_plan_evaluate): its predicted step then counts what
-the replay really runs, and its peak can only fall. A compiled block (torch.compile)
+its last member anyway, and makes the members it keeps again. So the profile says
+"recompute_cost": "prefix", and the planner prices a layer's recompute as the prefix its
+replay runs and searches only plans that recompute a prefix of each layer's recomputable
+tensors (Note [Recompute by prefix] in planner/model/plan.h). Until then fit solved per
+tensor and closed each prefix afterwards, which priced a deep tensor that looked cheap at
+its own cost and then paid the whole replay to it: on an H200 stash at selective
+checkpointing's peak kept 8 of 84 tensors. A compiled block (torch.compile, per block)
 saves everything at the end of its forward, so its first recomputable tensor carries the
 whole forward's cost and the rest none, which the same rule prices correctly: any
 recompute in a compiled block costs its whole forward.
@@ -214,7 +216,7 @@ from ._fit_shape_plans import ShapePlans
 from ._fit_shapes import shape_family, shape_tokens
 from ._fit_bytes import TrainingBytes
 from ._fit_cache import ShapeCache
-from ._fit_plan import link_section, warn_closed
+from ._fit_plan import kept_bytes, link_section, warn_closed
 from ._fit_measure import (MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda,
                            measured_profile)
 from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
@@ -383,6 +385,8 @@ class BudgetHandle(OffloadHandle):
                 mb != 0 or not rec.backward_done or self._steps
                 or (self.optimizer is not None and rec.end is None)):
             rec.passes += 1
+            if self._steps:  # Note [Micro-batches in flight] in _fit_plan.py
+                rec.in_flight = max(rec.in_flight, len(self._steps) + 1)
             return
         training = self.blocks[0].training
         key = _signature(args, kwargs, training)
@@ -546,6 +550,9 @@ class BudgetHandle(OffloadHandle):
                 doc["optimizer_bytes"] = int(max(0, rec.optimizer_peak - real + missing))
             if rec.constant_bytes is not None:
                 doc["measurement"]["constant_bytes"] = int(max(counted, rec.constant_bytes))
+            if rec.in_flight > 1:  # Note [Micro-batches in flight] in _fit_plan.py
+                doc["measurement"]["in_flight_held_bytes"] = (rec.in_flight - 1) * kept_bytes(
+                    doc, self._recorder.actions_seen())
         else:
             doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted, self._bytes.trainable())
         self._plans.measured(rec.key, {"profile": doc, "measured_peak_bytes": rec.peak_bytes})

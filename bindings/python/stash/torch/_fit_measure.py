@@ -262,8 +262,9 @@ def measured_profile(rec: StepRecord, layers: Sequence[_LayerRecord],
         "host": host,
         "fixed_bytes": 0,
         "step_overhead_ms": overhead,
+        "recompute_cost": "prefix",  # Note [Recompute cost as the replay pays it] in _fit.py
         "layers": out,
-        "measurement": {"timing": timing, "passes": rec.passes, "cupti": cupti(cupti_fwd),
+        "measurement": {"timing": timing, "passes": rec.passes, "in_flight": rec.in_flight, "cupti": cupti(cupti_fwd),
                         "notes": ["fit: least-memory measuring step"]},
     }
 

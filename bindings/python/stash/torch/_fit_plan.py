@@ -1,7 +1,7 @@
 """stash.torch.fit's planning step: functions of a profile, the budget and the solver,
 handed what they need by the handle. The link section, the budget in bytes of a shape, a
-plan from a measured profile and its refusals, a plan from a derived one, and the prefix
-closure of recompute (Note [Recompute cost as the replay pays it] in _fit.py). The
+plan from a measured profile and its refusals, a plan from a derived one, both priced as
+the replay pays recompute (Note [Recompute cost as the replay pays it] in _fit.py). The
 handle decides what a refusal does (it restores the blocks and raises; across ranks
 every rank raises).
 
@@ -26,7 +26,7 @@ plan whose first run failed its check) is measured, and its measurement decides.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._lib import StashError
 from .._planner import InfeasibleBudget, evaluate, make_plan
@@ -124,14 +124,17 @@ def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str
     """(plan, figures) for a measured profile; BudgetRefused when no plan meets the budget
     or the measuring step (least memory) did not. replayed: recompute replays a prefix of
     the block (eager; Note [Recompute cost as the replay pays it] in _fit.py), not each
-    value's own chain (a compiled graph's partitioner)."""
+    value's own chain (a compiled graph's partitioner): the planner is told so
+    (replay_priced)."""
     # Note [The measuring step]: least-memory mode must fit before anything is planned.
     # A byte budget is checked against it first; a share is a budget only once the
     # planner has the keep-all peak, so it is checked right after.
+    if replayed:
+        doc = replay_priced(doc)
     if budget.nbytes is not None and measured is not None and measured > budget.nbytes:
         raise _least_memory_over(doc, measured, budget.nbytes)
     try:
-        plan, figures = make_plan(doc, budget.planner_text, solver=solver)
+        plan, figures = _make_plan(doc, budget.planner_text, solver)
     except InfeasibleBudget as e:
         seen = (f"; the measuring step (least memory) peaked at {_gib(measured)}"
                 if measured is not None else "")
@@ -144,7 +147,7 @@ def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str
             "blocks are restored; nothing was changed.", e.status) from e
     if measured is not None and measured > figures["budget_bytes"]:
         raise _least_memory_over(doc, measured, figures["budget_bytes"])
-    return prefix_closed(doc, plan, figures) if replayed else (plan, figures)
+    return plan, figures
 
 
 def plan_derived(bases: Sequence[Tuple[int, Doc, int]], tokens: int, budget: Budget,
@@ -163,9 +166,8 @@ def plan_derived(bases: Sequence[Tuple[int, Doc, int]], tokens: int, budget: Bud
     doc = derive_profile(list(bases), tokens)
     if doc is None:
         return None
-    on = view(doc, without_gradients)  # Note [Gradients by position] in _fit_gradients.py
-    plan, figures = make_plan(on, budget.planner_text, solver=solver)
-    plan, figures = prefix_closed(on, plan, figures)
+    on = replay_priced(view(doc, without_gradients))  # Note [Gradients by position]
+    plan, figures = _make_plan(on, budget.planner_text, solver)
     return doc, plan, figures
 
 
@@ -194,24 +196,73 @@ def _least_memory_over(doc: Doc, measured: int, budget: int) -> BudgetRefused:
         "restored; nothing was planned.")
 
 
-def prefix_closed(doc: Doc, plan: Doc, figures: Dict[str, Any]) -> Tuple[Doc, Dict[str, Any]]:
-    """Note [Recompute cost as the replay pays it]."""
-    changed = False
-    for li, layer in enumerate(plan["layers"]):
-        ts: List[Dict[str, Any]] = layer["tensors"]
-        prof = doc["layers"][li]["tensors"]
-        rec = [j for j, t in enumerate(ts) if t["action"] == "recompute"]
-        if not rec:
+def replay_priced(doc: Doc) -> Doc:
+    """The profile with "recompute_cost": "prefix" (Note [Recompute by prefix] in
+    planner/model/plan.h): an eager block recomputes by replaying its forward up to the
+    last tensor it needs. Profiles measured before the field existed (cache_dir) lack it."""
+    return doc if doc.get("recompute_cost") == "prefix" else dict(doc, recompute_cost="prefix")
+
+
+# Note [Micro-batches in flight]
+# With micro-batches whose forwards all run before their backwards (handle.micro_batch(i)),
+# the kept activations of every micro-batch but the running one stay alive through its
+# forward and backward: (in_flight - 1) times the plan's kept bytes above the one pass the
+# canonical model describes (their offloaded tensors are on the host by then, their
+# recomputed ones gone). So a profile whose measuring step had several micro-batches in
+# flight is planned with that much more fixed bytes: plan, add (in_flight - 1) times the
+# plan's kept bytes, less what the fixed bytes already hold (on CUDA the measuring step's
+# one peak counted the other micro-batches' least-memory kept bytes:
+# measurement.in_flight_held_bytes), and plan again until a plan's own need is covered.
+# The extra only grows, and a plan made with more fixed bytes keeps less, so it ends
+# within a few rounds. The budget in bytes is resolved once, on the profile as measured (a
+# share is a share of one pass's keep-all peak). Found once plans kept what the budget
+# allows (Note [Recompute by prefix] in planner/model/plan.h): a 3-layer Llama at 85% with
+# two micro-batches in flight ran its first plan 17% over the prediction.
+
+def kept_bytes(doc: Doc, actions: Sequence[Sequence[str]]) -> int:
+    """The bytes a plan's actions (per layer, per tensor) keep."""
+    return sum(int(t["bytes"]) for layer, acts in zip(doc["layers"], actions)
+               for t, a in zip(layer["tensors"], acts) if a == "keep")
+
+
+def _make_plan(doc: Doc, budget: Union[int, str], solver: str
+               ) -> Tuple[Doc, Dict[str, Any]]:
+    """make_plan, with the other micro-batches in flight counted (Note [Micro-batches in
+    flight])."""
+    plan, figures = make_plan(doc, budget, solver=solver)
+    measurement = doc.get("measurement") or {}
+    others = int(measurement.get("in_flight", 1)) - 1
+    held = int(measurement.get("in_flight_held_bytes", 0))
+
+    def need(p: Doc) -> int:
+        return others * kept_bytes(doc, [[t["action"] for t in layer["tensors"]]
+                                         for layer in p["layers"]]) - held
+
+    if others <= 0 or need(plan) <= 0:
+        return plan, figures
+    nbytes = int(figures["budget_bytes"])
+
+    def with_extra(extra: int) -> Tuple[Doc, Dict[str, Any]]:
+        return make_plan(dict(doc, fixed_bytes=int(doc["fixed_bytes"]) + extra), nbytes,
+                         solver=solver)
+
+    # The smallest extra whose plan needs no more than it (or has none): need falls as
+    # the extra grows, so the search is over a monotone predicate.
+    lo, hi = 0, need(plan)
+    best: Optional[Tuple[Doc, Dict[str, Any]]] = None
+    while hi - lo > max(1, hi // 1024):
+        mid = (lo + hi) // 2
+        try:
+            made = with_extra(mid)
+        except InfeasibleBudget:
+            hi = mid
             continue
-        for j in range(max(rec)):
-            if prof[j]["recomputable"] and ts[j]["action"] != "recompute":
-                ts[j]["action"] = "recompute"
-                changed = True
-    if changed:
-        priced = evaluate(doc, plan, figures["budget_bytes"])
-        figures = dict(figures, predicted_peak_bytes=priced["predicted_peak_bytes"],
-                       predicted_step_ms=priced["predicted_step_ms"])
-        plan["predicted"]["peak_bytes"] = priced["predicted_peak_bytes"]
-        plan["predicted"]["step_ms"] = priced["predicted_step_ms"]
-        plan["prefix_closed"] = True
-    return plan, figures
+        if need(made[0]) <= mid:
+            hi, best = mid, made
+        else:
+            lo = mid
+    if best is None:
+        best = with_extra(hi)  # InfeasibleBudget when even the least extra has no plan
+        if need(best[0]) > hi:
+            best = with_extra(need(best[0]))
+    return best
