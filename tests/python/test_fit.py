@@ -455,6 +455,40 @@ def test_gradient_accumulation_with_micro_batches():
     got[2].close()
 
 
+def test_a_refusal_with_micro_batches_in_flight_names_a_budget_that_plans():
+    # Note [Micro-batches in flight] in _fit_plan.py: the smallest feasible budget of a
+    # refusal counts the other micro-batch's kept activations, so the same run accepts it
+    # and every step stays within it.
+    import re
+
+    data = batches(4, batch=2, seq=128)
+
+    def run(budget):
+        model, blocks = llama(layers=3, hidden=128)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        with stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) as h:
+            for step in range(2):
+                pair = []
+                for mb, ids in enumerate(data[2 * step:2 * step + 2]):
+                    with h.micro_batch(mb):
+                        pair.append(model(input_ids=ids, labels=ids).loss)
+                pair[1].backward()
+                pair[0].backward()
+                opt.step()
+                opt.zero_grad()
+            return h.report()["steps"]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(stash.StashError, match="micro-batches were in flight") as e:
+            run("70%")
+        smallest = int(re.search(r"smallest feasible budget [^(]*\((\d+) bytes\)",
+                                 str(e.value)).group(1))
+        steps = run(smallest)
+    assert [s["mode"] for s in steps] == ["measure", "plan"]
+    assert not any(s["over_budget"] for s in steps), steps
+
+
 def test_the_optimizer_state_is_counted_again_when_it_changes():
     """_optimizer_state_bytes skips the walk over every state tensor while the state keeps
     its shape (Note [What it costs] in _fit.py), and counts again when it does not."""

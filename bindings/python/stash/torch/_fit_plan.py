@@ -29,7 +29,7 @@ import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._lib import StashError
-from .._planner import InfeasibleBudget, evaluate, make_plan
+from .._planner import STASH_ERROR_INFEASIBLE_BUDGET, InfeasibleBudget, evaluate, make_plan
 from ._fit_cache import Entry
 from ._fit_gradients import view
 from ._fit_options import Budget
@@ -119,6 +119,13 @@ def _floor(doc: Doc) -> str:
     return text
 
 
+def _in_flight_text(doc: Doc) -> str:
+    n = int((doc.get("measurement") or {}).get("in_flight", 1))
+    return (f"; {n} micro-batches were in flight at once, and each one's kept activations "
+            "live through the others' passes (Note [Micro-batches in flight])"
+            if n > 1 else "")
+
+
 def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str,
                   replayed: bool = True) -> Tuple[Doc, Dict[str, Any]]:
     """(plan, figures) for a measured profile; BudgetRefused when no plan meets the budget
@@ -143,8 +150,9 @@ def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str
             f"stash.torch.fit: no plan fits the budget of {_gib(e.budget_bytes)} "
             f"(requested {budget}): the smallest feasible budget for this model "
             f"and shape is {_gib(smallest)} ({smallest} bytes); "
-            f"keep-all would peak at {_gib(e.keep_all_peak_bytes)}{seen}{_floor(doc)}. The "
-            "blocks are restored; nothing was changed.", e.status) from e
+            f"keep-all would peak at {_gib(e.keep_all_peak_bytes)}{seen}{_floor(doc)}"
+            f"{_in_flight_text(doc)}. The blocks are restored; nothing was changed.",
+            e.status) from e
     if measured is not None and measured > figures["budget_bytes"]:
         raise _least_memory_over(doc, measured, figures["budget_bytes"])
     return plan, figures
@@ -209,15 +217,17 @@ def replay_priced(doc: Doc) -> Doc:
 # forward and backward: (in_flight - 1) times the plan's kept bytes above the one pass the
 # canonical model describes (their offloaded tensors are on the host by then, their
 # recomputed ones gone). So a profile whose measuring step had several micro-batches in
-# flight is planned with that much more fixed bytes: plan, add (in_flight - 1) times the
-# plan's kept bytes, less what the fixed bytes already hold (on CUDA the measuring step's
-# one peak counted the other micro-batches' least-memory kept bytes:
-# measurement.in_flight_held_bytes), and plan again until a plan's own need is covered.
-# The extra only grows, and a plan made with more fixed bytes keeps less, so it ends
-# within a few rounds. The budget in bytes is resolved once, on the profile as measured (a
-# share is a share of one pass's keep-all peak). Found once plans kept what the budget
-# allows (Note [Recompute by prefix] in planner/model/plan.h): a 3-layer Llama at 85% with
-# two micro-batches in flight ran its first plan 17% over the prediction.
+# flight is planned with more fixed bytes: the least extra E whose plan needs no more than
+# E, a plan's need being (in_flight - 1) times its kept bytes less what the fixed bytes
+# already hold (on CUDA the measuring step's one peak counted the other micro-batches'
+# least-memory kept bytes: measurement.in_flight_held_bytes). A plan made with more fixed
+# bytes mostly keeps less, so E is found by bisection between 0 and the need of the plan
+# made without it; every plan returned is checked to cover its own need. The budget in
+# bytes is resolved once, on the profile as measured (a share is a share of one pass's
+# keep-all peak). The search is not monotone in the budget, so a refusal's smallest
+# budget is one checked to have a plan, not proved the least. Found once plans kept what
+# the budget allows (Note [Recompute by prefix] in planner/model/plan.h): a 3-layer Llama
+# at 85% with two micro-batches in flight ran its first plan 17% over the prediction.
 
 def kept_bytes(doc: Doc, actions: Sequence[Sequence[str]]) -> int:
     """The bytes a plan's actions (per layer, per tensor) keep."""
@@ -228,17 +238,41 @@ def kept_bytes(doc: Doc, actions: Sequence[Sequence[str]]) -> int:
 def _make_plan(doc: Doc, budget: Union[int, str], solver: str
                ) -> Tuple[Doc, Dict[str, Any]]:
     """make_plan, with the other micro-batches in flight counted (Note [Micro-batches in
-    flight])."""
-    plan, figures = make_plan(doc, budget, solver=solver)
+    flight]). A refusal's smallest feasible budget is then one this search accepts."""
     measurement = doc.get("measurement") or {}
     others = int(measurement.get("in_flight", 1)) - 1
+    if others <= 0:
+        return make_plan(doc, budget, solver=solver)
     held = int(measurement.get("in_flight_held_bytes", 0))
+    try:
+        return _in_flight(doc, budget, solver, others, held)
+    except InfeasibleBudget as e:
+        # The budget a refusal names is _smallest_accepted's (1% above the planner's):
+        # that one must have a plan here.
+        smallest = e.min_feasible_bytes
+        for _ in range(64):
+            try:
+                _in_flight(doc, _smallest_accepted(smallest, None), solver, others, held)
+                break
+            except InfeasibleBudget as again:
+                smallest = max(smallest + max(1, smallest // 200), again.min_feasible_bytes)
+        raise InfeasibleBudget(
+            f"{e}; with {others + 1} micro-batches in flight the smallest budget found to "
+            f"have a plan is {_smallest_accepted(smallest, None)} bytes", e.status,
+            {"budget_bytes": e.budget_bytes, "min_feasible_bytes": smallest,
+             "min_feasible_proved": False, "keep_all_peak_bytes": e.keep_all_peak_bytes}
+        ) from None
+
+
+def _in_flight(doc: Doc, budget: Union[int, str], solver: str, others: int, held: int
+               ) -> Tuple[Doc, Dict[str, Any]]:
+    plan, figures = make_plan(doc, budget, solver=solver)
 
     def need(p: Doc) -> int:
         return others * kept_bytes(doc, [[t["action"] for t in layer["tensors"]]
                                          for layer in p["layers"]]) - held
 
-    if others <= 0 or need(plan) <= 0:
+    if need(plan) <= 0:
         return plan, figures
     nbytes = int(figures["budget_bytes"])
 
@@ -246,8 +280,8 @@ def _make_plan(doc: Doc, budget: Union[int, str], solver: str
         return make_plan(dict(doc, fixed_bytes=int(doc["fixed_bytes"]) + extra), nbytes,
                          solver=solver)
 
-    # The smallest extra whose plan needs no more than it (or has none): need falls as
-    # the extra grows, so the search is over a monotone predicate.
+    # The least extra whose plan needs no more than it, by bisection (need mostly falls
+    # as the extra grows).
     lo, hi = 0, need(plan)
     best: Optional[Tuple[Doc, Dict[str, Any]]] = None
     while hi - lo > max(1, hi // 1024):
@@ -261,8 +295,16 @@ def _make_plan(doc: Doc, budget: Union[int, str], solver: str
             hi, best = mid, made
         else:
             lo = mid
-    if best is None:
-        best = with_extra(hi)  # InfeasibleBudget when even the least extra has no plan
-        if need(best[0]) > hi:
-            best = with_extra(need(best[0]))
-    return best
+    extra = hi
+    for _ in range(8):
+        if best is not None:
+            return best
+        made = with_extra(extra)  # InfeasibleBudget when this extra has no plan
+        if need(made[0]) <= extra:
+            best = made
+        extra = max(extra + 1, need(made[0]))
+    raise InfeasibleBudget(
+        f"stash_plan_make: no plan at {nbytes} bytes covers the kept activations of "
+        f"{others} more micro-batches in flight", STASH_ERROR_INFEASIBLE_BUDGET,
+        {"budget_bytes": nbytes, "min_feasible_bytes": nbytes + 1,
+         "min_feasible_proved": False, "keep_all_peak_bytes": figures["keep_all_peak_bytes"]})
