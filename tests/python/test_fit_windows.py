@@ -81,3 +81,48 @@ def test_a_derived_shape_scales_only_what_lies_above_the_constant_bytes(measured
     counted = 10 << 20
     low = derive_profile([(t, p, counted) for t, p, _ in bases], 96)["fixed_bytes"]
     assert low < constant + per_token * 96 - (1 << 20)
+
+
+def test_the_cuda_meter_reads_a_measuring_step_in_windows(monkeypatch):
+    """_fit_cuda_meter.CudaMeter against a scripted max_memory_allocated: the windows a
+    measuring step closes (blocks, loss, optimizer.step()) and the step's peak."""
+    from stash.torch._fit_cuda_meter import CudaMeter
+    from stash.torch._fit_support import StepRecord
+
+    meter = {"peak": 0}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: meter["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: meter.update(peak=0))
+    m = CudaMeter(torch.device("cuda", 0), pool=False)
+
+    rec = StepRecord(0, "measure", "k", None)
+    rec.windows = {}
+    meter["peak"] = 100
+    m.blocks_ended(rec)   # the forwards
+    meter["peak"] = 150
+    m.loss_ended(rec)     # the head and the loss, until the last block's backward
+    meter["peak"] = 90
+    m.optimizer_begins(rec)  # the backwards
+    meter["peak"] = 120   # optimizer.step()
+    assert m.step_peak(rec) == 150
+    assert rec.windows == {"blocks": 100, "loss": 150}
+    assert rec.before_optimizer_peak == 150 and rec.optimizer_peak == 120
+
+    # Without the optimizer known: the step ends at its backward, in the blocks' window.
+    rec = StepRecord(1, "measure", "k", None)
+    rec.windows = {}
+    meter["peak"] = 70
+    m.blocks_ended(rec)
+    meter["peak"] = 80
+    m.loss_ended(rec)
+    meter["peak"] = 60
+    assert m.step_peak(rec) == 80 and rec.optimizer_peak is None
+    assert rec.windows == {"blocks": 70, "loss": 80}
+
+    # A planned step has no windows: the one peak, and nothing else is touched.
+    rec = StepRecord(2, "plan", "k", None)
+    meter["peak"] = 55
+    m.blocks_ended(rec)
+    m.loss_ended(rec)
+    m.optimizer_begins(rec)
+    assert m.step_peak(rec) == 55 and rec.windows is None and meter["peak"] == 55

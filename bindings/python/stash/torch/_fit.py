@@ -216,6 +216,7 @@ from ._fit_shape_plans import ShapePlans
 from ._fit_shapes import shape_family, shape_tokens
 from ._fit_bytes import TrainingBytes
 from ._fit_cache import ShapeCache
+from ._fit_cuda_meter import CudaMeter
 from ._fit_plan import kept_bytes, link_section, warn_closed
 from ._fit_measure import (MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda,
                            measured_profile)
@@ -286,6 +287,7 @@ class BudgetHandle(OffloadHandle):
         # None: CUPTI not tried (CPU); else (used, why not).
         self._cupti_used: Optional[Tuple[bool, Optional[str]]] = None
         self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
+        self._cuda_meter = CudaMeter(self.device, self._pool) if self._cuda else None
         self._opt_hook: Optional[Tuple[RemovableHandle, RemovableHandle]] = None
         self.link_cached = False
         try:
@@ -440,10 +442,9 @@ class BudgetHandle(OffloadHandle):
                 self._recorder.forward_ended(i, order.entries)
         if self._recorder.tracking:  # Note [What it costs]: no sample to build otherwise
             self._sample(f"forward[{i}]", after=("loss",) if i == self._n - 1 else ("fwd", i))
-        if (rec is not None and rec.windows is not None and i == self._n - 1
+        if (self._cuda_meter is not None and rec is not None and i == self._n - 1
                 and not step.captured):
-            self._window(rec, "blocks")  # Note [The measuring step's windows on CUDA]
-            rec.in_loss = True
+            self._cuda_meter.blocks_ended(rec)  # Note [The measuring step's windows on CUDA]
 
     def _forward_released(self, i: int, step: _Step) -> None:
         # Note [What the budget counts]: a window of its own from here, so that what the
@@ -463,9 +464,8 @@ class BudgetHandle(OffloadHandle):
             rec.bwd.setdefault((step.serial, i), Span()).begin = m
         if self._recorder.tracking:
             self._sample(f"backward[{i}]", after=("bwd", i))
-        if rec.windows is not None and rec.in_loss and i == self._n - 1:
-            self._window(rec, "loss")  # Note [The measuring step's windows on CUDA]
-            rec.in_loss = False
+        if self._cuda_meter is not None and i == self._n - 1:
+            self._cuda_meter.loss_ended(rec)  # Note [The measuring step's windows on CUDA]
 
     def _backward_finished(self, step: _Step) -> None:
         rec = self._step
@@ -583,8 +583,8 @@ class BudgetHandle(OffloadHandle):
         grads = self._bytes.gradients_alive()
         mode = self._choose(key, without_gradients=grads == 0)
         setup_ms = (time.perf_counter() - t0) * 1e3  # planning (and a first link measurement)
-        if self._cuda:
-            self._reset_cuda_peak()
+        if self._cuda_meter is not None:
+            self._cuda_meter.reset()
         # The step starts after its planning: that time belongs to no step (report()'s
         # planning_ms says how much it was).
         rec = StepRecord(len(self._records), mode, key, self._clock.mark())
@@ -714,40 +714,12 @@ class BudgetHandle(OffloadHandle):
         does before the next step (the next batch, the embedding) is not counted."""
         if rec.meter_peak is not None:
             return
-        if self._cuda:
-            rec.meter_peak = self._cuda_peak()
-            if rec.windows is not None:  # Note [The measuring step's windows on CUDA]
-                if rec.before_optimizer_peak is not None:
-                    rec.optimizer_peak = rec.meter_peak
-                else:
-                    self._window(rec, "loss" if rec.in_loss else "blocks")
-                rec.meter_peak = max([rec.meter_peak] + list(rec.windows.values()))
+        if self._cuda_meter is not None:
+            rec.meter_peak = self._cuda_meter.step_peak(rec)
         elif self._counting is not None and rec.meter_base is not None:
             rec.meter_peak = max(rec.meter_running, rec.meter_base + self._counting.peak())
         else:
             rec.meter_peak = self._bytes.fixed_counted() + rec.live_peak
-
-    def _cuda_peak(self) -> int:
-        """The CUDA meter's peak since its last reset: stash's pool under use_allocator,
-        else torch's max_memory_allocated."""
-        if self._pool:
-            from . import _allocator
-            return int(_allocator.allocator_stats(self.device.index)["peak_bytes"])
-        return int(torch.cuda.max_memory_allocated(self.device))
-
-    def _window(self, rec: StepRecord, name: str) -> None:
-        """Closes a window of a measuring step's meter (Note [The measuring step's windows
-        on CUDA]): its peak joins the window's, and the meter starts again."""
-        assert rec.windows is not None
-        rec.windows[name] = max(rec.windows.get(name, 0), self._cuda_peak())
-        self._reset_cuda_peak()
-
-    def _reset_cuda_peak(self) -> None:
-        if self._pool:
-            from . import _allocator
-            _allocator.reset_peak(self.device.index)
-        else:
-            torch.cuda.reset_peak_memory_stats(self.device)
 
     def _switch(self, actions: List[LayerActions], mode: str) -> None:
         if mode == self._mode and actions is self.actions:
@@ -830,10 +802,8 @@ class BudgetHandle(OffloadHandle):
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: opt
         if rec is not None and rec.backward_done and closure is None:
             rec.optimizer_began = True
-            if rec.windows is not None and rec.before_optimizer_peak is None:
-                # Note [The measuring step's windows on CUDA]
-                self._window(rec, "loss" if rec.in_loss else "blocks")
-                rec.before_optimizer_peak = max(rec.windows.values())
+            if self._cuda_meter is not None:  # Note [The measuring step's windows on CUDA]
+                self._cuda_meter.optimizer_begins(rec)
 
     def _after_optimizer_step(self, opt: torch.optim.Optimizer, *_: Any) -> None:
         if self._compiled_st is not None:
