@@ -6,7 +6,6 @@ training without it, through the measuring step and the planned steps.
 The double runs with STASHDBL_FOREIGN_IS_DEVICE=1 (torch's CPU tensors are the engine's
 device memory) and stash's libraries load on it through STASH_CUDART."""
 
-import contextlib
 import warnings
 
 import pytest
@@ -418,75 +417,6 @@ def test_link_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert links[0][0] is False and links[1][0] is True
     assert links[0][1] == links[1][1] and links[0][1]["h2d_gbps"] > 0
     assert any(p.name.startswith("link-") for p in (tmp_path / "stash").iterdir())
-
-
-def test_gradient_accumulation_with_micro_batches():
-    # Both forwards first, then both backwards (fit's micro_batch contexts), AdamW once
-    # per step: bitwise equal to the same accumulation without stash.
-    data = batches(6, batch=2, seq=128)
-
-    def run(with_fit):
-        model, blocks = llama(layers=3, hidden=128)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        h = stash.torch.fit(blocks, "85%", optimizer=opt, link=LINK) if with_fit else None
-        losses = []
-        for step in range(3):
-            pair = []
-            for mb, ids in enumerate(data[2 * step:2 * step + 2]):
-                ctx = h.micro_batch(mb) if h else contextlib.nullcontext()
-                with ctx:
-                    pair.append(model(input_ids=ids, labels=ids).loss)
-            pair[1].backward()
-            pair[0].backward()
-            opt.step()
-            opt.zero_grad()
-            losses += [p.detach() for p in pair]
-        return losses, [p.detach().clone() for p in model.parameters()], h
-
-    expected, got = run(False), run(True)
-    assert_bitwise(expected, got)
-    steps = got[2].report()["steps"]
-    assert [s["mode"] for s in steps] == ["measure", "plan", "plan"]
-    assert all(s["micro_batches"] == 2 for s in steps)
-    # Note [Micro-batches in flight] in _fit_plan.py: micro-batch 0's kept activations
-    # live through micro-batch 1's pass, and the plan counts them.
-    assert not any(s["over_budget"] for s in steps), steps
-    assert got[2].profile["measurement"]["in_flight"] == 2
-    got[2].close()
-
-
-def test_a_refusal_with_micro_batches_in_flight_names_a_budget_that_plans():
-    # Note [Micro-batches in flight] in _fit_plan.py: the smallest feasible budget of a
-    # refusal counts the other micro-batch's kept activations, so the same run accepts it
-    # and every step stays within it.
-    import re
-
-    data = batches(4, batch=2, seq=128)
-
-    def run(budget):
-        model, blocks = llama(layers=3, hidden=128)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        with stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) as h:
-            for step in range(2):
-                pair = []
-                for mb, ids in enumerate(data[2 * step:2 * step + 2]):
-                    with h.micro_batch(mb):
-                        pair.append(model(input_ids=ids, labels=ids).loss)
-                pair[1].backward()
-                pair[0].backward()
-                opt.step()
-                opt.zero_grad()
-            return h.report()["steps"]
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(stash.StashError, match="micro-batches were in flight") as e:
-            run("70%")
-        smallest = int(re.search(r"smallest feasible budget [^(]*\((\d+) bytes\)",
-                                 str(e.value)).group(1))
-        steps = run(smallest)
-    assert [s["mode"] for s in steps] == ["measure", "plan"]
-    assert not any(s["over_budget"] for s in steps), steps
 
 
 def test_the_optimizer_state_is_counted_again_when_it_changes():

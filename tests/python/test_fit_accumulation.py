@@ -1,14 +1,25 @@
 """stash.torch.fit under gradient accumulation written by hand (several forwards and
 backwards per optimizer.step(), no handle.micro_batch()): priced per forward, a
 step(closure) that runs the last micro-batch, and a step given up between two
-micro-batches (Note [The loops fit lives in] in stash/torch/_fit.py). test_fit_loops.py's
-Mistral on the CPU test double; every comparison bitwise against plain training."""
+micro-batches (Note [The loops fit lives in] in stash/torch/_fit.py), on
+test_fit_loops.py's Mistral; and micro-batches in flight (handle.micro_batch(), every
+forward before the backwards; Note [Micro-batches in flight] in
+stash/torch/_fit_plan.py), on test_fit.py's Llama. On the CPU test double; every
+comparison bitwise against plain training."""
+
+import contextlib
+import warnings
 
 import pytest
 import torch
 
+import stash
+import stash.torch
+
 pytest.importorskip("transformers")
 
+from test_fit import assert_bitwise, llama  # noqa: E402
+from test_fit import batches as llama_batches  # noqa: E402
 from test_fit_loops import LINK, Injected, batches, same, trained  # noqa: E402
 
 
@@ -143,3 +154,72 @@ def test_a_step_given_up_between_micro_batches_is_a_step_of_its_own(lost):
     assert [s["aborted"] for s in steps] == [None] * 6, steps
     assert steps[-1]["mode"] == "plan" and not steps[-1]["over_budget"], steps
     got[2].close()
+
+
+def test_gradient_accumulation_with_micro_batches():
+    # Both forwards first, then both backwards (fit's micro_batch contexts), AdamW once
+    # per step: bitwise equal to the same accumulation without stash.
+    data = llama_batches(6, batch=2, seq=128)
+
+    def run(with_fit):
+        model, blocks = llama(layers=3, hidden=128)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        h = stash.torch.fit(blocks, "85%", optimizer=opt, link=LINK) if with_fit else None
+        losses = []
+        for step in range(3):
+            pair = []
+            for mb, ids in enumerate(data[2 * step:2 * step + 2]):
+                ctx = h.micro_batch(mb) if h else contextlib.nullcontext()
+                with ctx:
+                    pair.append(model(input_ids=ids, labels=ids).loss)
+            pair[1].backward()
+            pair[0].backward()
+            opt.step()
+            opt.zero_grad()
+            losses += [p.detach() for p in pair]
+        return losses, [p.detach().clone() for p in model.parameters()], h
+
+    expected, got = run(False), run(True)
+    assert_bitwise(expected, got)
+    steps = got[2].report()["steps"]
+    assert [s["mode"] for s in steps] == ["measure", "plan", "plan"]
+    assert all(s["micro_batches"] == 2 for s in steps)
+    # Note [Micro-batches in flight] in _fit_plan.py: micro-batch 0's kept activations
+    # live through micro-batch 1's pass, and the plan counts them.
+    assert not any(s["over_budget"] for s in steps), steps
+    assert got[2].profile["measurement"]["in_flight"] == 2
+    got[2].close()
+
+
+def test_a_refusal_with_micro_batches_in_flight_names_a_budget_that_plans():
+    # Note [Micro-batches in flight] in _fit_plan.py: the smallest feasible budget of a
+    # refusal counts the other micro-batch's kept activations, so the same run accepts it
+    # and every step stays within it.
+    import re
+
+    data = llama_batches(4, batch=2, seq=128)
+
+    def run(budget):
+        model, blocks = llama(layers=3, hidden=128)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        with stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) as h:
+            for step in range(2):
+                pair = []
+                for mb, ids in enumerate(data[2 * step:2 * step + 2]):
+                    with h.micro_batch(mb):
+                        pair.append(model(input_ids=ids, labels=ids).loss)
+                pair[1].backward()
+                pair[0].backward()
+                opt.step()
+                opt.zero_grad()
+            return h.report()["steps"]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(stash.StashError, match="micro-batches were in flight") as e:
+            run("70%")
+        smallest = int(re.search(r"smallest feasible budget [^(]*\((\d+) bytes\)",
+                                 str(e.value)).group(1))
+        steps = run(smallest)
+    assert [s["mode"] for s in steps] == ["measure", "plan"]
+    assert not any(s["over_budget"] for s in steps), steps

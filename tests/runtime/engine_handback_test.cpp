@@ -127,18 +127,21 @@ struct callbacks {
     self->released.emplace_back(p, s);
     self->pool->deallocate(p, nullptr, 0);  // s's later work is ordered after the copy
   }
+  // `c` with these callbacks in place of the engine's own pool.
+  engine_config wired(engine_config c) {
+    c.pool = nullptr;
+    c.alloc = &callbacks::alloc;
+    c.release = &callbacks::release;
+    c.user = this;
+    return c;
+  }
 };
 
 TEST_F(HandbackTest, ReleaseCallbackRunsOnTheComputeStreamsOrder) {
   callbacks cb;
   cb.pool = pool_.get();
   cb.compute = compute_;
-  engine_config c = config();
-  c.pool = nullptr;
-  c.alloc = &callbacks::alloc;
-  c.release = &callbacks::release;
-  c.user = &cb;
-  make(c, plan_of({"o", "o", "o", "o"}));  // layer 2 is not the last: no loss turn yet
+  make(cb.wired(config()), plan_of({"o", "o", "o", "o"}));  // layer 2 is not the last: no loss turn yet
   ASSERT_EQ(double_api().stream_pause(engine_->d2h_stream()), cudaSuccess);
   std::vector<std::vector<uint8_t>> data;
   for (uint32_t l = 0; l < 4; ++l) data.push_back(random_bytes(kBytes, 200 + l));
@@ -163,12 +166,7 @@ TEST_F(HandbackTest, TheLossRunsAfterTheTurnsWait) {
   callbacks cb;
   cb.pool = pool_.get();
   cb.compute = compute_;
-  engine_config c = config();
-  c.pool = nullptr;
-  c.alloc = &callbacks::alloc;
-  c.release = &callbacks::release;
-  c.user = &cb;
-  make(c, plan_of({"o", "o", "o"}));
+  make(cb.wired(config()), plan_of({"o", "o", "o"}));
   ASSERT_EQ(double_api().stream_pause(engine_->d2h_stream()), cudaSuccess);
   std::vector<std::vector<uint8_t>> data;
   for (uint32_t l = 0; l < 3; ++l) data.push_back(random_bytes(kBytes, 300 + l));
