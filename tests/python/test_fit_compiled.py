@@ -124,7 +124,7 @@ def test_fit_plans_the_compiled_graph(keep_all):
     ref_peak = max(s["peak"] for s in ref[1:])
     budget = int(0.85 * ref_peak)
     got, params, h = train(budget)
-    st = h._compiled_st
+    st = h._offload.compiled_state
     # The step that measured, the step that planned (it still runs the measuring graph),
     # then the plan.
     assert [s.serial for s in st.steps] == [0, 0, 1, 1, 1]
@@ -159,7 +159,7 @@ def test_fit_plans_the_compiled_graph_of_other_families(family, share):
     ref_peak = max(s["peak"] for s in ref[1:])
     budget = int(share * ref_peak)
     got, params, h = train(budget, family=family)
-    st = h._compiled_st
+    st = h._offload.compiled_state
     assert [s.serial for s in st.steps] == [0, 0, 1, 1, 1]
     # Within the compiled tolerance: a recomputed value may round one ulp apart from the
     # forward's, and the steps after carry it.
@@ -188,7 +188,7 @@ def test_accumulation_by_hand_under_whole_model_compile_is_within_the_budget():
         budget = int(re.search(r"\((\d+) bytes\)", str(e)).group(1))
         assert budget < 0.8 * ref_peak, (budget, ref_peak)
         got, params, h = train(budget, family="wide_llama", seqs=seqs, accumulate=2)
-    st = h._compiled_st
+    st = h._offload.compiled_state
     # Optimizer step 0 measures (its second forward with gradients alive), the first
     # forward of step 1 plans (still the measuring graph), the plan from its second on.
     # At the smallest feasible budget the plan's first run may peak over its prediction
@@ -222,7 +222,7 @@ def test_every_length_under_whole_model_compile_is_planned_for_itself():
     ref, _, _ = train(steps=len(seqs), seqs=seqs)
     budget = int(0.8 * max(s["peak"] for s in ref))
     got, _, h = train(budget, steps=len(seqs), seqs=seqs)
-    st = h._compiled_st
+    st = h._offload.compiled_state
     assert [s.serial for s in st.steps] == [0, 0] + [1] * 5
     assert set(st.shape_plans) == {(4, 160, 64), (4, 96, 64), (4, 192, 64)}
     assert all(sp.refusal is None and sp.check == "passed" for sp in st.shape_plans.values())
@@ -323,7 +323,7 @@ def test_fit_offloads_saved_values_of_the_compiled_graph():
     training agrees with compiled training without stash, and every planned step is
     within the budget on the meter."""
     ref, ref_params, ref_peak, budget, got, params, h = _offload_run()
-    st = h._compiled_st
+    st = h._offload.compiled_state
     assert [s.serial for s in st.steps] == [0, 0, 1, 1, 1]
     planned = [(b, j) for b, layer in enumerate(st.actions) for j, a in enumerate(layer)
                if a == "offload"]
@@ -357,7 +357,7 @@ def test_an_offload_moved_past_its_tick_is_guarded():
     the tick whose wait should cover it is waited for from the host, and training is the
     same."""
     ref, ref_params, _, budget, got, params, h = _offload_run(reorder=True)
-    report = h._compiled_st.report()
+    report = h._offload.compiled_state.report()
     assert report["offload_calls"] > 0 and report["guarded"] == report["offload_calls"], report
     _same_training(ref, ref_params, got, params)
     h.close()

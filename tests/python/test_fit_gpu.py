@@ -205,7 +205,7 @@ def test_whole_model_compile_offloads_within_the_budget():
             peaks.append(torch.cuda.max_memory_allocated())
             losses.append(loss.item())
         report = h.report() if h else None
-        compiled = h._compiled_st.report() if h else None
+        compiled = h._offload.compiled_state.report() if h else None
         if h:
             h.close()
         return losses, peaks, report, compiled

@@ -149,7 +149,7 @@ def planned():
     model, blocks = llama()
     ids = torch.randint(0, VOCAB, (4, 256), generator=torch.Generator().manual_seed(1))
     h = stash.torch.fit(blocks, "70%", link=LINK)
-    copies = Copies(h)
+    copies = Copies(h._offload)  # the handle's hooks and streams
     step(model, ids)
     # One planned step, eager. On a loaded machine the double's copies finish late, the
     # planned step can peak over its prediction and fit measures again (its first-run
@@ -179,7 +179,7 @@ def test_a_captured_planned_step_replays_the_eager_steps_copies_bitwise(planned)
     before = h.stats()
     _violations()
 
-    s = h._cpu_stream
+    s = h._offload._cpu_stream
     rt.begin(s)
     step(model, ids)
     assert rt.status(s) == "active", "no stash call may invalidate the capture"
@@ -237,7 +237,7 @@ def test_a_measuring_step_under_capture_is_refused_and_the_capture_stays_valid()
         for eager_steps in (0, 1):  # the first step, then the one after the measuring step
             for _ in range(eager_steps):
                 step(model, ids)
-            s = h._cpu_stream
+            s = h._offload._cpu_stream
             rt.begin(s)
             with pytest.raises(stash.StashError, match="eagerly") as e:
                 step(model, ids)

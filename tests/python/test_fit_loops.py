@@ -123,13 +123,13 @@ def nothing_held(h, i, lost_backward=None):
     backward that raised is given back when block 0 runs again (Note [A step that ends
     early]): only that step's end is not checked."""
     if i == lost_backward:
-        assert len(h._steps) == 1 and h._steps[0].backward_started
+        assert len(h._offload._steps) == 1 and h._offload._steps[0].backward_started
         return
     s = h.stats()
     assert s["pinned"]["current_count"] == 0 and s["pinned"]["current_bytes"] == 0, (i, s)
     assert s["in_flight_count"] == 0, (i, s)
-    assert not h._steps or all(st.backward_started is False and st.next_block == 4
-                               for st in h._steps.values()), i
+    assert not h._offload._steps or all(st.backward_started is False and st.next_block == 4
+                               for st in h._offload._steps.values()), i
 
 
 def same(a, b):

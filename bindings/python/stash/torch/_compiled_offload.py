@@ -50,7 +50,7 @@ import torch
 
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._lib import StashError
-from ._offload_hooks import OffloadHooks
+from ._offload_policy import offload_slots
 from ._step import _Fetched, _Step
 
 __all__ = ["CompiledMoves"]
@@ -105,8 +105,9 @@ def _fetch_fake(token: torch.Tensor, handle: int, block: int, index: int, size: 
 
 class CompiledMoves:
     """A fit handle's engine, as the compiled graph's ops and ticks drive it (Note
-    [Offload in the compiled graph]). hand_over, fetch, set_plan: the handle's
-    (_offload_streams.EngineStreams, _offload_hooks.OffloadHooks); engine: the handle's
+    [Offload in the compiled graph]), made by OffloadHandle.compiled_moves. hand_over,
+    fetch, set_plan: the handle's (_offload_streams.EngineStreams,
+    _offload_hooks.OffloadHooks); engine: the handle's
     engine now (None once closed); host_wait: on the CPU, the host waits for the compute
     stream (a no-op on CUDA)."""
 
@@ -135,7 +136,7 @@ class CompiledMoves:
         codes = [[_CODES[a] for a in layer] for layer in actions]
         self.slots = []
         for layer in codes:  # the eager hooks' numbering (Note [Offload hooks])
-            _, slots = OffloadHooks._engine_layer(layer)
+            _, slots = offload_slots(layer)
             assert slots is not None  # a list of actions always has its slots
             self.slots.append(slots)
         self.active = any(s is not None for layer in self.slots for s in layer)

@@ -194,15 +194,16 @@ What a training loop does besides forward, backward and step, and what fit does 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, NoReturn, Optional,
-                    Sequence, Set, Tuple, Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Literal,
+                    NoReturn, Optional, Sequence, Set, Tuple, Union)
 
 import torch
 
-from .._engine import KEEP, OFFLOAD
+from .._engine import KEEP, OFFLOAD, Engine
 from .._lib import StashError
 from .._link import cached_link
 from .._profiler import FORWARD, Profiler
@@ -222,10 +223,9 @@ from ._fit_measure import (MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda,
                            measured_profile)
 from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
 from ._fit_report import fit_report, format_report
-from ._offload import OffloadHandle, Plan
-from ._offload_hooks import LayerActions
+from ._offload import OffloadHandle
+from ._offload_policy import EngineLayer, LayerActions, StepPolicy, offload_slots
 from ._compiled import CompiledState, fit_compiled_state
-from ._compiled_offload import CompiledMoves
 from ._cpu_meter import window as cpu_window
 from . import _record
 from ._recompute import Frame, Replay
@@ -242,12 +242,18 @@ _pinnable_bytes: Callable[[], int] = _record._pinnable_bytes
 __all__ = ["BudgetHandle", "fit"]
 
 
-class BudgetHandle(OffloadHandle):
-    """Returned by :func:`fit`; see there. A context manager: leaving it closes."""
+class BudgetHandle(StepPolicy):
+    """Returned by :func:`fit`; see there. A context manager: leaving it closes.
 
-    _who = "stash.torch.fit"
+    It owns an OffloadHandle, made with itself as the step policy (Note [The step policy] in
+    _offload_policy.py): the hooks carry out the actions this handle chooses per step and
+    tell it what the step does; the on_* methods and the questions above them are that
+    seam's, called by the hooks, not by the training loop."""
+
+    who = "stash.torch.fit"
+    observes_saves = True  # every new storage is recorded or sampled (Note [What it costs])
     _plain_layers: Set[int] = set()
-    _kv_cache = True  # block 0 of the running forward got a key/value cache (_call_arguments)
+    _kv_cache = True  # block 0 of the running forward got a key/value cache (call_arguments)
 
     def __init__(self, blocks: Iterable[torch.nn.Module], budget: Union[int, str, Budget], *,
                  optimizer: Optional[torch.optim.Optimizer] = None,
@@ -265,7 +271,7 @@ class BudgetHandle(OffloadHandle):
             raise StashError(
                 f"stash.torch.fit: budget {_gib(nbytes)} is below the blocks' "
                 f"parameters and gradients alone ({_gib(params + grads)}); no plan can meet it")
-        # State before OffloadHandle.__init__, which calls _initial_actions.
+        # State before the OffloadHandle, which asks initial_actions and compiled_state.
         self._mode = "measure"
         self._bytes = TrainingBytes(blocks, optimizer)  # what is not an activation
         self._records: List[StepRecord] = []
@@ -277,7 +283,8 @@ class BudgetHandle(OffloadHandle):
         self._plans = ShapePlans(
             ShapeCache(options.cache_dir, self._digest, self.budget, options.solver),
             self.budget, options, self._ranks, self._fail, self._bytes.fixed_counted)
-        super().__init__(blocks, None, **options.engine_kwargs())
+        self._offload = OffloadHandle(blocks, None, policy=self, **options.engine_kwargs())
+        self._cuda = self._offload.cuda
         self._clock = _Clock(self._cuda)
         self._cupti = Profiler()
         # Note [The CPU allocator's meter] in _meter.py: None on CUDA, or where it cannot be
@@ -295,28 +302,26 @@ class BudgetHandle(OffloadHandle):
             # machine (cached): it needs free device memory for its buffers.
             self._link_section = self._link()
         except BaseException:
-            OffloadHandle.close(self)
+            self._offload.close()
             raise
         if optimizer is not None and hasattr(optimizer, "register_step_post_hook"):
             self._opt_hook = (optimizer.register_step_pre_hook(self._before_optimizer_step),
                               optimizer.register_step_post_hook(self._after_optimizer_step))
 
-    # --- OffloadHandle's seams --------------------------------------------------------------
+    # --- the step policy's questions (Note [The step policy] in _offload_policy.py) ----------
 
-    def _initial_actions(self, plan: Optional[Plan]) -> List[LayerActions]:
-        return [_MeasureLayer() for _ in range(self._n)]
+    def initial_actions(self, n_blocks: int) -> Optional[List[LayerActions]]:
+        return [_MeasureLayer() for _ in range(n_blocks)]
 
-    @staticmethod
-    def _engine_layer(actions: LayerActions
-                      ) -> Tuple[List[int], Optional[List[Optional[int]]]]:
+    def engine_layer(self, actions: LayerActions) -> EngineLayer:
         # Note [The measuring step]: which index is offloaded is known only as the block
         # saves it, so engine slot j is index j.
         if isinstance(actions, _MeasureLayer):
             return [OFFLOAD] * MEASURE_SLOTS, None
-        return OffloadHandle._engine_layer(actions)
+        return offload_slots(actions)
 
-    def _unrecomputable(self, i: int, j: int, t: torch.Tensor, nbytes: int,
-                        first_input: Any) -> int:
+    def unrecomputable_action(self, i: int, j: int, t: torch.Tensor, nbytes: int,
+                              first_input: Any) -> Optional[int]:
         rec = self._step
         if self._mode != "measure" and rec is not None and rec.checking:
             # Note [A derived plan's first run]: the skeleton was not this shape's.
@@ -324,7 +329,7 @@ class BudgetHandle(OffloadHandle):
                          "derived skeleton differs)")
             return KEEP
         if self._mode != "measure":
-            return super()._unrecomputable(i, j, t, nbytes, first_input)
+            return None  # the hooks keep it, counted, with a warning
         # Note [The measuring step]: the hidden-state input is offloaded, the rest kept.
         if (first_input is not None and first_input == storage_of(t)[0]
                 and nbytes >= MIN_OFFLOAD_BYTES and j < MEASURE_SLOTS and i < self._n - 1
@@ -332,27 +337,27 @@ class BudgetHandle(OffloadHandle):
             return OFFLOAD
         return KEEP
 
-    def _keeps_everything(self, i: int, actions: LayerActions) -> bool:
+    def keeps_everything(self, i: int, actions: LayerActions) -> bool:
         # Note [What it costs]: a measured plan's layer that keeps every tensor.
         return (self._mode == "plan" and getattr(actions, "exact", True)
                 and id(actions) in self._plain_layers)
 
-    def _needs_boundary(self, i: int, plain: bool) -> bool:
+    def needs_boundary(self, i: int, plain: bool) -> bool:
         # Note [What it costs]: in a planned step that copies nothing, a block run without
         # hooks needs no boundary (no per-block marks, nothing to prefetch or check), but
         # the last block's: it starts the step's backward, queues its end and holds the
         # step's token (Note [A step that ends early] in _offload_hooks.py).
-        return not (plain and not self._engine_active and i != self._n - 1
+        return not (plain and not self._offload.copies and i != self._n - 1
                     and self._mode == "plan")
 
-    def _passes_through(self) -> bool:
+    def passes_through(self) -> bool:
         # Blocks in eval mode (an eval loop, with or without grad) run as plain forwards:
         # fit plans training steps, and an eval forward is none (Note [The loops fit lives
         # in]).
         return not self.blocks[0].training
 
-    def _call_arguments(self, i: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]
-                        ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    def call_arguments(self, i: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+                       ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
         # Note [The loops fit lives in]: a key/value cache passed to the blocks in training
         # is turned off for them, as Hugging Face's gradient checkpointing does. A decoder
         # hands every block the same keywords, so block 0 decides for the forward (Note
@@ -362,20 +367,24 @@ class BudgetHandle(OffloadHandle):
         if not self._kv_cache:
             return args, kwargs
         if i == 0:
-            self._warn_once(("kv-cache",), (
+            self._offload.warn_once(("kv-cache",), (
                 "the blocks are called with a key/value cache in training (use_cache=True); "
                 "stash turns it off for them, as gradient checkpointing does: set "
                 "model.config.use_cache = False to silence this"))
         return args, {k: (None if _is_kv_cache(v) else v) for k, v in kwargs.items()}
 
-    def _step_starting(self, mb: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+    # --- what the hooks tell ---------------------------------------------------------------
+
+    def on_step_starting(self, mb: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+                         ) -> None:
         rec = self._step
+        in_flight = self._offload.steps_in_flight
         if (rec is not None and not rec.finished and rec.aborted is None
                 and rec.optimizer_began and rec.end is None):
             # Note [A step that ends early]: its optimizer step raised.
             self._abort_record(rec, "optimizer.step() raised")
         if (rec is not None and not rec.finished and rec.aborted is None and mb == 0
-                and rec.backward_done and not self._steps and rec.end is None
+                and rec.backward_done and not in_flight and rec.end is None
                 and rec.made_gradients and self._bytes.gradients_alive() == 0):
             # Note [The loops fit lives in]: the loop dropped the step's gradients; the
             # step ends where its backward did, and this forward begins the next one.
@@ -384,11 +393,11 @@ class BudgetHandle(OffloadHandle):
         # batch 0 before the others' backwards, or (with the optimizer known) any forward
         # before its step(). The plan can change only where no micro-batch holds tensors.
         if rec is not None and not rec.finished and rec.aborted is None and (
-                mb != 0 or not rec.backward_done or self._steps
+                mb != 0 or not rec.backward_done or in_flight
                 or (self.optimizer is not None and rec.end is None)):
             rec.passes += 1
-            if self._steps:  # Note [Micro-batches in flight] in _fit_plan.py
-                rec.in_flight = max(rec.in_flight, len(self._steps) + 1)
+            if in_flight:  # Note [Micro-batches in flight] in _fit_plan.py
+                rec.in_flight = max(rec.in_flight, in_flight + 1)
             return
         training = self.blocks[0].training
         key = _signature(args, kwargs, training)
@@ -397,7 +406,7 @@ class BudgetHandle(OffloadHandle):
             shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
         self._begin_record(key, list(tensors_in((args, kwargs))))
 
-    def _step_aborted(self, step: _Step, reason: str) -> None:
+    def on_step_aborted(self, step: _Step, reason: str) -> None:
         rec = self._step
         if rec is not None and not rec.finished and rec.aborted is None:
             self._abort_record(rec, f"micro-batch {step.mb}: {reason}")
@@ -412,14 +421,14 @@ class BudgetHandle(OffloadHandle):
                 self._cupti.stop()
         self._recorder.forget()
 
-    def _forward_began(self, i: int, step: _Step) -> None:
+    def on_forward_began(self, i: int, step: _Step) -> None:
         rec = self._step
         if rec is not None and rec.mode == "measure":
             rec.fwd[(step.serial, i)] = Span(self._clock.mark())
             if rec.mode == "measure":
                 self._cupti.begin(FORWARD, i)
 
-    def _saved(self, i: int, j: int, t: torch.Tensor, nbytes: int, action: int) -> None:
+    def on_saved(self, i: int, j: int, t: torch.Tensor, nbytes: int, action: int) -> None:
         step = self._step
         if step is None:
             return
@@ -427,17 +436,17 @@ class BudgetHandle(OffloadHandle):
             step.saved_counts[i] = max(step.saved_counts.get(i, 0), j + 1)
         if self._mode == "measure":
             self._recorder.saved(i, j, t, nbytes, action,
-                                 first_micro_batch=self._micro_batch == 0)
+                                 first_micro_batch=self._offload.micro_batch_index == 0)
         if self._recorder.tracking:
             self._recorder.track(t, nbytes)
             self._sample(f"forward[{i}]")
 
-    def _forward_ended(self, i: int, step: _Step, order: Optional[SaveOrder]) -> None:
+    def on_forward_ended(self, i: int, step: _Step, order: Optional[SaveOrder]) -> None:
         rec = self._step
         if rec is not None and rec.mode == "measure":
             rec.fwd.setdefault((step.serial, i), Span()).end = self._clock.mark()
             self._cupti.end()
-            if self._mode == "measure" and self._micro_batch == 0:
+            if self._mode == "measure" and self._offload.micro_batch_index == 0:
                 assert order is not None  # a measuring step hooks every block
                 self._recorder.forward_ended(i, order.entries)
         if self._recorder.tracking:  # Note [What it costs]: no sample to build otherwise
@@ -446,14 +455,14 @@ class BudgetHandle(OffloadHandle):
                 and not step.captured):
             self._cuda_meter.blocks_ended(rec)  # Note [The measuring step's windows on CUDA]
 
-    def _forward_released(self, i: int, step: _Step) -> None:
+    def on_forward_released(self, i: int, step: _Step) -> None:
         # Note [What the budget counts]: a window of its own from here, so that what the
         # step holds after the block's recompute storages went (the loss's temporaries,
         # after the last block) is measured against what is tracked then.
         if self._recorder.tracking:
             self._sample(f"forward[{i}] released")
 
-    def _backward_began(self, step: _Step, i: int) -> None:
+    def on_backward_began(self, step: _Step, i: int) -> None:
         rec = self._step
         if rec is None:
             return
@@ -467,7 +476,7 @@ class BudgetHandle(OffloadHandle):
         if self._cuda_meter is not None and i == self._n - 1:
             self._cuda_meter.loss_ended(rec)  # Note [The measuring step's windows on CUDA]
 
-    def _backward_finished(self, step: _Step) -> None:
+    def on_backward_finished(self, step: _Step) -> None:
         rec = self._step
         if rec is None:
             return
@@ -477,7 +486,7 @@ class BudgetHandle(OffloadHandle):
             b.end = m
         if self._recorder.tracking:
             self._sample("backward end", after=("bwd", 0))
-        if not self._steps:  # every micro-batch's backward has ended
+        if not self._offload.steps_in_flight:  # every micro-batch's backward has ended
             rec.backward_done = True
             if self.optimizer is not None and not rec.made_gradients:
                 rec.made_gradients = self._bytes.gradients_alive() > 0
@@ -485,13 +494,13 @@ class BudgetHandle(OffloadHandle):
             if self.optimizer is None:
                 self._step_peak(rec)
 
-    def _replay_began(self, frame: Frame) -> None:
+    def on_replay_began(self, frame: Frame) -> None:
         rec = self._step
         if rec is not None and rec.mode == "measure":
             rec.replay[(frame.step.serial, frame.layer)] = ReplaySpan(self._clock.mark())
 
-    def _replay_saved(self, frame: Frame, pos: int, seen: Optional[Tuple[int, bool]],
-                      t: torch.Tensor) -> None:
+    def on_replay_saved(self, frame: Frame, pos: int, seen: Optional[Tuple[int, bool]],
+                        t: torch.Tensor) -> None:
         rec = self._step
         if rec is None or seen is None or not seen[1] or rec.mode != "measure":
             return
@@ -500,7 +509,7 @@ class BudgetHandle(OffloadHandle):
             r.marks.append((seen[0], self._clock.mark()))
         self._recorder.track(t, storage_of(t)[1])
 
-    def _replay_ended(self, frame: Frame, replay: Replay) -> None:
+    def on_replay_ended(self, frame: Frame, replay: Replay) -> None:
         rec = self._step
         if rec is not None:
             r = rec.replay.get((frame.step.serial, frame.layer))
@@ -508,14 +517,10 @@ class BudgetHandle(OffloadHandle):
                 r.end = self._clock.mark()
         self._sample(f"backward[{frame.layer}]", after=("bwd", frame.layer))
 
-    def _alloc(self, nbytes: int, stream: Optional[int]) -> int:
-        ptr = super()._alloc(nbytes, stream)
+    def on_buffer_allocated(self, buf: torch.Tensor, nbytes: int) -> None:
         if self._recorder.tracking:
-            buf = self._buffers.get(ptr)
-            if buf is not None:
-                self._recorder.track(buf, nbytes)
-                self._sample("prefetch")
-        return ptr
+            self._recorder.track(buf, nbytes)
+            self._sample("prefetch")
 
     # --- bookkeeping --------------------------------------------------------------------
 
@@ -622,10 +627,11 @@ class BudgetHandle(OffloadHandle):
             self._counting.reopen()
 
     def _exposed_total(self) -> float:
-        if self.engine is None or not self.engine.timing or not self._engine_active:
+        engine = self._offload.engine
+        if engine is None or not engine.timing or not self._offload.copies:
             return 0.0  # a step that copies nothing calls no engine (Note [What it costs])
         try:
-            return float(self.engine.overlap()["total"]["exposed_ms"])
+            return float(engine.overlap()["total"]["exposed_ms"])
         except StashError:
             return 0.0
 
@@ -722,19 +728,19 @@ class BudgetHandle(OffloadHandle):
             rec.meter_peak = self._bytes.fixed_counted() + rec.live_peak
 
     def _switch(self, actions: List[LayerActions], mode: str) -> None:
-        if mode == self._mode and actions is self.actions:
+        if mode == self._mode and actions is self._offload.actions:
             return
         # Note [What it costs]: a plan that copies nothing leaves the engine idle
-        # (_set_engine_plan), and a layer that keeps everything runs without hooks.
-        self._set_engine_plan(actions)
-        self.actions = actions
+        # (set_actions), and a layer that keeps everything runs without hooks.
+        self._offload.set_actions(actions)
         self._mode = mode
         self._plain_layers = ({id(a) for a in actions
                                if all(a[j] == KEEP for j in range(len(a)))}
                               if mode == "plan" else set())
 
-    def _make_compiled_state(self) -> CompiledState:
-        # Note [Planning the compiled graph] in _compiled.py
+    def compiled_state(self, handle: OffloadHandle) -> Optional[CompiledState]:
+        # Note [Planning the compiled graph] in _compiled.py. Asked while `handle` (this
+        # handle's OffloadHandle) is made: the closures below run only later.
         def meter_open(x: torch.Tensor) -> int:
             if self._cuda:
                 torch.cuda.reset_peak_memory_stats(self.device)
@@ -760,22 +766,17 @@ class BudgetHandle(OffloadHandle):
 
         opt = self.optimizer
         state = fit_compiled_state(
-            self.blocks, budget=self.budget, solver=self.options.solver,
+            handle.blocks, budget=self.budget, solver=self.options.solver,
             describe=lambda: (_device_info(self.device), self._link_section,
                               {"pinnable_bytes": _pinnable_bytes()}),
             meter=(meter_open, meter_peak),
-            segment=None if self._cuda else meter_segment,
+            segment=None if handle.cuda else meter_segment,
             counted=self._bytes.fixed_counted, refused=self.close,
             gradients=self._bytes.gradients_alive, grouped=opt is not None,
             missing=lambda: (_optimizer_state_estimate(opt)
                              if opt is not None and not len(opt.state) else 0))
         # Note [Offload in the compiled graph] in _compiled_offload.py
-        cudart, stream = self._cudart, self._cpu_stream
-        state.moves = CompiledMoves(
-            state.id, self._n, hand_over=self._hand_over, fetch=self._fetch,
-            set_plan=self._set_engine_plan, engine=lambda: self.engine,
-            host_wait=(lambda: None) if self._cuda or cudart is None
-            else (lambda: cudart.stream_synchronize(stream)))
+        state.moves = handle.compiled_moves(state.id)
         return state
 
     def _timing_kind(self) -> str:
@@ -806,8 +807,9 @@ class BudgetHandle(OffloadHandle):
                 self._cuda_meter.optimizer_begins(rec)
 
     def _after_optimizer_step(self, opt: torch.optim.Optimizer, *_: Any) -> None:
-        if self._compiled_st is not None:
-            self._compiled_st.optimizer_stepped()
+        compiled = self._offload.compiled_state
+        if compiled is not None:
+            compiled.optimizer_stepped()
         rec = self._step
         if rec is not None and rec.backward_done and rec.end is None:
             rec.end = self._clock.mark()
@@ -853,7 +855,7 @@ class BudgetHandle(OffloadHandle):
         for rec in self._records:  # a share resolved after the step ran (its plan came later)
             if rec.finished and rec.budget_bytes is None and rec.aborted is None:
                 rec.budget_bytes = self._plans.budget_for(rec.key)
-        compiled = self._compiled_st
+        compiled = self._offload.compiled_state
         if compiled is not None and compiled.steps and not self._records:
             # Note [Planning the compiled graph] in _compiled.py: the steps ran compiled.
             nbytes = self.budget.nbytes if self.budget.nbytes is not None else (
@@ -906,7 +908,61 @@ class BudgetHandle(OffloadHandle):
             for hook in hooks:
                 hook.remove()
             self._opt_hook = None
-        super().close()
+        offload = getattr(self, "_offload", None)
+        if offload is not None:
+            offload.close()
+
+    # --- the OffloadHandle's public face, as fit's ------------------------------------------
+
+    @property
+    def blocks(self) -> List[torch.nn.Module]:
+        """The blocks, in order."""
+        return self._offload.blocks
+
+    @property
+    def device(self) -> torch.device:
+        """Where the blocks' activations live."""
+        return self._offload.device
+
+    @property
+    def engine(self) -> Optional[Engine]:
+        """stash's prefetch engine (None once closed)."""
+        return self._offload.engine
+
+    @contextlib.contextmanager
+    def micro_batch(self, index: int) -> Iterator[BudgetHandle]:
+        """Runs the blocks' forwards inside as micro-batch `index` (OffloadHandle.micro_batch):
+        several micro-batches may run their forwards before their backwards."""
+        with self._offload.micro_batch(index):
+            yield self
+
+    def stats(self) -> Dict[str, Any]:
+        """The engine's and the hooks' statistics (OffloadHandle.stats)."""
+        return self._offload.stats()
+
+    def overlap(self) -> Dict[str, Any]:
+        """Copy, hidden and exposed milliseconds, in total and per layer (needs timing)."""
+        return self._offload.overlap()
+
+    def write_trace(self, path: Union[str, os.PathLike[str]]) -> None:
+        """Writes the engine's Chrome/Perfetto trace (needs timing, fit's default)."""
+        self._offload.write_trace(path)
+
+    def synchronize(self) -> None:
+        """Waits for the engine's copies and gives back the storages they read."""
+        self._offload.synchronize()
+
+    def release_graphs(self) -> int:
+        """Gives back the pinned blocks of the CUDA graphs captured through this handle's
+        steps, which will not be replayed again (OffloadHandle.release_graphs); their bytes."""
+        return self._offload.release_graphs()
+
+    def __enter__(self) -> BudgetHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> Literal[False]:
+        self.close()
+        return False
 
 
 def fit(blocks: Iterable[torch.nn.Module], budget: Union[int, str], *,

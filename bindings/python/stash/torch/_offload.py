@@ -97,7 +97,9 @@ import torch
 from .._engine import Engine, plan_actions
 from .._lib import StashError, parse_bytes
 from ._compiled import CompiledState, compiled_wrapper
-from ._offload_hooks import LayerActions, OffloadHooks
+from ._compiled_offload import CompiledMoves
+from ._offload_hooks import OffloadHooks
+from ._offload_policy import FIXED_PLAN, LayerActions, StepPolicy
 from ._step import _Fetched
 from ._offload_streams import EngineStreams, _CudaRt
 from ._recompute import FetchedInput, Frame, HeldInput, Placeholder, Replay, map_tensors
@@ -148,19 +150,24 @@ def _block_device(blocks: Iterable[torch.nn.Module], device: Optional[Device]) -
 
 
 class OffloadHandle(OffloadHooks, EngineStreams):
-    """Returned by :func:`offload`; see there. A context manager: leaving it closes."""
+    """Returned by :func:`offload`; see there. A context manager: leaving it closes.
+
+    policy: what decides the actions and listens as steps run (Note [The step policy] in
+    _offload_policy.py); offload()'s is the plan as given. stash.torch.fit's BudgetHandle
+    owns one of these with itself as the policy, and plan None."""
 
     def __init__(self, blocks: Iterable[torch.nn.Module], plan: Optional[Plan], *,
                  device: Optional[Device] = None, lookahead: int = 1,
                  pinned_cap: Optional[Bytes] = None,
                  max_in_flight_bytes: Optional[Bytes] = None, timing: bool = False,
-                 max_micro_batches: int = 8) -> None:
-        # plan: None only from a subclass whose _initial_actions needs none (stash.torch.fit).
+                 max_micro_batches: int = 8, policy: StepPolicy = FIXED_PLAN) -> None:
+        self._policy = policy
         self.blocks = list(blocks)
         self._fsdp = any(is_fsdp(b) for b in self.blocks)
         if not self.blocks:
             raise ValueError("stash.torch.offload: no blocks")
-        self.actions = self._initial_actions(plan)
+        first = policy.initial_actions(len(self.blocks))
+        self.actions = first if first is not None else self._initial_actions(plan)
         self.device = _block_device(self.blocks, device)
         self._cuda = self.device.type == "cuda"
         cudart: Optional[_CudaRt] = None  # CPU only
@@ -232,6 +239,51 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             self._originals.append((block, name, name in own, own.get(name)))
             setattr(block, name, self._wrap(i, getattr(block, name)))
 
+    # --- what a policy uses (Note [The step policy] in _offload_policy.py) ---------------
+
+    @property
+    def cuda(self) -> bool:
+        """Whether the blocks' activations are on a CUDA device (else the CPU test double)."""
+        return self._cuda
+
+    @property
+    def micro_batch_index(self) -> int:
+        """The micro-batch the blocks' forwards run as now (micro_batch(i); 0 outside)."""
+        return self._micro_batch
+
+    @property
+    def steps_in_flight(self) -> int:
+        """Micro-batches whose step holds tensors now (forward run, backward not ended)."""
+        return len(self._steps)
+
+    @property
+    def copies(self) -> bool:
+        """Whether the current actions copy anything (else a step makes no engine call)."""
+        return self._engine_active
+
+    @property
+    def compiled_state(self) -> Optional[CompiledState]:
+        """What the handle knows of its blocks' compiled graphs (None once closed)."""
+        return self._compiled_st
+
+    def set_actions(self, actions: List[LayerActions]) -> None:
+        """Runs these actions from the next step on: the engine takes their plan (it takes
+        a new plan only while no micro-batch holds tensors)."""
+        self._set_engine_plan(actions)
+        self.actions = actions
+
+    def compiled_moves(self, state_id: int) -> CompiledMoves:
+        """This handle's engine as a compiled graph's ops drive it (Note [Offload in the
+        compiled graph] in _compiled_offload.py)."""
+        cudart, stream = self._cudart, self._cpu_stream
+        return CompiledMoves(
+            state_id, len(self.blocks), hand_over=self._hand_over, fetch=self._fetch,
+            set_plan=self._set_engine_plan, engine=lambda: self.engine,
+            host_wait=(lambda: None) if self._cuda or cudart is None
+            else (lambda: cudart.stream_synchronize(stream)))
+
+    # --- the policy's questions -------------------------------------------------------------
+
     def _initial_actions(self, plan: Optional[Plan]) -> List[LayerActions]:
         if plan is None:
             raise StashError("stash.torch.offload: no plan (a stash.plan/1 path or dict, or "
@@ -254,6 +306,9 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         return self._compiled_st
 
     def _make_compiled_state(self) -> CompiledState:
+        state = self._policy.compiled_state(self)
+        if state is not None:
+            return state
         return CompiledState(
             len(self.blocks), [str(i) for i in range(len(self.blocks))],
             [type(b).__name__ for b in self.blocks], None, (lambda x: 0, lambda: 0),
@@ -283,7 +338,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
     def _recompute_kept(self, i: int, j: int, nbytes: int) -> None:
         self._hooks["recompute_kept_count"] += 1
         self._hooks["recompute_kept_bytes"] += nbytes
-        self._warn_once(("input", i, j), (
+        self.warn_once(("input", i, j), (
             f"the plan recomputes tensor {j} of block {i}, which existed before the block "
             "ran (its input): nothing in the block can produce it again, so it is kept on "
             "the device (counted in stats()['hooks']['recompute_kept_count']). Make the "
@@ -338,29 +393,19 @@ class OffloadHandle(OffloadHooks, EngineStreams):
             resident = resident_storages(self.blocks)
         replay = Replay(frame, resident,
                         {storage_of(t)[0] for t in tensors_in((args, kwargs))},
-                        # no call per save unless a subclass listens (stash.torch.fit)
-                        None if type(self)._replay_saved is OffloadHandle._replay_saved
-                        else self._replay_saved)
+                        # no call per save unless the policy listens (stash.torch.fit)
+                        self._policy.on_replay_saved if self._policy.observes_saves
+                        else None)
         self._hooks["recompute_forwards"] += 1
-        self._replay_began(frame)
+        self._policy.on_replay_began(frame)
         try:
             replay.run(args, kwargs)
         finally:
             self._hooks["recompute_replayed_saves"] += replay.pos
             self._hooks["recompute_captured"] += replay.captured
-            self._replay_ended(frame, replay)
+            self._policy.on_replay_ended(frame, replay)
         if replay.pos < len(frame.saves):  # saves the forward made after the stop point
             self._hooks["recompute_stopped_early"] += 1
-
-    def _replay_began(self, frame: Frame) -> None:
-        """A replay of `frame` is about to run (stash.torch.fit times it)."""
-
-    def _replay_saved(self, frame: Frame, pos: int, seen: Optional[Tuple[int, bool]],
-                      t: torch.Tensor) -> None:
-        """The replay of `frame` made save `pos` (seen: SaveOrder.see's answer)."""
-
-    def _replay_ended(self, frame: Frame, replay: Replay) -> None:
-        """The replay of `frame` ended (stopped, or raised)."""
 
     def _restore(self, frame: Frame, slot: Union[FetchedInput, HeldInput]) -> torch.Tensor:
         """A block input for its replay: detached (the replay's graph must not reach the
@@ -422,9 +467,9 @@ class OffloadHandle(OffloadHooks, EngineStreams):
     def _timed(self, what: str) -> Engine:
         engine = self._live()
         if not engine.timing:
-            raise StashError(f"stash.torch.offload: {what} reads the engine's timing events, "
+            raise StashError(f"{self._policy.who}: {what} reads the engine's timing events, "
                              "which are off by default (they cost host time on every engine "
-                             "call): pass timing=True to offload()")
+                             f"call): pass timing=True to {self._policy.who}()")
         return engine
 
     def synchronize(self) -> None:
@@ -433,7 +478,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
 
     def _live(self) -> Engine:
         if self.engine is None:
-            raise StashError("stash.torch.offload: the handle was closed")
+            raise StashError(f"{self._policy.who}: the handle was closed")
         return self.engine
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ parameters and buffers pass through unnumbered, views of one storage share one i
 block's input comes first), so tensor (layer i, index j) of a plan made from a recorded
 profile is the tensor the hook sees. Keys are (micro-batch, block, index).
 - Only offload tensors reach the engine. Its plan lists each layer's offload slots and
-  nothing else (_engine_layer: slot k of layer i is the layer's k-th offload tensor in
+  nothing else (StepPolicy.engine_layer: slot k of layer i is the layer's k-th offload tensor in
   plan order), so the C API's rule, hand over every tensor of the engine's plan
   (stash_engine_offload), holds while keep and recompute tensors cost no engine call.
   Keep tensors pass through: the hook returns the tensor (Note [The keep path]). Recompute
@@ -47,7 +47,7 @@ of what a plan saves. Per saved tensor the pack hook does, for a plain tensor (t
 torch.Tensor: never a Parameter), one storage pointer and one dict lookup (SaveOrder.see),
 and for a new storage its bytes and two list appends; the layer's actions, the engine
 slots and the bound methods it uses are looked up once per block, and a keep costs no
-method call beyond see() unless a subclass observes saves (_saved: stash.torch.fit does).
+method call beyond see() unless the policy observes saves (on_saved: stash.torch.fit does).
 A kept tensor is returned detached when it has a grad_fn (t.is_leaf is False; is_leaf
 reads it without making its Python node): a node that saves its own output and gets back
 the output itself (with its grad_fn, that node) holds a cycle through autograd's C++ graph
@@ -81,8 +81,8 @@ each certain, and none of them a guess about the loop:
   called twice in one forward, refused as before.
 Giving a step back releases its keys in the engine (copies in flight finish first, as at
 any release) and marks it abandoned, so a late backward through it raises a StashError
-rather than reading freed memory. stash.torch.fit hears of it (_step_aborted): the step's
-record says why it ended, a measuring step leaves no profile and is measured again.
+rather than reading freed memory. stash.torch.fit hears of it (its policy's
+on_step_aborted): the step's record says why it ended, a measuring step leaves no profile and is measured again.
 
 Note [Fetched buffers die with their last view]
 A fetched buffer is held by its _Fetched, which the saved views (_Packed) share; autograd
@@ -111,8 +111,8 @@ hooks' stream captures). If so, the step runs in capture mode:
   storage is handed back (freed into that pool) once its copy is ordered before the
   capture's later work, so the graph holds no second copy of it;
 - the hooks make no host wait and no event query (the CPU path's host syncs are skipped:
-  nothing of the copies runs during a capture); the step's seams for subclasses
-  (_step_starting, _step_aborted, _backward_finished) are not called: stash.torch.fit's
+  nothing of the copies runs during a capture); the policy's step seams
+  (on_step_starting, on_step_aborted, on_backward_finished) are not called: stash.torch.fit's
   record of a step times it with events and reads them after a device sync, which no
   captured step can do, so a captured step is no step of fit's report (the eager steps
   around it are);
@@ -150,7 +150,7 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from typing import (Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Set,
+from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
                     Tuple, Union, cast)
 
 import torch
@@ -158,6 +158,7 @@ import torch
 from .._engine import KEEP, OFFLOAD, RECOMPUTE, Engine
 from .._lib import StashError
 from ._boundary import at_backward_end, mark_backward
+from ._offload_policy import LayerActions, StepPolicy
 from ._recompute import ForwardState, Frame, Placeholder
 from ._saved import SaveOrder, resident_storages, storage_of, tensors_in
 from ._step import (_RECOMPUTE, _Fetched, _GraphToken, _input_keys, _named, _output_storages,
@@ -166,31 +167,24 @@ from ._step import (_RECOMPUTE, _Fetched, _GraphToken, _input_keys, _named, _out
 Key = Tuple[int, int, int]  # the engine's (micro-batch, layer, slot)
 
 
-class LayerActions(Protocol):
-    """A layer's actions by plan index: a list of KEEP/RECOMPUTE/OFFLOAD, or stash.torch.fit's
-    _MeasureLayer (which has no tensor count: `exact` False)."""
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, j: int) -> int: ...
-
-
 class OffloadHooks:
     """OffloadHandle's forward wrapper, pack and unpack hooks and block boundaries (Note
-    [Offload hooks]). Uses the handle's blocks, actions, device, engine, _cuda, _steps,
-    _micro_batch, _warned, _hook_error and _hooks; the engine side (_hand_over, _fetch,
-    _producer) comes from EngineStreams, the recompute side from OffloadHandle."""
+    [Offload hooks]). Uses the handle's blocks, actions, device, engine, _policy, _cuda,
+    _steps, _micro_batch, _warned, _hook_error and _hooks; the engine side (_hand_over,
+    _fetch, _producer) comes from EngineStreams, the recompute side from OffloadHandle.
+    What the actions are and who listens is the policy's (Note [The step policy] in
+    _offload_policy.py)."""
 
     # --- forward -------------------------------------------------------------------------
 
-    _who = "stash.torch.offload"  # what warnings are prefixed with
     # False while the plan copies nothing: the engine then has no work in a step, and the
     # hooks make no engine call at all (Note [Offload hooks]). _set_engine_plan sets it.
     _engine_active = True
     # Per layer: the engine slot of each plan index that offloads (None elsewhere), or None
-    # where slot j is index j (_engine_layer).
+    # where slot j is index j (StepPolicy.engine_layer).
     _engine_slots: List[Optional[List[Optional[int]]]] = []
     # Set by OffloadHandle (declared here for the type checker only).
+    _policy: StepPolicy  # Note [The step policy] in _offload_policy.py
     engine: Optional[Engine]  # None once closed
     blocks: List[torch.nn.Module]
     actions: List[LayerActions]
@@ -218,92 +212,30 @@ class OffloadHooks:
                            Tuple[Any, Any]]
     _unpack_recomputed: Callable[[Placeholder], torch.Tensor]
 
-    @staticmethod
-    def _engine_layer(actions: LayerActions) -> Tuple[List[int], Optional[List[Optional[int]]]]:
-        """A layer's actions as the engine's plan lists them (Note [Offload hooks]): its
-        offload slots only, and the slot of each plan index (None for a tensor the engine
-        never sees)."""
-        slots: List[Optional[int]] = []
-        n = 0
-        for a in cast(Iterable[int], actions):  # a list here (not _MeasureLayer)
-            if a == OFFLOAD:
-                slots.append(n)
-                n += 1
-            else:
-                slots.append(None)
-        return [OFFLOAD] * n, slots
-
     def _set_engine_plan(self, actions: Sequence[LayerActions]) -> None:
         """Gives the engine the plan for these per-layer actions: offload slots only, and
         no engine call in a step while none copies anything."""
-        layers = [self._engine_layer(a) for a in actions]
+        layers = [self._policy.engine_layer(a) for a in actions]
         assert self.engine is not None
         self.engine.set_plan([plan for plan, _ in layers])
         self._engine_slots = [slots for _, slots in layers]
         # A layer that decides its actions as it goes (not exact) may copy.
         self._engine_active = any(len(plan) > 0 for plan, _ in layers)
 
-    def _warn_once(self, what: Tuple[object, ...], message: str) -> None:
+    def warn_once(self, what: Tuple[object, ...], message: str) -> None:
+        """Warns once per `what`, prefixed with the policy's name."""
         if what not in self._warned:
             self._warned.add(what)
-            warnings.warn(f"{self._who}: {message}", stacklevel=4)
+            warnings.warn(f"{self._policy.who}: {message}", stacklevel=4)
 
     def _resident(self, step: _Step) -> Any:
         """The storages never listed (parameters and buffers): taken once per step, or, for
         FSDP2 blocks, now (Note [Recompute under FSDP2] in _offload.py)."""
         return resident_storages(self.blocks) if self._fsdp else step.resident
 
-    # --- what subclasses observe (stash.torch.fit measures and re-plans through these) ---
-
-    def _step_starting(self, mb: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-        """Block 0 of micro-batch `mb` is about to run with these arguments (no micro-batch
-        of this handle holds engine tensors unless several run at once)."""
-
     def _layer_actions(self, i: int) -> LayerActions:
         """The actions of block i's saved tensors, by index (a list; see _MeasureLayer)."""
         return self.actions[i]
-
-    def _unrecomputable(self, i: int, j: int, t: torch.Tensor, nbytes: int,
-                        first_input: Any) -> int:
-        """The action for tensor j of block i, which the plan recomputes but which existed
-        before the block ran (its input): nothing in the block can produce it again.
-        first_input: the storage key of the block's first positional tensor argument."""
-        self._recompute_kept(i, j, nbytes)
-        return KEEP
-
-    def _keeps_everything(self, i: int, actions: LayerActions) -> bool:
-        """Whether block i's plan keeps every tensor and asks for no tensor count (stash.torch
-        fit's planned layers; an explicit offload() plan is checked against the record
-        pass's count, so its layers are always hooked)."""
-        return False
-
-    def _needs_boundary(self, i: int, plain: bool) -> bool:
-        """Whether block i's output is marked for backward (its boundary: the engine's
-        backward_begin, the hooks' checks); plain: the block ran without hooks."""
-        return True
-
-    def _forward_began(self, i: int, step: _Step) -> None:
-        """Block i's forward begins (after its step is known, before the engine hears)."""
-
-    def _saved(self, i: int, j: int, t: torch.Tensor, nbytes: int, action: int) -> None:
-        """Block i saved a new storage, index j, with this action."""
-
-    def _forward_ended(self, i: int, step: _Step, order: Optional[SaveOrder]) -> None:
-        """Block i's forward returned; its saved storages are still held."""
-
-    def _forward_released(self, i: int, step: _Step) -> None:
-        """Block i's forward returned and the hooks let go of what it saved (recompute
-        storages are freed now)."""
-
-    def _backward_began(self, step: _Step, i: int) -> None:
-        """Backward of block i began (block i+1's, if any, ended just before)."""
-
-    def _backward_finished(self, step: _Step) -> None:
-        """The whole backward of the micro-batch ended."""
-
-    def _step_aborted(self, step: _Step, reason: str) -> None:
-        """The micro-batch's step ended early and was given back (Note [A step that ends
-        early]); reason says how."""
 
     # --- a step that ends early (Note [A step that ends early]) ---------------------------
 
@@ -352,7 +284,7 @@ class OffloadHooks:
             if self._steps.get(step.mb) is step:
                 del self._steps[step.mb]
             if not step.captured:  # Note [Steps under CUDA graphs]
-                self._step_aborted(step, reason)
+                self._policy.on_step_aborted(step, reason)
 
     def _begin_step(self, i: int, args: Tuple[Any, ...] = (),
                     kwargs: Optional[Dict[str, Any]] = None) -> _Step:
@@ -380,7 +312,7 @@ class OffloadHooks:
                 # still holds its graph (the exception it raised, say).
                 self._abort(step, f"its forward stopped after block {step.next_block - 1}")
             else:
-                self._warn_once(("abandon", mb), (
+                self.warn_once(("abandon", mb), (
                     f"micro-batch {mb} ran forward again before the backward of its last "
                     "forward, whose graph is still alive (the loss raised and its output is "
                     "still held, a forward in training mode with no backward, or two "
@@ -388,7 +320,7 @@ class OffloadHooks:
                     "given back and its backward, should it come, raises. Use "
                     "handle.micro_batch(i) to run several forwards before their backwards."))
                 self._abandon(step)
-                self._step_aborted(step, (
+                self._policy.on_step_aborted(step, (
                     "a later forward replaced it before its backward (the loop dropped it: "
                     "an exception between its forward and backward, or a forward in "
                     "training mode with no backward)"))
@@ -396,7 +328,7 @@ class OffloadHooks:
             if capture is not None:
                 self._capture_starting(capture)
             else:
-                self._step_starting(mb, args, kwargs or {})
+                self._policy.on_step_starting(mb, args, kwargs or {})
             blocks = self.blocks
             step = self._steps[mb] = _Step(mb, lambda: resident_storages(blocks))
             step.captured = capture is not None
@@ -422,7 +354,7 @@ class OffloadHooks:
         a plan that is not final, else the engine joins the capture."""
         if any(not getattr(a, "exact", True) for a in self.actions):
             raise StashError(
-                f"{self._who}: this step is being captured into a CUDA graph, but its plan "
+                f"{self._policy.who}: this step is being captured into a CUDA graph, but its plan "
                 "is not final: stash.torch.fit measures the first step of a shape (timed "
                 "with events and device syncs, recomputing every block) and checks the "
                 "first run of a derived plan, and neither can run under capture. Run steps "
@@ -435,7 +367,7 @@ class OffloadHooks:
                    and self._draws_cuda_rng.get(i, True)]
         if drawing:
             raise StashError(
-                f"{self._who}: this step is being captured into a CUDA graph, and its plan "
+                f"{self._policy.who}: this step is being captured into a CUDA graph, and its plan "
                 f"recomputes block(s) {drawing}, whose eager forward drew from the CUDA RNG "
                 "(dropout) or has not run eagerly under this plan: a recompute must restore "
                 "the RNG state that forward saw, which torch cannot read during capture "
@@ -445,21 +377,11 @@ class OffloadHooks:
         if self._engine_active:
             self._join_capture(stream)
 
-    def _passes_through(self) -> bool:
-        """Whether the blocks run as plain forwards now (grad on): stash.torch.fit lets
-        eval-mode forwards through."""
-        return False
-
-    def _call_arguments(self, i: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]
-                        ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
-        """The arguments block i's forward gets (stash.torch.fit drops a key/value cache)."""
-        return args, kwargs
-
     def _wrap(self, i: int, forward: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if not torch.is_grad_enabled() or self.engine is None or self._passes_through():
+            if not torch.is_grad_enabled() or self.engine is None or self._policy.passes_through():
                 return forward(*args, **kwargs)
-            args, kwargs = self._call_arguments(i, args, kwargs)
+            args, kwargs = self._policy.call_arguments(i, args, kwargs)
             return self._forward(i, forward, args, kwargs)
         setattr(wrapped, "__wrapped__", forward)
         setattr(wrapped, "_stash_wrapped", True)
@@ -478,7 +400,7 @@ class OffloadHooks:
         step = self._begin_step(i, args, kwargs)
         mb, engine = step.mb, self.engine
         assert engine is not None  # the wrapper runs the hooks only while the handle is open
-        self._forward_began(i, step)
+        self._policy.on_forward_began(i, step)
         if self._engine_active:
             engine.forward_begin(mb, i)
         actions = self._layer_actions(i)
@@ -487,7 +409,7 @@ class OffloadHooks:
         slots = self._engine_slots[i] if self._engine_slots else None
         # Note [What it costs]: a layer whose plan keeps everything needs no saved-tensor
         # hooks at all (nothing to number, copy or replace): it runs as plain training.
-        plain = self._keeps_everything(i, actions)
+        plain = self._policy.keeps_everything(i, actions)
         # by index: _Fetched (offload), _RECOMPUTE, or None (the tensor itself)
         fetched: List[object] = []
         order: Optional[SaveOrder] = None
@@ -514,9 +436,7 @@ class OffloadHooks:
                    order.see if order is not None else None)
         saves = cast(SaveOrder, order)
         place = frame.place if frame is not None else None
-        observed = self._observed
-        if observed is None:
-            observed = self._observed = type(self)._saved is not OffloadHooks._saved
+        observed = self._policy.observes_saves
         first_save = self._first_save
 
         def pack(t: torch.Tensor) -> Any:
@@ -583,7 +503,7 @@ class OffloadHooks:
                         for d, o in offsets)
                 if frame is not None and frame.wanted:
                     frame.args, frame.kwargs = self._input_slots(args, kwargs, saves, fetched)
-                self._forward_ended(i, step, order)
+                self._policy.on_forward_ended(i, step, order)
                 if self._engine_active:
                     engine.forward_end(mb, i)
             except RuntimeError as e:
@@ -605,8 +525,8 @@ class OffloadHooks:
             raise
         step.next_block = i + 1
         step.last_output = _output_storages(out)
-        self._forward_released(i, step)
-        if not self._needs_boundary(i, plain):
+        self._policy.on_forward_released(i, step)
+        if not self._policy.needs_boundary(i, plain):
             return out
         # The boundaries hold the token (Note [A step that ends early]).
         token = (step.token if step.token is not None
@@ -618,11 +538,6 @@ class OffloadHooks:
                              on_marked=(None if step.token is None
                                         else lambda: self._graph_holds_token(step)))
 
-    # Whether a subclass observes every new storage (_saved): stash.torch.fit does; plain
-    # offload() does not, and its keep path then skips the call (Note [The keep path]).
-    # Taken at the first forward.
-    _observed: Optional[bool] = None
-
     def _first_save(self, i: int, j: int, t: torch.Tensor, action: int, step: _Step,
                     order: SaveOrder, slots: Optional[List[Optional[int]]],
                     first_input: Any) -> Optional[object]:
@@ -630,13 +545,17 @@ class OffloadHooks:
         saves are packed as (None: the tensor itself; _RECOMPUTE; or its _Fetched)."""
         nbytes = order.size(j)
         if action == RECOMPUTE and not order.recomputable(j):
-            action = self._unrecomputable(i, j, t, nbytes, first_input)
+            chosen = self._policy.unrecomputable_action(i, j, t, nbytes, first_input)
+            if chosen is None:
+                self._recompute_kept(i, j, nbytes)
+                chosen = KEEP
+            action = chosen
         if action == OFFLOAD and (t.device != self.device or t.layout != torch.strided):
             # A host scalar in a CUDA model, a sparse tensor: nothing to copy.
             self._hooks["not_on_device_count"] += 1
-            self._saved(i, j, t, nbytes, KEEP)
+            self._policy.on_saved(i, j, t, nbytes, KEEP)
             return None
-        self._saved(i, j, t, nbytes, action)
+        self._policy.on_saved(i, j, t, nbytes, action)
         if action == OFFLOAD:  # the only tensors the engine sees (Note [Offload hooks])
             slot = j if slots is None else slots[j]
             assert slot is not None  # an offload index has an engine slot
@@ -678,7 +597,7 @@ class OffloadHooks:
             at_backward_end(lambda: self._finish_backward(step))
         if step.backward_open is not None and self._engine_active:
             self.engine.backward_end(step.mb, step.backward_open)
-        self._backward_began(step, i)
+        self._policy.on_backward_began(step, i)
         if self._engine_active:
             self.engine.backward_begin(step.mb, i)
         step.backward_open = i
@@ -690,7 +609,7 @@ class OffloadHooks:
             self.engine.backward_end(step.mb, step.backward_open)
         self._end_step(step)
         if not step.captured:  # Note [Steps under CUDA graphs]
-            self._backward_finished(step)
+            self._policy.on_backward_finished(step)
 
     def _end_step(self, step: _Step) -> None:
         """Gives back what the engine still holds for the step and ends it."""

@@ -60,6 +60,7 @@ import torch
 from .. import _lib
 from .._engine import Engine
 from .._lib import StashError
+from ._offload_policy import StepPolicy
 from ._step import _Fetched, _Step
 
 
@@ -128,6 +129,7 @@ class EngineStreams:
     _cpu_stream, _lock, _sources and _buffers."""
 
     # Set by OffloadHandle (declared here for the type checker only).
+    _policy: StepPolicy  # Note [The step policy] in _offload_policy.py
     engine: Optional[Engine]  # None once closed
     device: torch.device
     _cuda: bool
@@ -153,6 +155,7 @@ class EngineStreams:
             buf = torch.empty(nbytes, dtype=torch.uint8)
         with self._lock:
             self._buffers[buf.data_ptr()] = buf
+        self._policy.on_buffer_allocated(buf, nbytes)
         return buf.data_ptr()
 
     def _release(self, ptr: int, _nbytes: int, stream: Optional[int]) -> None:
