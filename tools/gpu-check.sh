@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one-shot GPU check (README "On a GPU"): build, the gpu-labelled tests, the link and
+# The one-shot GPU check (docs/gpu.md): build, the gpu-labelled tests, the link and
 # copy benchmarks, the engine's submit path with the real runtime, `stash demo`, and
 # stash.torch.fit on a Hugging Face Llama (python -m stash.bench.fit), the peers benchmark
 # (python -m stash.bench.peers: stash beside checkpointing, selective checkpointing,

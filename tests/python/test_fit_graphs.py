@@ -103,7 +103,8 @@ class Copies:
     def __init__(self, h):
         self.sources, self.buffers = {}, {}
         self._allocated = {}
-        hand_over, acquire = h._hand_over, h.engine.acquire
+        streams = h._streams
+        hand_over, acquire = streams.hand_over, h.engine.acquire
         allocated = self._allocated
 
         class Buffers(dict):
@@ -122,8 +123,8 @@ class Copies:
             self.buffers[tuple(key)] = ptr
             return ptr
 
-        h._buffers = Buffers(h._buffers)
-        h._hand_over = recording_hand_over
+        streams._buffers = Buffers(streams._buffers)
+        streams.hand_over = recording_hand_over
         h.engine.acquire = recording_acquire
 
     def clear(self):
@@ -179,7 +180,7 @@ def test_a_captured_planned_step_replays_the_eager_steps_copies_bitwise(planned)
     before = h.stats()
     _violations()
 
-    s = h._offload._cpu_stream
+    s = h._offload._streams.stream
     rt.begin(s)
     step(model, ids)
     assert rt.status(s) == "active", "no stash call may invalidate the capture"
@@ -237,7 +238,7 @@ def test_a_measuring_step_under_capture_is_refused_and_the_capture_stays_valid()
         for eager_steps in (0, 1):  # the first step, then the one after the measuring step
             for _ in range(eager_steps):
                 step(model, ids)
-            s = h._offload._cpu_stream
+            s = h._offload._streams.stream
             rt.begin(s)
             with pytest.raises(stash.StashError, match="eagerly") as e:
                 step(model, ids)

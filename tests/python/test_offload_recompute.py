@@ -351,7 +351,7 @@ def test_backward_that_fails_in_a_replay_gives_back_finished_prefetches():
     # memory itself alive, so that a regression fails here cleanly instead of writing
     # freed memory.
     dropped = []
-    buffers = list(h._buffers.values())
+    buffers = h._streams.buffers
     assert len(buffers) == 3  # block 0's three tensors, prefetched
     keep = [torch.empty(0, dtype=torch.uint8).set_(buf.storage()) for buf in buffers]
     for mark, buf in zip(keep, buffers):

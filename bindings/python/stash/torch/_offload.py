@@ -88,7 +88,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Literal,
                     Optional, Sequence, Tuple, TypeVar, Union, cast)
 
@@ -101,7 +100,7 @@ from ._compiled_offload import CompiledMoves
 from ._offload_hooks import OffloadHooks
 from ._offload_policy import FIXED_PLAN, LayerActions, StepPolicy
 from ._step import _Fetched
-from ._offload_streams import EngineStreams, _CudaRt
+from ._offload_streams import EngineStreams
 from ._recompute import FetchedInput, Frame, HeldInput, Placeholder, Replay, map_tensors
 from ._saved import SaveOrder, is_fsdp, resident_storages, storage_of, tensors_in
 
@@ -149,7 +148,7 @@ def _block_device(blocks: Iterable[torch.nn.Module], device: Optional[Device]) -
     return torch.device("cpu")
 
 
-class OffloadHandle(OffloadHooks, EngineStreams):
+class OffloadHandle(OffloadHooks):
     """Returned by :func:`offload`; see there. A context manager: leaving it closes.
 
     policy: what decides the actions and listens as steps run (Note [The step policy] in
@@ -170,11 +169,6 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         self.actions = first if first is not None else self._initial_actions(plan)
         self.device = _block_device(self.blocks, device)
         self._cuda = self.device.type == "cuda"
-        cudart: Optional[_CudaRt] = None  # CPU only
-        self._cudart = None
-        self._cpu_stream = None
-        self._sources = {}  # data pointer -> [uint8 views] held until the D2H is complete
-        self._buffers = {}  # data pointer -> uint8 tensor allocated for a prefetch
         self._steps = {}    # micro-batch -> _Step
         # (micro-batch, block) -> the CPU RNG state's buffer (Note [RNG states kept in
         # place] in _recompute.py); micro-batch 0's made now, before any step.
@@ -187,27 +181,20 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         self._micro_batch = 0
         self._warned = set()
         self._hook_error = None
-        self._lock = threading.Lock()
         self._hooks = {"recompute_count": 0, "recompute_bytes": 0, "recompute_forwards": 0,
                        "recompute_stopped_early": 0, "recompute_replayed_saves": 0,
                        "recompute_captured": 0, "recompute_kept_count": 0, "keep_count": 0,
                        "recompute_kept_bytes": 0, "not_on_device_count": 0,
                        "abandoned_micro_batches": 0, "aborted_micro_batches": 0}
-        if self._cuda:
-            if self.device.index is None:
-                self.device = torch.device("cuda", torch.cuda.current_device())
-            self._compute = torch.cuda.current_stream(self.device)
-            stream: Optional[int] = self._compute.cuda_stream
-        else:
-            self._compute = None
-            self._cudart = cudart = _CudaRt()
+        if self._cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.engine = None
+        # The compute stream and the engine's callbacks (Note [Stream order with torch's
+        # allocator] in _offload_streams.py).
+        self._streams = streams = EngineStreams(self.device, policy)
         try:
-            if cudart is not None:  # not self._cuda
-                self._cpu_stream = cudart.stream_create()
-                stream = self._cpu_stream
-            self.engine = Engine(
-                self._alloc, self._release, stream, lookahead=lookahead,
+            self.engine = streams.engine = Engine(
+                streams.alloc, streams.release, streams.stream, lookahead=lookahead,
                 pinned_cap_bytes=parse_bytes(pinned_cap) if pinned_cap is not None else 0,
                 max_in_flight_bytes=(parse_bytes(max_in_flight_bytes)
                                      if max_in_flight_bytes is not None else 0),
@@ -275,12 +262,11 @@ class OffloadHandle(OffloadHooks, EngineStreams):
     def compiled_moves(self, state_id: int) -> CompiledMoves:
         """This handle's engine as a compiled graph's ops drive it (Note [Offload in the
         compiled graph] in _compiled_offload.py)."""
-        cudart, stream = self._cudart, self._cpu_stream
+        streams = self._streams
         return CompiledMoves(
-            state_id, len(self.blocks), hand_over=self._hand_over, fetch=self._fetch,
+            state_id, len(self.blocks), hand_over=streams.hand_over, fetch=streams.fetch,
             set_plan=self._set_engine_plan, engine=lambda: self.engine,
-            host_wait=(lambda: None) if self._cuda or cudart is None
-            else (lambda: cudart.stream_synchronize(stream)))
+            host_wait=streams.host_wait)
 
     # --- the policy's questions -------------------------------------------------------------
 
@@ -412,7 +398,7 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         graph that produced it) with the forward's requires_grad (which decides what
         autograd saves, e.g. both operands of a product or only one)."""
         if isinstance(slot, FetchedInput):
-            flat = self._fetch(slot.fetched)
+            flat = self._streams.fetch(slot.fetched)
             t = flat.view(slot.dtype).as_strided(slot.size, slot.stride, slot.offset)
         elif isinstance(slot, HeldInput):
             if slot.t._version != slot.version:
@@ -476,6 +462,13 @@ class OffloadHandle(OffloadHooks, EngineStreams):
         """Waits for the engine's copies and gives back the storages they read."""
         self._live().synchronize()
 
+    def release_graphs(self) -> int:
+        """The CUDA graphs captured through this handle's steps will not be replayed again
+        (they were destroyed, or their replays are finished or enqueued on the compute
+        stream): gives back the pinned blocks they copy through, held since their capture
+        (Note [Steps under CUDA graphs] in _offload_hooks.py). Returns their bytes."""
+        return self._streams.release_graphs()
+
     def _live(self) -> Engine:
         if self.engine is None:
             raise StashError(f"{self._policy.who}: the handle was closed")
@@ -506,14 +499,9 @@ class OffloadHandle(OffloadHooks, EngineStreams):
     def _teardown(self) -> None:
         if self.engine is not None:
             engine, self.engine = self.engine, None
-            engine.close()  # hands every block back through _release
+            engine.close()  # hands every block back through the streams' release
         self._steps.clear()
-        self._sources.clear()
-        self._buffers.clear()
-        if self._cpu_stream is not None:
-            stream, self._cpu_stream = self._cpu_stream, None
-            assert self._cudart is not None  # the CPU stream was made through it
-            self._cudart.lib.cudaStreamDestroy(stream)
+        self._streams.close()
 
     def __enter__(self: _H) -> _H:
         return self

@@ -159,19 +159,19 @@ from .._engine import KEEP, OFFLOAD, RECOMPUTE, Engine
 from .._lib import StashError
 from ._boundary import at_backward_end, mark_backward
 from ._offload_policy import LayerActions, StepPolicy
+from ._offload_streams import EngineStreams
 from ._recompute import ForwardState, Frame, Placeholder
 from ._saved import SaveOrder, resident_storages, storage_of, tensors_in
 from ._step import (_RECOMPUTE, _Fetched, _GraphToken, _input_keys, _named, _output_storages,
                     _Packed, _Step)
 
-Key = Tuple[int, int, int]  # the engine's (micro-batch, layer, slot)
 
 
 class OffloadHooks:
     """OffloadHandle's forward wrapper, pack and unpack hooks and block boundaries (Note
     [Offload hooks]). Uses the handle's blocks, actions, device, engine, _policy, _cuda,
-    _steps, _micro_batch, _warned, _hook_error and _hooks; the engine side (_hand_over,
-    _fetch, _producer) comes from EngineStreams, the recompute side from OffloadHandle.
+    _steps, _micro_batch, _warned, _hook_error and _hooks; the engine side is the
+    handle's EngineStreams (_streams), the recompute side OffloadHandle's.
     What the actions are and who listens is the policy's (Note [The step policy] in
     _offload_policy.py)."""
 
@@ -199,12 +199,8 @@ class OffloadHooks:
     _hook_error: Optional[StashError]
     _hooks: Dict[str, int]
     _draws_cuda_rng: Dict[int, bool]
-    # From EngineStreams and OffloadHandle.
-    _hand_over: Callable[[_Step, Key, int, int, Optional[torch.Tensor]], None]
-    _capturing_stream: Callable[[], Optional[int]]
-    _join_capture: Callable[[int], None]
-    _settle_capture: Callable[[], None]
-    _fetch: Callable[[_Fetched], torch.Tensor]
+    _streams: EngineStreams  # the engine's side, a part of its own
+    # From OffloadHandle.
     _recompute_kept: Callable[[int, int, int], None]
     _cuda_rng_devices: Callable[[Tuple[Any, ...], Dict[str, Any]], List[int]]
     _rng_buffer: Callable[[int, int], torch.Tensor]
@@ -293,8 +289,8 @@ class OffloadHooks:
         if i == 0:
             self._reap()
             # Note [Steps under CUDA graphs]
-            self._settle_capture()
-            capture = self._capturing_stream()
+            self._streams.settle_capture()
+            capture = self._streams.capturing_stream()
         step = self._steps.get(mb)
         if i == 0 and step is not None:
             # Note [A step that ends early]
@@ -335,7 +331,7 @@ class OffloadHooks:
         elif step is None or step.next_block != i:
             expected = "block 0" if step is None else f"block {step.next_block}"
             alone = ""
-            if self._capturing_stream() is not None:
+            if self._streams.capturing_stream() is not None:
                 alone = (" (here under a CUDA graph capture that began at this block: a graph "
                          "of single blocks, as torch.cuda.make_graphed_callables makes, cannot "
                          "hold stash's schedule, which spans the blocks; capture the whole "
@@ -375,7 +371,7 @@ class OffloadHooks:
                 "turn dropout off in the blocks, or raise the budget until the plan "
                 "recomputes none of them")
         if self._engine_active:
-            self._join_capture(stream)
+            self._streams.join_capture(stream)
 
     def _wrap(self, i: int, forward: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -560,7 +556,7 @@ class OffloadHooks:
             slot = j if slots is None else slots[j]
             assert slot is not None  # an offload index has an engine slot
             key = (step.mb, i, slot)
-            self._hand_over(step, key, order.keys[j], nbytes, t)
+            self._streams.hand_over(step, key, order.keys[j], nbytes, t)
             return _Fetched(step, key, j)
         if action == RECOMPUTE:
             self._hooks["recompute_count"] += 1
@@ -575,7 +571,7 @@ class OffloadHooks:
             return packed
         if isinstance(packed, Placeholder):
             return self._unpack_recomputed(packed)
-        flat = self._fetch(packed.fetched)
+        flat = self._streams.fetch(packed.fetched)
         return flat.view(packed.dtype).as_strided(packed.size, packed.stride, packed.offset)
 
     # --- block boundaries ----------------------------------------------------------------

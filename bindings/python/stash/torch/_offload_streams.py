@@ -1,7 +1,7 @@
 """Engine side of stash.torch.offload: the allocator callbacks the engine calls, handing
 a storage to the engine and fetching it back, and the compute stream of each path (CUDA,
-or on the CPU test double a stream of the hooks' own). Mixed into
-_offload.OffloadHandle, which sets the attributes these methods use.
+or on the CPU test double a stream of the hooks' own): EngineStreams, a part
+_offload.OffloadHandle owns.
 
 Note [Stream order with torch's allocator]
 CUDA: the engine's compute stream is torch's current stream on the device when offload()
@@ -124,30 +124,69 @@ class _CudaRt:
 
 
 class EngineStreams:
-    """OffloadHandle's engine callbacks and stream handling (Note [Stream order with
-    torch's allocator]). Uses the handle's engine, device, _cuda, _compute, _cudart,
-    _cpu_stream, _lock, _sources and _buffers."""
+    """The engine's side of an OffloadHandle, a part the handle owns: the compute stream
+    (torch's current stream on CUDA, a stream of its own on the CPU double), the allocator
+    callbacks the engine calls, handing a storage to the engine and fetching it back, and
+    joining a CUDA graph capture (Note [Stream order with torch's allocator]). The handle
+    makes the Engine with `alloc`, `release` and `stream`, then sets `engine`; close()
+    after the engine's."""
 
-    # Set by OffloadHandle (declared here for the type checker only).
-    _policy: StepPolicy  # Note [The step policy] in _offload_policy.py
-    engine: Optional[Engine]  # None once closed
-    device: torch.device
-    _cuda: bool
-    _compute: Optional[torch.cuda.Stream]  # the engine's compute stream (CUDA only)
-    _cudart: Optional[_CudaRt]  # CPU only
-    _cpu_stream: Optional[int]  # CPU only; None once closed
-    _lock: threading.Lock
-    _sources: Dict[int, List[torch.Tensor]]  # data pointer -> uint8 views held for the D2H
-    _buffers: Dict[int, torch.Tensor]  # data pointer -> uint8 tensor of a prefetch
-    # Note [Steps under CUDA graphs] in _offload_hooks.py: the capturing stream the engine
-    # joined (its cudaStream_t, and on CUDA the torch stream), None outside a capture.
-    _capture: Optional[int] = None
-    _capture_stream: Optional[torch.cuda.Stream] = None
+    def __init__(self, device: torch.device, policy: StepPolicy) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._policy = policy  # Note [The step policy] in _offload_policy.py
+        self.engine: Optional[Engine] = None  # set by the handle; None once closed
+        self._lock = threading.Lock()
+        # data pointer -> uint8 views held for the D2H, and -> uint8 tensor of a prefetch
+        self._sources: Dict[int, List[torch.Tensor]] = {}
+        self._buffers: Dict[int, torch.Tensor] = {}
+        # Note [Steps under CUDA graphs] in _offload_hooks.py: the capturing stream the
+        # engine joined (its cudaStream_t, and on CUDA the torch stream), None outside one.
+        self._capture: Optional[int] = None
+        self._capture_stream: Optional[torch.cuda.Stream] = None
+        self._compute: Optional[torch.cuda.Stream] = None  # CUDA only
+        self._cudart: Optional[_CudaRt] = None  # CPU only
+        self._cpu_stream: Optional[int] = None  # CPU only; None once closed
+        if self.cuda:
+            self._compute = torch.cuda.current_stream(device)
+        else:
+            self._cudart = _CudaRt()
+            self._cpu_stream = self._cudart.stream_create()
+
+    @property
+    def stream(self) -> Optional[int]:
+        """The engine's compute stream (a cudaStream_t)."""
+        if self._compute is not None:
+            return int(self._compute.cuda_stream)
+        return self._cpu_stream
+
+    @property
+    def buffers(self) -> List[torch.Tensor]:
+        """The prefetch buffers the engine holds now."""
+        with self._lock:
+            return list(self._buffers.values())
+
+    def host_wait(self) -> None:
+        """On the CPU double, waits for the compute stream from the host (Note [Stream
+        order with torch's allocator]); nothing on CUDA."""
+        if self._cudart is not None and self._cpu_stream is not None:
+            self._cudart.stream_synchronize(self._cpu_stream)
+
+    def close(self) -> None:
+        """After the engine's close (which hands every block back through release)."""
+        self.engine = None
+        with self._lock:
+            self._sources.clear()
+            self._buffers.clear()
+        if self._cpu_stream is not None:
+            stream, self._cpu_stream = self._cpu_stream, None
+            assert self._cudart is not None  # the CPU stream was made through it
+            self._cudart.lib.cudaStreamDestroy(stream)
 
     # --- engine callbacks (inside engine calls, on this thread) -------------------------
 
-    def _alloc(self, nbytes: int, _stream: Optional[int]) -> int:
-        if self._cuda:
+    def alloc(self, nbytes: int, _stream: Optional[int]) -> int:
+        if self.cuda:
             stream = self._capture_stream if self._capture is not None else self._compute
             with torch.cuda.stream(stream):
                 buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
@@ -158,8 +197,8 @@ class EngineStreams:
         self._policy.on_buffer_allocated(buf, nbytes)
         return buf.data_ptr()
 
-    def _release(self, ptr: int, _nbytes: int, stream: Optional[int]) -> None:
-        if not self._cuda and self._capture is None:
+    def release(self, ptr: int, _nbytes: int, stream: Optional[int]) -> None:
+        if not self.cuda and self._capture is None:
             # The engine hands a block back as free for work enqueued on `stream` from now
             # on (the compute stream, right after its wait for the block's copy), not
             # after the host saw the copy end. torch's CPU allocator frees at once, so the
@@ -181,8 +220,8 @@ class EngineStreams:
 
     # --- one storage to the engine and back ----------------------------------------------
 
-    def _hand_over(self, step: _Step, key: Tuple[int, int, int], ptr: int, nbytes: int,
-                   source: Optional[torch.Tensor]) -> None:
+    def hand_over(self, step: _Step, key: Tuple[int, int, int], ptr: int, nbytes: int,
+                  source: Optional[torch.Tensor]) -> None:
         """stash_engine_offload of one tensor; `source` (offload tensors) is held until the
         engine releases its pointer. Held before the call: another thread's engine call may
         retire the copy and release the pointer as soon as the engine has it."""
@@ -204,15 +243,15 @@ class EngineStreams:
             if state == "not_offered":
                 step.live.discard(key)
                 if source is not None:
-                    self._release(ptr, nbytes, None)
+                    self.release(ptr, nbytes, None)
             raise
 
     def _producer(self) -> Optional[int]:
-        if self._cuda:
+        if self.cuda:
             return torch.cuda.current_stream(self.device).cuda_stream
         return self._cpu_stream
 
-    def _fetch(self, f: _Fetched) -> torch.Tensor:
+    def fetch(self, f: _Fetched) -> torch.Tensor:
         """The uint8 tensor over an offloaded storage, fetched from the engine the first
         time one of its views (or a recompute's input) needs it."""
         if f.flat is None:
@@ -233,7 +272,7 @@ class EngineStreams:
                                  "the offloaded tensors of its forward are gone")
             consumer = self._producer()
             ptr = self.engine.acquire(f.key, consumer)
-            if not self._cuda and self._capture is None:
+            if not self.cuda and self._capture is None:
                 # Note [Stream order with torch's allocator]: the host waits on CPU (not
                 # under a capture: nothing ran, and the wait would invalidate it).
                 assert self._cudart is not None  # set on the CPU path
@@ -248,7 +287,7 @@ class EngineStreams:
                                  "which is neither a prefetch buffer nor an offloaded storage")
             compute = (self._capture if self._capture is not None else
                        self._compute.cuda_stream if self._compute is not None else None)
-            if self._cuda and compute is not None and consumer != compute:
+            if self.cuda and compute is not None and consumer != compute:
                 flat.record_stream(torch.cuda.current_stream(self.device))
             f.flat = flat
             step.live.discard(f.key)
@@ -257,11 +296,11 @@ class EngineStreams:
 
     # --- Note [Steps under CUDA graphs] in _offload_hooks.py -------------------------------
 
-    def _capturing_stream(self) -> Optional[int]:
+    def capturing_stream(self) -> Optional[int]:
         """The stream the step's work is being captured on, or None: torch's current stream
         when it captures (CUDA), the hooks' own stream when the test double captures it
         (CPU)."""
-        if self._cuda:
+        if self.cuda:
             if not torch.cuda.is_current_stream_capturing():
                 return None
             return int(torch.cuda.current_stream(self.device).cuda_stream)
@@ -269,15 +308,15 @@ class EngineStreams:
             return None
         return self._cpu_stream if self._cudart.stream_is_capturing(self._cpu_stream) else None
 
-    def _join_capture(self, stream: int) -> None:
+    def join_capture(self, stream: int) -> None:
         """The engine runs the step inside the caller's capture of `stream`."""
         engine = self.engine
         assert engine is not None  # the hooks run only while the handle is open
         engine.capture_join(stream)
         self._capture = stream
-        self._capture_stream = torch.cuda.current_stream(self.device) if self._cuda else None
+        self._capture_stream = torch.cuda.current_stream(self.device) if self.cuda else None
 
-    def _settle_capture(self) -> None:
+    def settle_capture(self) -> None:
         """After the caller ended the capture the engine joined: the engine leaves capture
         mode (while the stream still captures, nothing changes). A bad verdict was raised
         during the capture already, by the call the engine refused."""
@@ -297,7 +336,7 @@ class EngineStreams:
         (they were destroyed, or their replays are finished or enqueued on the compute
         stream): gives back the pinned blocks they copy through, held since their capture
         (Note [Steps under CUDA graphs] in _offload_hooks.py). Returns their bytes."""
-        self._settle_capture()
+        self.settle_capture()
         if self.engine is None:
             return 0
         return self.engine.capture_release()
