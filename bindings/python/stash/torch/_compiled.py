@@ -124,6 +124,21 @@ that step); the step's peak is the most of the segments. A derived shape scales 
 its saved bytes. On CUDA the segments would reset max_memory_allocated, the meter users
 read, in the middle of their step, so there the temporaries stay in the fixed bytes.
 
+Note [The loss under whole-model compile]
+The measuring step recomputes every block, so its peak is a block's backward, and the
+position between the last forward and the last block's backward (the head, the loss and
+their backward: the model's loss position, Note [The loss's position] in
+planner/model/plan.h) never binds there; its bytes above the kept activations were
+priced 0. A plan that keeps more makes that position its peak: with the plan's kept
+values really kept (Note [What min-cut keeps] in _compile_plan.py), a 2-layer Llama at
+85% of compiled keep-all peaked there 138 KB (2.3%) over its prediction. So on the CPU
+the measuring step also reads the meter from its start to the end tick's backward, and
+the profile's loss_bytes are that peak (with the optimizer state missing then) less the
+fixed bytes and the least-memory plan's kept activations. A longer shape scales them
+with its tokens, a shorter one keeps them: part of them does not shrink with the tokens
+(the head's weight gradient; at length 96 of a measured 128, scaled down, a Llama ran
+122 KB over its prediction). On CUDA (no segments) they stay 0.
+
 Note [Recompute cost in a compiled block]
 The ticks time each block's forward and backward on a measured run of the compiled
 step (the host clock on the CPU; the measuring step's backward recomputes the whole
@@ -198,6 +213,10 @@ class StepTimes:
         self.bwd_peak: List[Optional[int]] = [None] * n
         self.bwd_start: List[Optional[int]] = [None] * n
         self.seg_max = 0
+        # Note [The loss under whole-model compile]: the peak from the step's start to the
+        # end tick's backward (the forwards, the head, the loss and its backward), above
+        # the base; CPU measuring steps only.
+        self.head_peak: Optional[int] = None
         self.check: Optional[str] = None  # Note [A compiled plan's first run]
         self.figures: Optional[Dict[str, Any]] = None  # its plan's, as it began
         # Note [Every shape under whole-model compile]: block 0's input; its plan, if the
@@ -337,7 +356,7 @@ class CompiledState:
             sp = self._plan_for(shape, saved)
             self.shape_plans[shape] = sp
             actions = sp.actions  # None (refused): least memory; its step raises
-        tag(gm, cut, saved, actions)
+        tag(gm, cut, saved, actions)  # Note [What min-cut keeps] in _compile_plan.py
         self.partitioned[serial] = self.partitioned.get(serial, 0) + 1
         if actions is None or self.moves is None:
             return serial, []
@@ -369,6 +388,8 @@ class CompiledState:
         doc = dict(base, layers=layers)
         doc["fixed_bytes"] = max(0, int(base["fixed_bytes"]) + self.outside_at[shape]
                                  - self.outside_at[m])
+        if "loss_bytes" in base:  # Note [The loss under whole-model compile]
+            doc["loss_bytes"] = int(int(base["loss_bytes"]) * max(1.0, ratio))
         doc["measurement"] = dict(base.get("measurement", {}), derived_from=list(m))
         sp.profile = doc
         try:
@@ -411,6 +432,8 @@ class CompiledState:
             step.seg_max = max(step.seg_max, peak)
             if block < self.n:
                 step.bwd_peak[block] = peak
+            else:
+                step.head_peak = peak
             if block > 0:
                 step.bwd_start[block - 1] = now
         if block == 0:
@@ -673,7 +696,7 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
     """stash.torch.fit's compiled state: its planner makes the measured profile and plans
     it as fit plans an eager one (Note [Planning the compiled graph]). refused: what the
     handle does before a BudgetRefused propagates (it restores the blocks)."""
-    from ._compile_plan import calibrated_fixed_bytes, compiled_profile
+    from ._compile_plan import calibrated_fixed_bytes, calibrated_loss_bytes, compiled_profile
     from ._fit_plan import BudgetRefused, derived_refusal, plan_measured, warn_closed
     from .._planner import InfeasibleBudget
 
@@ -687,6 +710,9 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         device, link, host = describe()
         doc = compiled_profile(state.layers(), device=device, link=link, host=host)
         doc["fixed_bytes"] = calibrated_fixed_bytes(doc, most, counted(), 0) + state.correction
+        heads = [s.base + s.head_peak + s.missing for s in measured if s.head_peak is not None]
+        if heads:  # Note [The loss under whole-model compile]
+            doc["loss_bytes"] = calibrated_loss_bytes(doc, max(heads))
         if not state.offload:  # Note [A compiled plan's first run]
             for layer in doc["layers"]:
                 for t in layer["tensors"]:
