@@ -705,7 +705,10 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         # forward that needed the most.
         measured = state.measuring_forwards()
         assert measured and all(s.peak is not None for s in measured)
-        peak = max(int(s.peak or 0) for s in measured)
+        # The least-memory peak with the optimizer state a first step lacked: what a
+        # refusal names as the measuring step's (it named the bare first step's, below a
+        # budget it refused: 17.7 MiB against a 21.8 MiB budget whose least memory needs
+        # 24.3).
         most = max(int(s.peak or 0) + s.missing for s in measured)
         device, link, host = describe()
         doc = compiled_profile(state.layers(), device=device, link=link, host=host)
@@ -722,7 +725,7 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         try:
             # The partitioner recomputes each value's own chain (Note [Recompute cost
             # in a compiled block]): no prefix closure.
-            plan, figures = plan_measured(doc, peak, budget, solver, replayed=False)
+            plan, figures = plan_measured(doc, most, budget, solver, replayed=False)
         except BudgetRefused as e:
             refused()
             warn_closed(e)
