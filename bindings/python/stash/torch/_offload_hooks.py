@@ -9,8 +9,8 @@ parameters and buffers pass through unnumbered, views of one storage share one i
 block's input comes first), so tensor (layer i, index j) of a plan made from a recorded
 profile is the tensor the hook sees. Keys are (micro-batch, block, index).
 - Only offload tensors reach the engine. Its plan lists each layer's offload slots and
-  nothing else (StepPolicy.engine_layer: slot k of layer i is the layer's k-th offload tensor in
-  plan order), so the C API's rule, hand over every tensor of the engine's plan
+  nothing else (StepPolicy.engine_layer: slot k of layer i is the layer's k-th offload
+  tensor in plan order), so the C API's rule, hand over every tensor of the engine's plan
   (stash_engine_offload), holds while keep and recompute tensors cost no engine call.
   Keep tensors pass through: the hook returns the tensor (Note [The keep path]). Recompute
   tensors get a placeholder (Note [Selective recompute] in _offload.py); their storage is
@@ -82,7 +82,8 @@ each certain, and none of them a guess about the loop:
 Giving a step back releases its keys in the engine (copies in flight finish first, as at
 any release) and marks it abandoned, so a late backward through it raises a StashError
 rather than reading freed memory. stash.torch.fit hears of it (its policy's
-on_step_aborted): the step's record says why it ended, a measuring step leaves no profile and is measured again.
+on_step_aborted): the step's record says why it ended, a measuring step leaves no profile
+and is measured again.
 
 Note [Fetched buffers die with their last view]
 A fetched buffer is held by its _Fetched, which the saved views (_Packed) share; autograd
@@ -164,7 +165,6 @@ from ._recompute import ForwardState, Frame, Placeholder
 from ._saved import SaveOrder, resident_storages, storage_of, tensors_in
 from ._step import (_RECOMPUTE, _Fetched, _GraphToken, _input_keys, _named, _output_storages,
                     _Packed, _Step)
-
 
 
 class OffloadHooks:
