@@ -139,7 +139,7 @@ def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str
     if replayed:
         doc = replay_priced(doc)
     if budget.nbytes is not None and measured is not None and measured > budget.nbytes:
-        raise _least_memory_over(doc, measured, budget.nbytes)
+        raise _least_memory_over(doc, measured, budget.nbytes, replayed)
     try:
         plan, figures = _make_plan(doc, budget.planner_text, solver)
     except InfeasibleBudget as e:
@@ -154,7 +154,7 @@ def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str
             f"{_in_flight_text(doc)}. The blocks are restored; nothing was changed.",
             e.status) from e
     if measured is not None and measured > figures["budget_bytes"]:
-        raise _least_memory_over(doc, measured, figures["budget_bytes"])
+        raise _least_memory_over(doc, measured, figures["budget_bytes"], replayed)
     return plan, figures
 
 
@@ -194,11 +194,16 @@ def derived_refusal(e: InfeasibleBudget, budget: Budget, tokens: int,
         "this step did not run.", e.status)
 
 
-def _least_memory_over(doc: Doc, measured: int, budget: int) -> BudgetRefused:
+def _least_memory_over(doc: Doc, measured: int, budget: int,
+                       replayed: bool = True) -> BudgetRefused:
     smallest = _smallest_accepted(_min_feasible(doc), measured)
+    # Note [The measuring step] in _fit.py; under whole-model compile the graph's blocks
+    # are recomputed and nothing is offloaded (Note [Planning the compiled graph]).
+    how = ("every block recomputed from its input, inputs offloaded" if replayed else
+           "every block of the compiled graph recomputed from its input")
     return BudgetRefused(
-        f"stash.torch.fit: the measuring step (least memory: every block recomputed from "
-        f"its input, inputs offloaded) peaked at {_gib(measured)} ({measured} bytes), over "
+        f"stash.torch.fit: the measuring step (least memory: {how}) "
+        f"peaked at {_gib(measured)} ({measured} bytes), over "
         f"the budget of {_gib(budget)} ({budget} bytes); the smallest feasible budget "
         f"for this model and shape is {_gib(smallest)} ({smallest} bytes). The blocks are "
         "restored; nothing was planned.")
