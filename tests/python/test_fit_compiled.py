@@ -377,3 +377,42 @@ def test_an_offload_moved_past_its_tick_is_guarded():
     assert report["offload_calls"] > 0 and report["guarded"] == report["offload_calls"], report
     _same_training(ref, ref_params, got, params)
     h.close()
+
+
+def test_kept_views_and_getitems_are_kept_through_their_producers():
+    """Note [What min-cut keeps]: a kept view's tag goes to the node that makes its storage,
+    and a multi-output producer is kept from recomputing when all its saved outputs are
+    kept; with owners=False (CUDA, until the loss's bytes are measured there) the tags stay
+    on the values themselves."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils.checkpoint import CheckpointPolicy
+    from stash.torch._compile_plan import GraphBlocks, SavedValue, tag
+
+    def f(x, w):
+        a = torch.mm(x, w)
+        v = a.view(-1)
+        var, mean = torch.var_mean(a, dim=1)
+        return v.sum() + var.sum() + mean.sum()
+
+    def tagged(actions, owners=True):
+        gm = make_fx(f)(torch.randn(4, 8), torch.randn(8, 8))
+        by = {str(n.target).split(".")[1] if "aten" in str(n.target) else n.name: n
+              for n in gm.graph.nodes if n.op == "call_function"}
+        mm, view, vm = by["mm"], by["view"], by["var_mean"]
+        var, mean = [u for u in vm.users]
+        cut = GraphBlocks(region={n: 0 for n in gm.graph.nodes if n.op == "call_function"})
+        saved = {0: [SavedValue(view.name, 128, True, 1.0), SavedValue(var.name, 16, True, 1.0),
+                     SavedValue(mean.name, 16, True, 1.0)]}
+        tag(gm, cut, saved, actions, owners=owners)
+        return {k: n.meta["recompute"] for k, n in
+                {"mm": mm, "view": view, "var_mean": vm, "var": var, "mean": mean}.items()}
+
+    save, again = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.MUST_RECOMPUTE
+    t = tagged([["keep", "keep", "keep"]])
+    assert t == {"mm": save, "view": save, "var_mean": save, "var": save, "mean": save}, t
+    t = tagged([["recompute", "keep", "recompute"]])
+    assert t == {"mm": again, "view": again, "var_mean": again, "var": save, "mean": again}, t
+    t = tagged([["offload", "keep", "offload"]])  # offloaded values keep their own tag
+    assert t == {"mm": again, "view": save, "var_mean": again, "var": save, "mean": save}, t
+    t = tagged([["keep", "keep", "keep"]], owners=False)
+    assert t == {"mm": again, "view": save, "var_mean": again, "var": save, "mean": save}, t

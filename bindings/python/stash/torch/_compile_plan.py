@@ -249,7 +249,7 @@ def _storage_owner(node: fx.Node) -> fx.Node:
 
 
 def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]],
-        actions: Optional[Sequence[Sequence[str]]]) -> None:
+        actions: Optional[Sequence[Sequence[str]]], owners: bool = True) -> None:
     """Tags the joint graph's forward nodes in fit's blocks for the min-cut partitioner
     (Note [Planning the compiled graph] in _compiled.py): the ticks MUST_SAVE (never run
     again); with `actions` (per block, per saved value: "keep", "offload" or "recompute")
@@ -280,7 +280,10 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
     and the first run of such a plan on test_fit_compiled's 3-layer wide Llama at 70% of
     compiled keep-all ran 7% over its prediction (46.65 MB against 43.49): the offloading
     plans' overshoot of Note [A compiled plan's first run], which the model does not
-    explain yet, grown with the offloads made."""
+    explain yet, grown with the offloads made.
+    owners False: the tags stay where they were (on CUDA, where the measuring step does
+    not yet read the loss's bytes, Note [The loss under whole-model compile] in
+    _compiled.py, a plan that keeps what it says would be priced below its loss)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     keep: Set[str] = set()
@@ -294,7 +297,8 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
                 kept = act == "keep"
                 node = by_name.get(v.name)
                 owner = _storage_owner(node) if node is not None else None
-                if (owner is not None and owner is not node and cut.region.get(owner) == b
+                if (owners and owner is not None and owner is not node
+                        and cut.region.get(owner) == b
                         and owner not in cut.boundary and _val_bytes(owner) == v.nbytes):
                     if kept:
                         keep.add(owner.name)
@@ -305,8 +309,9 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
                     parents[parent] = parents.get(parent, True) and kept
                 if act != "recompute":
                     keep.add(v.name)
-        keep.update(p.name for p, all_kept in parents.items()
-                    if all_kept and cut.region.get(p) is not None)
+        if owners:
+            keep.update(p.name for p, all_kept in parents.items()
+                        if all_kept and cut.region.get(p) is not None)
     for node, b in cut.region.items():
         node.meta["ac_graph_id"] = b + 1
         if node.name in keep:

@@ -137,7 +137,11 @@ the profile's loss_bytes are that peak (with the optimizer state missing then) l
 fixed bytes and the least-memory plan's kept activations. A longer shape scales them
 with its tokens, a shorter one keeps them: part of them does not shrink with the tokens
 (the head's weight gradient; at length 96 of a measured 128, scaled down, a Llama ran
-122 KB over its prediction). On CUDA (no segments) they stay 0.
+122 KB over its prediction). On CUDA (no segments) they stay 0, and the plan's tags
+stay on the values themselves (a kept view or attention output is recomputed, as
+before: within the prediction, slower than planned) until the measuring step reads the
+loss's window there as eager fit does (Note [The measuring step's windows on CUDA] in
+_fit.py).
 
 Note [Recompute cost in a compiled block]
 The ticks time each block's forward and backward on a measured run of the compiled
@@ -356,7 +360,9 @@ class CompiledState:
             sp = self._plan_for(shape, saved)
             self.shape_plans[shape] = sp
             actions = sp.actions  # None (refused): least memory; its step raises
-        tag(gm, cut, saved, actions)  # Note [What min-cut keeps] in _compile_plan.py
+        # Note [What min-cut keeps] in _compile_plan.py; Note [The loss under whole-model
+        # compile]: only where the loss's bytes are measured.
+        tag(gm, cut, saved, actions, owners=self._segment is not None)
         self.partitioned[serial] = self.partitioned.get(serial, 0) + 1
         if actions is None or self.moves is None:
             return serial, []
