@@ -296,8 +296,8 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
                 act = acts[j] if j < len(acts) else "keep"
                 kept = act == "keep"
                 node = by_name.get(v.name)
-                owner = _storage_owner(node) if node is not None else None
-                if (owners and owner is not None and owner is not node
+                owner = _storage_owner(node) if owners and node is not None else None
+                if (owner is not None and owner is not node
                         and cut.region.get(owner) == b
                         and owner not in cut.boundary and _val_bytes(owner) == v.nbytes):
                     if kept:

@@ -188,12 +188,11 @@ class OffloadHandle(OffloadHooks):
                        "abandoned_micro_batches": 0, "aborted_micro_batches": 0}
         if self._cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.engine = None
-        # The compute stream and the engine's callbacks (Note [Stream order with torch's
-        # allocator] in _offload_streams.py).
+        # The compute stream, the engine's callbacks and the engine (Note [Stream order
+        # with torch's allocator] in _offload_streams.py).
         self._streams = streams = EngineStreams(self.device, policy)
         try:
-            self.engine = streams.engine = Engine(
+            streams.engine = Engine(
                 streams.alloc, streams.release, streams.stream, lookahead=lookahead,
                 pinned_cap_bytes=parse_bytes(pinned_cap) if pinned_cap is not None else 0,
                 max_in_flight_bytes=(parse_bytes(max_in_flight_bytes)
@@ -497,8 +496,8 @@ class OffloadHandle(OffloadHooks):
                 self._teardown()
 
     def _teardown(self) -> None:
-        if self.engine is not None:
-            engine, self.engine = self.engine, None
+        engine, self._streams.engine = self._streams.engine, None
+        if engine is not None:
             engine.close()  # hands every block back through the streams' release
         self._steps.clear()
         self._streams.close()

@@ -185,7 +185,6 @@ class OffloadHooks:
     _engine_slots: List[Optional[List[Optional[int]]]] = []
     # Set by OffloadHandle (declared here for the type checker only).
     _policy: StepPolicy  # Note [The step policy] in _offload_policy.py
-    engine: Optional[Engine]  # None once closed
     blocks: List[torch.nn.Module]
     actions: List[LayerActions]
     device: torch.device
@@ -207,6 +206,11 @@ class OffloadHooks:
     _input_slots: Callable[[Tuple[Any, ...], Dict[str, Any], SaveOrder, List[object]],
                            Tuple[Any, Any]]
     _unpack_recomputed: Callable[[Placeholder], torch.Tensor]
+
+    @property
+    def engine(self) -> Optional[Engine]:
+        """stash's prefetch engine, the streams' (None once closed)."""
+        return self._streams.engine
 
     def _set_engine_plan(self, actions: Sequence[LayerActions]) -> None:
         """Gives the engine the plan for these per-layer actions: offload slots only, and

@@ -135,7 +135,9 @@ class EngineStreams:
         self.device = device
         self.cuda = device.type == "cuda"
         self._policy = policy  # Note [The step policy] in _offload_policy.py
-        self.engine: Optional[Engine] = None  # set by the handle; None once closed
+        # Set by the handle once made, the one reference to it (OffloadHandle.engine reads
+        # it); None once closed.
+        self.engine: Optional[Engine] = None
         self._lock = threading.Lock()
         # data pointer -> uint8 views held for the D2H, and -> uint8 tensor of a prefetch
         self._sources: Dict[int, List[torch.Tensor]] = {}
