@@ -225,7 +225,8 @@ from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
 from ._fit_report import fit_report, format_report
 from ._offload import OffloadHandle
 from ._offload_policy import EngineLayer, LayerActions, StepPolicy, offload_slots
-from ._compiled import CompiledState, fit_compiled_state
+from ._compiled import CompiledState
+from ._compiled_fit import fit_compiled_state
 from ._cpu_meter import window as cpu_window
 from . import _record
 from ._recompute import Frame, Replay

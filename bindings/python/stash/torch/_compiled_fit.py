@@ -1,0 +1,85 @@
+"""stash.torch.fit's planner for a whole-model compiled graph: the measured profile of a
+compiled measuring step, planned as fit plans an eager one, and a derived shape's plan,
+wired into a CompiledState (Note [Planning the compiled graph] in _compiled.py). The
+CompiledState itself knows nothing of fit's planning or refusals."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .._lib import StashError
+from .._planner import InfeasibleBudget
+from ._compile_plan import (calibrated_fixed_bytes, calibrated_loss_bytes, compiled_profile,
+                            plan_actions_of)
+from ._compiled import CompiledState
+from ._fit_plan import BudgetRefused, derived_refusal, plan_measured, warn_closed
+
+__all__ = ["fit_compiled_state"]
+
+
+def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver: str,
+                       describe: Callable[[], Tuple[Dict[str, Any], Dict[str, Any],
+                                                    Dict[str, Any]]],
+                       meter: Tuple[Callable[[torch.Tensor], int], Callable[[], int]],
+                       counted: Callable[[], int], missing: Callable[[], int],
+                       gradients: Callable[[], int], grouped: bool,
+                       refused: Callable[[], None],
+                       segment: Optional[Callable[[], Tuple[int, int]]] = None
+                       ) -> CompiledState:
+    """stash.torch.fit's compiled state: its planner makes the measured profile and plans
+    it as fit plans an eager one (Note [Planning the compiled graph]). refused: what the
+    handle does before a BudgetRefused propagates (it restores the blocks)."""
+    def planner(state: CompiledState) -> List[List[str]]:
+        # Note [Micro-batches under whole-model compile]: calibrated on the measuring
+        # forward that needed the most.
+        measured = state.measuring_forwards()
+        assert measured and all(s.peak is not None for s in measured)
+        # The least-memory peak with the optimizer state a first step lacked: what a
+        # refusal names as the measuring step's (it named the bare first step's, below a
+        # budget it refused: 17.7 MiB against a 21.8 MiB budget whose least memory needs
+        # 24.3).
+        most = max(int(s.peak or 0) + s.missing for s in measured)
+        device, link, host = describe()
+        doc = compiled_profile(state.layers(), device=device, link=link, host=host)
+        doc["fixed_bytes"] = calibrated_fixed_bytes(doc, most, counted(), 0) + state.correction
+        heads = [s.base + s.head_peak + s.missing for s in measured if s.head_peak is not None]
+        if heads:  # Note [The loss under whole-model compile]
+            doc["loss_bytes"] = calibrated_loss_bytes(doc, max(heads))
+        if not state.offload:  # Note [A compiled plan's first run]
+            for layer in doc["layers"]:
+                for t in layer["tensors"]:
+                    t["offloadable"] = False
+                    t["must_keep"] = not t["recomputable"]
+        state.profile = doc
+        try:
+            # The partitioner recomputes each value's own chain (Note [Recompute cost
+            # in a compiled block]): no prefix closure.
+            plan, figures = plan_measured(doc, most, budget, solver, replayed=False)
+        except BudgetRefused as e:
+            refused()
+            warn_closed(e)
+            raise
+        state.plan, state.figures = plan, figures
+        return plan_actions_of(plan)
+
+    def shape_planner(doc: Dict[str, Any], tokens: int, measured: int
+                      ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        # Note [Every shape under whole-model compile]: refused as a new eager shape is
+        # (Note [A shape that cannot fit] in _fit_plan.py).
+        try:
+            return plan_measured(doc, None, budget, solver, replayed=False)
+        except BudgetRefused as e:
+            cause = e.__cause__
+            if isinstance(cause, InfeasibleBudget):
+                raise derived_refusal(cause, budget, tokens, [measured]) from cause
+            raise
+
+    def refuse(e: StashError) -> None:
+        refused()
+        warn_closed(e)
+
+    return CompiledState(len(blocks), [f"{type(b).__name__}.{i}" for i, b in enumerate(blocks)],
+                         [type(b).__name__ for b in blocks], planner, meter, None, missing,
+                         gradients, grouped, shape_planner, refuse, segment)
