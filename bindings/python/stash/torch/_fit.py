@@ -386,7 +386,7 @@ class BudgetHandle(StepPolicy):
             self._abort_record(rec, "optimizer.step() raised")
         if (rec is not None and not rec.finished and rec.aborted is None and mb == 0
                 and rec.backward_done and not in_flight and rec.end is None
-                and rec.made_gradients and self._bytes.gradients_alive() == 0):
+                and rec.made_gradients and not self._bytes.any_gradient()):
             # Note [The loops fit lives in]: the loop dropped the step's gradients; the
             # step ends where its backward did, and this forward begins the next one.
             rec.end = rec.bwd_end
@@ -490,7 +490,7 @@ class BudgetHandle(StepPolicy):
         if not self._offload.steps_in_flight:  # every micro-batch's backward has ended
             rec.backward_done = True
             if self.optimizer is not None and not rec.made_gradients:
-                rec.made_gradients = self._bytes.gradients_alive() > 0
+                rec.made_gradients = self._bytes.any_gradient()
             rec.bwd_end = m
             if self.optimizer is None:
                 self._step_peak(rec)

@@ -50,6 +50,11 @@ class TrainingBytes:
         _fit_gradients.py)."""
         return _tensor_bytes(p.grad for p in self.parameters() if p.grad is not None)
 
+    def any_gradient(self) -> bool:
+        """Whether any gradient exists now: gradients_alive() > 0 without counting them
+        (Note [What it costs] in _fit.py: counting is a storage lookup per parameter)."""
+        return any(p.grad is not None for p in self.parameters())
+
     def state(self, grads: Optional[int] = None) -> int:
         """The gradients (grads, when the caller has just counted them) and optimizer
         state that exist now, by storage."""

@@ -98,6 +98,9 @@ class _CudaRt:
         lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
         lib.cudaStreamIsCapturing.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
         lib.cudaGetErrorString.argtypes = [ctypes.c_int]
+        self._is_capturing = lib.cudaStreamIsCapturing
+        self._status = ctypes.c_int()
+        self._status_ref = ctypes.byref(self._status)
         lib.cudaGetErrorString.restype = ctypes.c_char_p
         self.lib = lib
 
@@ -117,10 +120,11 @@ class _CudaRt:
 
     def stream_is_capturing(self, s: Optional[int]) -> bool:
         """Whether `s` is in a capture (active or invalidated)."""
-        status = ctypes.c_int()
-        self.check(self.lib.cudaStreamIsCapturing(s, ctypes.byref(status)),
-                   "cudaStreamIsCapturing")
-        return status.value != 0  # cudaStreamCaptureStatusNone
+        # Asked at every step's start: the status and its reference are made once.
+        err = self._is_capturing(s, self._status_ref)
+        if err != 0:
+            self.check(err, "cudaStreamIsCapturing")
+        return self._status.value != 0  # cudaStreamCaptureStatusNone
 
 
 class EngineStreams:
