@@ -111,21 +111,6 @@ user. The state a first step makes is written as estimated at block 0 in these f
 and the post-step hook of the next step shifts them by the estimate's error, as for the
 fixed bytes alone before.
 
-Note [Why not torch.cuda.MemPool]
-torch >= 2.5 can route the allocations made inside a `torch.cuda.use_mem_pool(pool)`
-block to a MemPool backed by a pluggable allocator, so stash's pool could serve only the
-blocks' activations while torch's caching allocator keeps everything else. fit does not:
-(1) the budget is the process's peak, and two allocators that each cache their own free
-blocks peak higher together than one that shares them: activations freed in backward
-could not be reused by the gradients and optimizer temporaries allocated outside the pool
-at that moment, and the reverse; (2) the saved tensors are created by the blocks' own ops,
-some in backward (the prefetch buffers, the recompute's outputs), and the autograd engine
-runs backward on its own thread, outside any use_mem_pool context set in forward, so a
-pool would hold only part of the activations and the peak split between the two would be
-harder to predict, not easier. Plans are therefore made and measured against one
-allocator: torch's own, or stash's pool for the whole process (stash.torch.use_allocator),
-whose peak fit then reads.
-
 Note [Re-planning and the cache]
 A step's shape key is what block 0 is called with: each tensor argument's shape, dtype
 and device, autocast state and training mode. At the start of a step with a new key the
@@ -197,7 +182,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import warnings
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Literal,
                     NoReturn, Optional, Sequence, Set, Tuple, Union)
 
@@ -206,10 +190,8 @@ import torch
 from .._engine import KEEP, OFFLOAD, Engine
 from .._lib import StashError
 from .._link import cached_link
-from .._profiler import FORWARD, Profiler
-from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, ReplaySpan, Span, StepRecord,
-                           _allocator_state, _checked_blocks, _Clock,
-                           _DerivedLayer, _gib, _is_kv_cache, _MeasureLayer, _model_digest,
+from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _allocator_state, _checked_blocks,
+                           _Clock, _gib, _is_kv_cache, _MeasureLayer, _model_digest,
                            _optimizer_state_bytes, _optimizer_state_estimate, _signature,
                            _tensor_bytes)
 from ._fit_options import Budget, FitOptions
@@ -218,11 +200,11 @@ from ._fit_shapes import shape_family, shape_tokens
 from ._fit_bytes import TrainingBytes
 from ._fit_cache import ShapeCache
 from ._fit_cuda_meter import CudaMeter
-from ._fit_plan import kept_bytes, link_section, warn_closed
-from ._fit_measure import (MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda,
-                           measured_profile)
+from ._fit_plan import link_section, warn_closed
+from ._fit_measure import MeasuringRecorder
 from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
 from ._fit_report import fit_report, format_report
+from ._fit_steps import Description, StepBook
 from ._offload import OffloadHandle
 from ._offload_policy import EngineLayer, LayerActions, StepPolicy, offload_slots
 from ._compiled import CompiledState
@@ -249,7 +231,9 @@ class BudgetHandle(StepPolicy):
     It owns an OffloadHandle, made with itself as the step policy (Note [The step policy] in
     _offload_policy.py): the hooks carry out the actions this handle chooses per step and
     tell it what the step does; the on_* methods and the questions above them are that
-    seam's, called by the hooks, not by the training loop."""
+    seam's, called by the hooks, not by the training loop. They decide where a step begins
+    and ends and how it runs; the StepBook (_fit_steps.py) keeps each step's record and
+    figures, which report() gives."""
 
     who = "stash.torch.fit"
     observes_saves = True  # every new storage is recorded or sampled (Note [What it costs])
@@ -275,10 +259,6 @@ class BudgetHandle(StepPolicy):
         # State before the OffloadHandle, which asks initial_actions and compiled_state.
         self._mode = "measure"
         self._bytes = TrainingBytes(blocks, optimizer)  # what is not an activation
-        self._records: List[StepRecord] = []
-        self._step: Optional[StepRecord] = None
-        self._opt_state_counted: Optional[int] = None
-        self._finish_ms = 0.0
         # Note [Agreeing on a plan across ranks]: None outside torch.distributed.
         self._ranks = Ranks.current(options.dist_timeout_s)
         self._plans = ShapePlans(
@@ -286,16 +266,16 @@ class BudgetHandle(StepPolicy):
             self.budget, options, self._ranks, self._fail, self._bytes.fixed_counted)
         self._offload = OffloadHandle(blocks, None, policy=self, **options.engine_kwargs())
         self._cuda = self._offload.cuda
-        self._clock = _Clock(self._cuda)
-        self._cupti = Profiler()
         # Note [The CPU allocator's meter] in _meter.py: None on CUDA, or where it cannot be
         # built (fit then counts the storages it tracks).
         self._counting = None if self._cuda else cpu_window()
         self._recorder = MeasuringRecorder(self._n, self._counting, self._bytes.state)
-        # None: CUPTI not tried (CPU); else (used, why not).
-        self._cupti_used: Optional[Tuple[bool, Optional[str]]] = None
-        self._pool = self._cuda and getattr(_allocator_state(), "installed", False)
-        self._cuda_meter = CudaMeter(self.device, self._pool) if self._cuda else None
+        pool = self._cuda and getattr(_allocator_state(), "installed", False)
+        self._cuda_meter = CudaMeter(self.device, pool) if self._cuda else None
+        self._book = StepBook(blocks, optimizer, clock=_Clock(self._cuda),
+                              recorder=self._recorder, training=self._bytes, plans=self._plans,
+                              copies=self._offload, cuda_meter=self._cuda_meter,
+                              counting=self._counting, describe=self._describe)
         self._opt_hook: Optional[Tuple[RemovableHandle, RemovableHandle]] = None
         self.link_cached = False
         try:
@@ -323,7 +303,7 @@ class BudgetHandle(StepPolicy):
 
     def unrecomputable_action(self, i: int, j: int, t: torch.Tensor, nbytes: int,
                               first_input: Any) -> Optional[int]:
-        rec = self._step
+        rec = self._book.running
         if self._mode != "measure" and rec is not None and rec.checking:
             # Note [A derived plan's first run]: the skeleton was not this shape's.
             rec.check = (f"block {i} tensor {j} is not recomputable in this shape (the "
@@ -378,12 +358,12 @@ class BudgetHandle(StepPolicy):
 
     def on_step_starting(self, mb: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]
                          ) -> None:
-        rec = self._step
+        rec = self._book.running
         in_flight = self._offload.steps_in_flight
         if (rec is not None and not rec.finished and rec.aborted is None
                 and rec.optimizer_began and rec.end is None):
             # Note [A step that ends early]: its optimizer step raised.
-            self._abort_record(rec, "optimizer.step() raised")
+            self._book.abort(rec, "optimizer.step() raised")
         if (rec is not None and not rec.finished and rec.aborted is None and mb == 0
                 and rec.backward_done and not in_flight and rec.end is None
                 and rec.made_gradients and not self._bytes.any_gradient()):
@@ -405,53 +385,39 @@ class BudgetHandle(StepPolicy):
         shapes = self._plans.shapes
         if key not in shapes:
             shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
-        self._begin_record(key, list(tensors_in((args, kwargs))))
+        self._begin_step(key, list(tensors_in((args, kwargs))))
 
     def on_step_aborted(self, step: _Step, reason: str) -> None:
-        rec = self._step
+        rec = self._book.running
         if rec is not None and not rec.finished and rec.aborted is None:
-            self._abort_record(rec, f"micro-batch {step.mb}: {reason}")
-
-    def _abort_record(self, rec: StepRecord, reason: str) -> None:
-        """Note [A step that ends early]: the record keeps why; a measuring step's partial
-        layers are dropped, so the shape is measured again from scratch."""
-        rec.aborted = reason
-        if rec.mode == "measure":
-            self._recorder.drop_layers()
-            if self._cuda:
-                self._cupti.stop()
-        self._recorder.forget()
+            self._book.abort(rec, f"micro-batch {step.mb}: {reason}")
 
     def on_forward_began(self, i: int, step: _Step) -> None:
-        rec = self._step
-        if rec is not None and rec.mode == "measure":
-            rec.fwd[(step.serial, i)] = Span(self._clock.mark())
-            if rec.mode == "measure":
-                self._cupti.begin(FORWARD, i)
+        self._book.forward_began(i, step.serial)
 
     def on_saved(self, i: int, j: int, t: torch.Tensor, nbytes: int, action: int) -> None:
-        step = self._step
-        if step is None:
+        rec = self._book.running
+        if rec is None:
             return
-        if step.checking and step.passes == 1:
-            step.saved_counts[i] = max(step.saved_counts.get(i, 0), j + 1)
+        if rec.checking and rec.passes == 1:
+            rec.saved_counts[i] = max(rec.saved_counts.get(i, 0), j + 1)
         if self._mode == "measure":
             self._recorder.saved(i, j, t, nbytes, action,
                                  first_micro_batch=self._offload.micro_batch_index == 0)
         if self._recorder.tracking:
             self._recorder.track(t, nbytes)
-            self._sample(f"forward[{i}]")
+            self._book.sample(f"forward[{i}]")
 
     def on_forward_ended(self, i: int, step: _Step, order: Optional[SaveOrder]) -> None:
-        rec = self._step
-        if rec is not None and rec.mode == "measure":
-            rec.fwd.setdefault((step.serial, i), Span()).end = self._clock.mark()
-            self._cupti.end()
-            if self._mode == "measure" and self._offload.micro_batch_index == 0:
-                assert order is not None  # a measuring step hooks every block
-                self._recorder.forward_ended(i, order.entries)
+        rec = self._book.running
+        self._book.forward_ended(i, step.serial)
+        if (rec is not None and rec.mode == "measure" and self._mode == "measure"
+                and self._offload.micro_batch_index == 0):
+            assert order is not None  # a measuring step hooks every block
+            self._recorder.forward_ended(i, order.entries)
         if self._recorder.tracking:  # Note [What it costs]: no sample to build otherwise
-            self._sample(f"forward[{i}]", after=("loss",) if i == self._n - 1 else ("fwd", i))
+            self._book.sample(f"forward[{i}]",
+                              after=("loss",) if i == self._n - 1 else ("fwd", i))
         if (self._cuda_meter is not None and rec is not None and i == self._n - 1
                 and not step.captured):
             self._cuda_meter.blocks_ended(rec)  # Note [The measuring step's windows on CUDA]
@@ -461,223 +427,47 @@ class BudgetHandle(StepPolicy):
         # step holds after the block's recompute storages went (the loss's temporaries,
         # after the last block) is measured against what is tracked then.
         if self._recorder.tracking:
-            self._sample(f"forward[{i}] released")
+            self._book.sample(f"forward[{i}] released")
 
     def on_backward_began(self, step: _Step, i: int) -> None:
-        rec = self._step
+        rec = self._book.running
         if rec is None:
             return
-        if rec.mode == "measure":
-            m = self._clock.mark()
-            if step.backward_open is not None:
-                rec.bwd.setdefault((step.serial, step.backward_open), Span()).end = m
-            rec.bwd.setdefault((step.serial, i), Span()).begin = m
+        self._book.backward_began(i, step.serial, step.backward_open)
         if self._recorder.tracking:
-            self._sample(f"backward[{i}]", after=("bwd", i))
+            self._book.sample(f"backward[{i}]", after=("bwd", i))
         if self._cuda_meter is not None and i == self._n - 1:
             self._cuda_meter.loss_ended(rec)  # Note [The measuring step's windows on CUDA]
 
     def on_backward_finished(self, step: _Step) -> None:
-        rec = self._step
-        if rec is None:
-            return
-        m = self._clock.mark()
-        b = rec.bwd.get((step.serial, 0))
-        if b is not None and b.end is None:
-            b.end = m
-        if self._recorder.tracking:
-            self._sample("backward end", after=("bwd", 0))
-        if not self._offload.steps_in_flight:  # every micro-batch's backward has ended
-            rec.backward_done = True
-            if self.optimizer is not None and not rec.made_gradients:
-                rec.made_gradients = self._bytes.any_gradient()
-            rec.bwd_end = m
-            if self.optimizer is None:
-                self._step_peak(rec)
+        # Every micro-batch's backward has ended when no step holds tensors.
+        self._book.backward_finished(step.serial, last=not self._offload.steps_in_flight)
 
     def on_replay_began(self, frame: Frame) -> None:
-        rec = self._step
-        if rec is not None and rec.mode == "measure":
-            rec.replay[(frame.step.serial, frame.layer)] = ReplaySpan(self._clock.mark())
+        self._book.replay_began(frame.layer, frame.step.serial)
 
     def on_replay_saved(self, frame: Frame, pos: int, seen: Optional[Tuple[int, bool]],
                         t: torch.Tensor) -> None:
-        rec = self._step
-        if rec is None or seen is None or not seen[1] or rec.mode != "measure":
-            return
-        r = rec.replay.get((frame.step.serial, frame.layer))
-        if r is not None:
-            r.marks.append((seen[0], self._clock.mark()))
-        self._recorder.track(t, storage_of(t)[1])
+        if seen is not None and seen[1]:  # a recomputable tensor's first save
+            self._book.replay_saved(frame.layer, frame.step.serial, seen[0], t)
 
     def on_replay_ended(self, frame: Frame, replay: Replay) -> None:
-        rec = self._step
-        if rec is not None:
-            r = rec.replay.get((frame.step.serial, frame.layer))
-            if r is not None:
-                r.end = self._clock.mark()
-        self._sample(f"backward[{frame.layer}]", after=("bwd", frame.layer))
+        self._book.replay_ended(frame.layer, frame.step.serial)
 
     def on_buffer_allocated(self, buf: torch.Tensor, nbytes: int) -> None:
         if self._recorder.tracking:
             self._recorder.track(buf, nbytes)
-            self._sample("prefetch")
+            self._book.sample("prefetch")
 
-    # --- bookkeeping --------------------------------------------------------------------
-
-    def _sample(self, where: str, after: Optional[Tuple[Any, ...]] = None) -> None:
-        """The CPU meter's sample at a position of the running step (the recorder's)."""
-        if self._step is not None:
-            self._recorder.sample(self._step, where, after)
-
-    def _record_profile(self, rec: StepRecord) -> None:
-        """A finished measuring step as the shape's profile (kept in the cache)."""
-        doc = measured_profile(rec, self._recorder.layers, self.blocks, self._clock,
-                               device=_device_info(self.device), link=self._link_section,
-                               host={"pinnable_bytes": _pinnable_bytes()},
-                               timing=self._timing_kind(), cupti=self._cupti_summary)
-        counted = self._bytes.fixed_counted()
-        self._opt_state_counted = _optimizer_state_estimate(self.optimizer)
-        if self._cuda:
-            # Note [The measuring step's windows on CUDA]: the state made by this step's
-            # optimizer.step() is counted as estimated at block 0, as the fixed bytes
-            # count it; the post-step hook then shifts both by the estimate's error.
-            missing = rec.optimizer_state_missing
-            if missing:
-                self._opt_state_counted = missing
-            windows = rec.windows or {}
-            doc["fixed_bytes"], loss = fixed_bytes_cuda(
-                doc, windows.get("blocks", rec.peak_bytes), windows.get("loss"),
-                self._recorder.actions_seen(), counted, missing)
-            if loss:
-                doc["loss_bytes"] = loss
-            if rec.optimizer_peak is not None:
-                real = _optimizer_state_bytes(self.optimizer) if missing else 0
-                doc["optimizer_bytes"] = int(max(0, rec.optimizer_peak - real + missing))
-            if rec.constant_bytes is not None:
-                doc["measurement"]["constant_bytes"] = int(max(counted, rec.constant_bytes))
-            if rec.in_flight > 1:  # Note [Micro-batches in flight] in _fit_plan.py
-                doc["measurement"]["in_flight_held_bytes"] = (rec.in_flight - 1) * kept_bytes(
-                    doc, self._recorder.actions_seen())
-        else:
-            doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted, self._bytes.trainable())
-        self._plans.measured(rec.key, {"profile": doc, "measured_peak_bytes": rec.peak_bytes})
-
-    def _cupti_summary(self, fwd: List[Dict[str, Any]]) -> Dict[str, Any]:
-        """Note [The measuring step]: CUPTI's forward kernel time beside the events' span,
-        or why CUPTI did not run."""
-        if self._cupti_used is None:
-            return {"used": False, "reason": "no CUDA device (the host clock times the step)"}
-        used, reason = self._cupti_used
-        if used and fwd:
-            return {"used": True, "forward": fwd,
-                    "kernel_share": sum(f["kernel_ms"] for f in fwd)
-                    / max(1e-9, sum(f["span_ms"] for f in fwd))}
-        return {"used": False, "reason": reason or self._cupti.reason or "no records"}
-
-    def _begin_record(self, key: str, inputs: Sequence[torch.Tensor] = ()) -> None:
+    def _begin_step(self, key: str, inputs: Sequence[torch.Tensor]) -> None:
         """A new step begins (block 0, micro-batch 0): close the previous one, choose the
-        step's mode and plan."""
-        prev = self._step
-        now = None
-        if prev is not None and not prev.finished:
-            now = self._clock.mark()
-            if prev.end is None:
-                prev.end = now
-            self._finish(prev)
+        step's mode and plan, and begin its record."""
+        finish_ms = self._book.end_running()
         t0 = time.perf_counter()
         grads = self._bytes.gradients_alive()
         mode = self._choose(key, without_gradients=grads == 0)
         setup_ms = (time.perf_counter() - t0) * 1e3  # planning (and a first link measurement)
-        if self._cuda_meter is not None:
-            self._cuda_meter.reset()
-        # The step starts after its planning: that time belongs to no step (report()'s
-        # planning_ms says how much it was).
-        rec = StepRecord(len(self._records), mode, key, self._clock.mark())
-        entry = self._plans.entry
-        if mode == "plan" and entry is not None:
-            rec.plan_source = ("derived" if entry.get("derived") else
-                               "cache_dir" if entry.get("from_disk") else "measured")
-            rec.checking = bool(entry.get("derived")) and not entry.get("checked")
-        rec.planning_ms = setup_ms + (self._finish_ms if now is not None else 0.0)
-        rec.exposed_before = self._exposed_total()
-        self._records.append(rec)
-        self._step = rec
-        if mode == "measure" and self._cuda:
-            self._cupti_used = self._cupti.start()
-            rec.windows = {}  # Note [The measuring step's windows on CUDA]
-            opt = self.optimizer
-            if opt is not None and not len(opt.state):
-                rec.optimizer_state_missing = _optimizer_state_estimate(opt)
-            if not self._pool:  # Note [What stays the same across shapes] in _fit_shapes.py
-                rec.constant_bytes = (int(torch.cuda.memory_allocated(self.device))
-                                      - _tensor_bytes(inputs) + self._bytes.trainable()
-                                      - grads + rec.optimizer_state_missing)
-        # Note [What it costs] (planned steps): fit tracks storages only where it must,
-        # in a measuring step, or on the CPU without the counting allocator.
-        self._recorder.begin_step(tracking=not self._cuda and (
-            mode == "measure" or self._counting is None))
-        if self._counting is not None:  # Note [The CPU allocator's meter] in _meter.py
-            state = self._bytes.state(grads)
-            if mode == "measure":
-                rec.counted = self._bytes.fixed_counted()
-                rec.state_at_start = state
-                rec.grads_at_start = grads
-            rec.meter_inputs = _tensor_bytes(inputs)
-            rec.meter_base = self._bytes.alive((), state) + rec.meter_inputs
-            self._counting.reopen()
-
-    def _exposed_total(self) -> float:
-        engine = self._offload.engine
-        if engine is None or not engine.timing or not self._offload.copies:
-            return 0.0  # a step that copies nothing calls no engine (Note [What it costs])
-        try:
-            return float(engine.overlap()["total"]["exposed_ms"])
-        except StashError:
-            return 0.0
-
-    def _finish(self, rec: StepRecord) -> None:
-        """Closes a step's figures. Synchronizes the device once per step (event times), so
-        the next step's first kernels are enqueued after the previous step has ended."""
-        t0 = time.perf_counter()
-        try:
-            self._finish_figures(rec)
-        finally:
-            self._finish_ms = (time.perf_counter() - t0) * 1e3
-
-    def _finish_figures(self, rec: StepRecord) -> None:
-        self._clock.sync()
-        rec.finished = True
-        if rec.aborted is not None:
-            rec.step_ms = self._clock.ms(rec.start, rec.end)
-            return
-        rec.cupti = self._cupti.stop() if rec.mode == "measure" else None
-        self._step_peak(rec)
-        rec.peak_bytes = rec.meter_peak if rec.meter_peak is not None else 0
-        rec.exposed_ms = max(0.0, self._exposed_total() - rec.exposed_before)
-        rec.step_ms = self._clock.ms(rec.start, rec.end)
-        plans = self._plans
-        entry = plans.cache.get(rec.key)
-        if rec.mode == "plan" and entry is not None:
-            rec.predicted_peak = int(entry["figures"]["predicted_peak_bytes"])
-            over = entry["profile"].get("step_overhead_ms", 0.0)
-            per_pass = entry["figures"]["predicted_step_ms"] - over
-            rec.predicted_step = rec.passes * per_pass + over
-        else:
-            rec.predicted_peak = None
-            rec.predicted_step = None
-        if rec.mode == "measure":
-            self._record_profile(rec)
-        rec.budget_bytes = plans.budget_for(rec.key)
-        if rec.checking and entry is not None:
-            plans.check_derived(rec, entry)
-        elif rec.mode == "plan" and entry is not None and not entry.get("corrected"):
-            plans.correct_fixed(rec, entry)
-        if rec.over_budget:
-            warnings.warn(
-                f"stash.torch.fit: step {rec.index} ({rec.mode}) peaked at "
-                f"{_gib(rec.peak_bytes)}, OVER the budget of {_gib(rec.budget_bytes or 0)}",
-                stacklevel=3)
+        self._book.begin(key, mode, inputs, grads, planning_ms=setup_ms + finish_ms)
 
     # --- measuring -> profile -> plan -------------------------------------------------------
 
@@ -714,19 +504,6 @@ class BudgetHandle(StepPolicy):
             self._ranks.local_world if self._ranks is not None else 1))
         self.link_cached = link.pop("cached", False)
         return link
-
-    def _step_peak(self, rec: StepRecord) -> None:
-        """The step's peak on the meter (Note [What the budget counts]), read once, when the
-        step ends (its optimizer step, or its backward without one), so that what the loop
-        does before the next step (the next batch, the embedding) is not counted."""
-        if rec.meter_peak is not None:
-            return
-        if self._cuda_meter is not None:
-            rec.meter_peak = self._cuda_meter.step_peak(rec)
-        elif self._counting is not None and rec.meter_base is not None:
-            rec.meter_peak = max(rec.meter_running, rec.meter_base + self._counting.peak())
-        else:
-            rec.meter_peak = self._bytes.fixed_counted() + rec.live_peak
 
     def _switch(self, actions: List[LayerActions], mode: str) -> None:
         if mode == self._mode and actions is self._offload.actions:
@@ -768,8 +545,7 @@ class BudgetHandle(StepPolicy):
         opt = self.optimizer
         state = fit_compiled_state(
             handle.blocks, budget=self.budget, solver=self.options.solver,
-            describe=lambda: (_device_info(self.device), self._link_section,
-                              {"pinnable_bytes": _pinnable_bytes()}),
+            describe=self._describe,
             meter=(meter_open, meter_peak),
             segment=None if handle.cuda else meter_segment,
             counted=self._bytes.fixed_counted, refused=self.close,
@@ -780,9 +556,10 @@ class BudgetHandle(StepPolicy):
         state.moves = handle.compiled_moves(state.id)
         return state
 
-    def _timing_kind(self) -> str:
-        """The clock the plan's times come from: "host-clock" (CPU) or "cuda-events"."""
-        return self._clock.kind
+    def _describe(self) -> Description:
+        """A profile's device, link and host sections (the link measured at fit())."""
+        return (_device_info(self.device), self._link_section,
+                {"pinnable_bytes": _pinnable_bytes()})
 
     def _fail(self, error: StashError) -> NoReturn:
         # Nothing here keeps `error`: its traceback holds the loop's frames, and through
@@ -797,29 +574,22 @@ class BudgetHandle(StepPolicy):
 
     def _before_optimizer_step(self, opt: torch.optim.Optimizer, args: Tuple[Any, ...],
                                kwargs: Dict[str, Any]) -> None:
-        rec = self._step
         # step(closure): the closure runs a forward and backward inside step() (Lightning
         # does so for every step), so a forward from here on is the step's, not a sign
         # that the step raised (Note [A step that ends early]).
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: opt
-        if rec is not None and rec.backward_done and closure is None:
-            rec.optimizer_began = True
-            if self._cuda_meter is not None:  # Note [The measuring step's windows on CUDA]
-                self._cuda_meter.optimizer_begins(rec)
+        if closure is None:
+            self._book.optimizer_begins()
 
     def _after_optimizer_step(self, opt: torch.optim.Optimizer, *_: Any) -> None:
         compiled = self._offload.compiled_state
         if compiled is not None:
             compiled.optimizer_stepped()
-        rec = self._step
-        if rec is not None and rec.backward_done and rec.end is None:
-            rec.end = self._clock.mark()
-            if self._recorder.tracking:
-                self._sample("optimizer step", after=("opt",))
-            self._step_peak(rec)
+        self._book.optimizer_stepped()
         # Note [What the budget counts]: the optimizer's real state, once it exists.
         entry = self._plans.entry
-        if self._opt_state_counted is None or entry is None:
+        counted = self._book.optimizer_state_counted
+        if counted is None or entry is None:
             return
         if self._ranks is not None:
             # Every rank re-plans with the largest difference any rank saw, once.
@@ -827,74 +597,50 @@ class BudgetHandle(StepPolicy):
                 return
             entry["opt_checked"] = True
             real = _optimizer_state_bytes(opt)
-            delta = optimizer_state_delta(self._ranks, real - self._opt_state_counted)
+            delta = optimizer_state_delta(self._ranks, real - counted)
         else:
             if "profile" not in entry:
                 return
             real = _optimizer_state_bytes(opt)
-            delta = real - self._opt_state_counted
-        self._opt_state_counted = real
+            delta = real - counted
+        self._book.optimizer_state_counted = real
         self._plans.optimizer_state_changed(delta)
 
     # --- public ---------------------------------------------------------------------------
-
-    def _settle(self) -> None:
-        """Finishes the running step's figures if its backward has ended (its time runs to
-        its optimizer step, or to now)."""
-        rec = self._step
-        if rec is not None and not rec.finished and (rec.backward_done
-                                                     or rec.aborted is not None):
-            if rec.end is None:
-                rec.end = self._clock.mark()
-            self._finish(rec)
 
     def report(self) -> Dict[str, Any]:
         """The budget, one entry per finished step (measured and predicted peak and step
         time, exposed copy time, mode, its shape's budget in bytes; an aborted step says
         why), the plan's summary and how it was measured (_fit_report.fit_report)."""
-        self._settle()
-        for rec in self._records:  # a share resolved after the step ran (its plan came later)
-            if rec.finished and rec.budget_bytes is None and rec.aborted is None:
-                rec.budget_bytes = self._plans.budget_for(rec.key)
+        records = self._book.settled()
         compiled = self._offload.compiled_state
-        if compiled is not None and compiled.steps and not self._records:
+        if compiled is not None and compiled.steps and not records:
             # Note [Planning the compiled graph] in _compiled.py: the steps ran compiled.
             nbytes = self.budget.nbytes if self.budget.nbytes is not None else (
                 int(compiled.figures["budget_bytes"]) if compiled.figures else None)
             r = fit_report([], {"profile": compiled.profile, "plan": compiled.plan},
                            self.budget, nbytes, timing="host-clock (compiled ticks)",
-                           meter=self._meter_name(), ranks=self._ranks)
+                           meter=self._book.meter, ranks=self._ranks)
             r["steps"] = compiled.step_entries(nbytes)
             return r
-        return fit_report(self._records, self._plans.entry, self.budget, self.budget_bytes,
-                          timing=self._timing_kind(), meter=self._meter_name(),
-                          ranks=self._ranks)
+        return fit_report(records, self._plans.entry, self.budget, self.budget_bytes,
+                          timing=self._book.timing, meter=self._book.meter, ranks=self._ranks)
 
     def format_report(self) -> str:
         """report() as the table the README shows."""
         return format_report(self.report())
 
-    def _meter_name(self) -> str:
-        """What a step's peak is read from (Note [What the budget counts])."""
-        if self._pool:
-            return "stash pool peak"
-        if self._cuda:
-            return "torch.cuda.max_memory_allocated"
-        if self._counting is not None:
-            return "c10 CPU allocator (stash's counting allocator)"
-        return "tracked saved storages + parameters, gradients, optimizer state"
-
     @property
     def plan(self) -> Optional[Dict[str, Any]]:
         """The stash.plan/1 document for the current shape (None until one was made)."""
-        self._settle()
+        self._book.settle()
         e = self._plans.entry
         return e.get("plan") if e else None
 
     @property
     def profile(self) -> Optional[Dict[str, Any]]:
         """The stash.profile/1 measured (or read from cache_dir) for the current shape."""
-        self._settle()
+        self._book.settle()
         e = self._plans.entry
         return e.get("profile") if e else None
 

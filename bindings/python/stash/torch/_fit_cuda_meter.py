@@ -2,7 +2,24 @@
 max_memory_allocated, or stash's pool peak under stash.torch.use_allocator, and a measuring
 step's windows over it (Note [The measuring step's windows on CUDA] in _fit.py). A part
 the handle owns: it reads and writes a step's record (windows, in_loss,
-before_optimizer_peak, optimizer_peak) and nothing of the handle's."""
+before_optimizer_peak, optimizer_peak) and nothing of the handle's. It reads one
+allocator's peak, the whole process's (Note [Why not torch.cuda.MemPool]).
+
+Note [Why not torch.cuda.MemPool]
+torch >= 2.5 can route the allocations made inside a `torch.cuda.use_mem_pool(pool)`
+block to a MemPool backed by a pluggable allocator, so stash's pool could serve only the
+blocks' activations while torch's caching allocator keeps everything else. fit does not:
+(1) the budget is the process's peak, and two allocators that each cache their own free
+blocks peak higher together than one that shares them: activations freed in backward
+could not be reused by the gradients and optimizer temporaries allocated outside the pool
+at that moment, and the reverse; (2) the saved tensors are created by the blocks' own ops,
+some in backward (the prefetch buffers, the recompute's outputs), and the autograd engine
+runs backward on its own thread, outside any use_mem_pool context set in forward, so a
+pool would hold only part of the activations and the peak split between the two would be
+harder to predict, not easier. Plans are therefore made and measured against one
+allocator: torch's own, or stash's pool for the whole process (stash.torch.use_allocator),
+whose peak fit then reads.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,385 @@
+"""stash.torch.fit's book of steps: a typed record per training step (StepRecord), begun
+where block 0's forward begins a step, marked as the step runs, and closed with its
+figures (the peak on the meter, the step's time, exposed copy time, what its plan
+predicted) where the step ends; a measuring step's record becomes its shape's profile
+(Notes [The measuring step], [What the budget counts] and [The measuring step's windows
+on CUDA] in _fit.py). report() is a function of these records (_fit_report.fit_report).
+
+A part the handle owns: handed the blocks, the optimizer, the step clock, the measuring
+recorder, the training bytes, the shape plans, the meters, what copies (the
+OffloadHandle, through Copies) and describe (the profile's device, link and host
+sections); it reads nothing of the handle. The handle decides what a step is (where one
+begins and ends, its mode); the book keeps what the step did."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+
+import torch
+
+from .._engine import Engine
+from .._lib import StashError
+from .._profiler import FORWARD, Profiler
+from ._cpu_meter import Window
+from ._fit_bytes import TrainingBytes
+from ._fit_cuda_meter import CudaMeter
+from ._fit_measure import MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda, measured_profile
+from ._fit_plan import kept_bytes
+from ._fit_shape_plans import ShapePlans
+from ._fit_support import (ReplaySpan, Span, StepRecord, _Clock, _gib, _optimizer_state_bytes,
+                           _optimizer_state_estimate, _tensor_bytes)
+from ._saved import storage_of
+
+# A profile's device, link and host sections (_record._device_info, the link, pinnable).
+Description = Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]
+
+
+class Copies(Protocol):
+    """What the book reads of the OffloadHandle: its engine, and whether the current
+    actions copy anything (a step that copies nothing calls no engine, Note [What it
+    costs] in _fit.py)."""
+
+    @property
+    def engine(self) -> Optional[Engine]: ...
+
+    @property
+    def copies(self) -> bool: ...
+
+
+class StepBook:
+    """Every step's record in order; the running one's marks; its figures when it ends."""
+
+    def __init__(self, blocks: Sequence[torch.nn.Module],
+                 optimizer: Optional[torch.optim.Optimizer], *, clock: _Clock,
+                 recorder: MeasuringRecorder, training: TrainingBytes, plans: ShapePlans,
+                 copies: Copies, cuda_meter: Optional[CudaMeter], counting: Optional[Window],
+                 describe: Callable[[], Description]) -> None:
+        self._blocks = list(blocks)
+        self._optimizer = optimizer
+        self._clock = clock
+        self._recorder = recorder
+        self._bytes = training
+        self._plans = plans
+        self._copies = copies
+        self._cuda_meter = cuda_meter  # None: the CPU (the counting window's, or fit's count)
+        self._counting = counting
+        self._describe = describe
+        self._cupti = Profiler()
+        # None: CUPTI not tried (CPU); else (used, why not).
+        self._cupti_used: Optional[Tuple[bool, Optional[str]]] = None
+        self.records: List[StepRecord] = []
+        self.running: Optional[StepRecord] = None  # the last step begun, finished or not
+        # The optimizer state's bytes the current profile counts (Note [What the budget
+        # counts] in _fit.py): set when a step measured, corrected by the handle once the
+        # optimizer has stepped.
+        self.optimizer_state_counted: Optional[int] = None
+
+    @property
+    def timing(self) -> str:
+        """The clock the plan's times come from: "host-clock" (CPU) or "cuda-events"."""
+        return self._clock.kind
+
+    @property
+    def meter(self) -> str:
+        """What a step's peak is read from (Note [What the budget counts] in _fit.py)."""
+        if self._cuda_meter is not None:
+            return ("stash pool peak" if self._cuda_meter.pool
+                    else "torch.cuda.max_memory_allocated")
+        if self._counting is not None:
+            return "c10 CPU allocator (stash's counting allocator)"
+        return "tracked saved storages + parameters, gradients, optimizer state"
+
+    # --- a step begins and ends -------------------------------------------------------------
+
+    def end_running(self) -> float:
+        """The next step begins: closes the running step's figures if it is still open (it
+        ends now if nothing ended it before). Returns the milliseconds that took (0.0 when
+        none was open); the next step's planning_ms counts them."""
+        prev = self.running
+        if prev is None or prev.finished:
+            return 0.0
+        now = self._clock.mark()
+        if prev.end is None:
+            prev.end = now
+        return self._finish(prev)
+
+    def begin(self, key: str, mode: str, inputs: Sequence[torch.Tensor], grads: int,
+              planning_ms: float) -> None:
+        """A step of shape `key` begins (block 0, micro-batch 0) in `mode` ("measure" or
+        "plan"), its actions set. grads: the gradient bytes alive at its start;
+        planning_ms: the time spent between the steps choosing its plan and closing the
+        previous step's figures."""
+        meter = self._cuda_meter
+        if meter is not None:
+            meter.reset()
+        # The step starts after its planning: that time belongs to no step (report()'s
+        # planning_ms says how much it was).
+        rec = StepRecord(len(self.records), mode, key, self._clock.mark())
+        entry = self._plans.entry
+        if mode == "plan" and entry is not None:
+            rec.plan_source = ("derived" if entry.get("derived") else
+                               "cache_dir" if entry.get("from_disk") else "measured")
+            rec.checking = bool(entry.get("derived")) and not entry.get("checked")
+        rec.planning_ms = planning_ms
+        rec.exposed_before = self._exposed_total()
+        self.records.append(rec)
+        self.running = rec
+        if mode == "measure" and meter is not None:
+            self._cupti_used = self._cupti.start()
+            rec.windows = {}  # Note [The measuring step's windows on CUDA] in _fit.py
+            opt = self._optimizer
+            if opt is not None and not len(opt.state):
+                rec.optimizer_state_missing = _optimizer_state_estimate(opt)
+            if not meter.pool:  # Note [What stays the same across shapes] in _fit_shapes.py
+                rec.constant_bytes = (int(torch.cuda.memory_allocated(meter.device))
+                                      - _tensor_bytes(inputs) + self._bytes.trainable()
+                                      - grads + rec.optimizer_state_missing)
+        # Note [What it costs] in _fit.py (planned steps): fit tracks storages only where
+        # it must, in a measuring step, or on the CPU without the counting allocator.
+        self._recorder.begin_step(tracking=meter is None and (
+            mode == "measure" or self._counting is None))
+        if self._counting is not None:  # Note [The CPU allocator's meter] in _meter.py
+            state = self._bytes.state(grads)
+            if mode == "measure":
+                rec.counted = self._bytes.fixed_counted()
+                rec.state_at_start = state
+                rec.grads_at_start = grads
+            rec.meter_inputs = _tensor_bytes(inputs)
+            rec.meter_base = self._bytes.alive((), state) + rec.meter_inputs
+            self._counting.reopen()
+
+    def abort(self, rec: StepRecord, reason: str) -> None:
+        """Note [A step that ends early] in _offload_hooks.py: the record keeps why; a
+        measuring step's partial layers are dropped, so the shape is measured again from
+        scratch."""
+        rec.aborted = reason
+        if rec.mode == "measure":
+            self._recorder.drop_layers()
+            if self._cuda_meter is not None:
+                self._cupti.stop()
+        self._recorder.forget()
+
+    def settle(self) -> None:
+        """Finishes the running step's figures if its backward has ended (its time runs to
+        its optimizer step, or to now)."""
+        rec = self.running
+        if rec is not None and not rec.finished and (rec.backward_done
+                                                     or rec.aborted is not None):
+            if rec.end is None:
+                rec.end = self._clock.mark()
+            self._finish(rec)
+
+    def settled(self) -> List[StepRecord]:
+        """Every step's record for report(): the running one settled, and the budget of a
+        share resolved after its step ran (its plan came later)."""
+        self.settle()
+        for rec in self.records:
+            if rec.finished and rec.budget_bytes is None and rec.aborted is None:
+                rec.budget_bytes = self._plans.budget_for(rec.key)
+        return self.records
+
+    # --- marks as the step runs (Note [What it costs] in _fit.py: a planned step's are its
+    # start and end, and where its backward and optimizer step end) --------------------------
+
+    def sample(self, where: str, after: Optional[Tuple[Any, ...]] = None) -> None:
+        """The CPU meter's sample at a position of the running step (the recorder's)."""
+        if self.running is not None:
+            self._recorder.sample(self.running, where, after)
+
+    def forward_began(self, i: int, serial: int) -> None:
+        rec = self.running
+        if rec is not None and rec.mode == "measure":
+            rec.fwd[(serial, i)] = Span(self._clock.mark())
+            self._cupti.begin(FORWARD, i)
+
+    def forward_ended(self, i: int, serial: int) -> None:
+        rec = self.running
+        if rec is not None and rec.mode == "measure":
+            rec.fwd.setdefault((serial, i), Span()).end = self._clock.mark()
+            self._cupti.end()
+
+    def backward_began(self, i: int, serial: int, open_layer: Optional[int]) -> None:
+        """Block i's backward begins; open_layer: the block whose backward it ends."""
+        rec = self.running
+        if rec is not None and rec.mode == "measure":
+            m = self._clock.mark()
+            if open_layer is not None:
+                rec.bwd.setdefault((serial, open_layer), Span()).end = m
+            rec.bwd.setdefault((serial, i), Span()).begin = m
+
+    def backward_finished(self, serial: int, last: bool) -> None:
+        """A micro-batch's backward through the blocks ended; last: no other micro-batch's
+        is running (the step's backward has ended). Without the optimizer known, the
+        step ends here."""
+        rec = self.running
+        if rec is None:
+            return
+        m = self._clock.mark()
+        b = rec.bwd.get((serial, 0))
+        if b is not None and b.end is None:
+            b.end = m
+        if self._recorder.tracking:
+            self.sample("backward end", after=("bwd", 0))
+        if last:
+            rec.backward_done = True
+            if self._optimizer is not None and not rec.made_gradients:
+                rec.made_gradients = self._bytes.any_gradient()
+            rec.bwd_end = m
+            if self._optimizer is None:
+                self.read_peak(rec)
+
+    def replay_began(self, layer: int, serial: int) -> None:
+        rec = self.running
+        if rec is not None and rec.mode == "measure":
+            rec.replay[(serial, layer)] = ReplaySpan(self._clock.mark())
+
+    def replay_saved(self, layer: int, serial: int, index: int, t: torch.Tensor) -> None:
+        """A replay saved recomputable tensor `index` again (Note [Recompute cost as the
+        replay pays it] in _fit.py)."""
+        rec = self.running
+        if rec is None or rec.mode != "measure":
+            return
+        r = rec.replay.get((serial, layer))
+        if r is not None:
+            r.marks.append((index, self._clock.mark()))
+        self._recorder.track(t, storage_of(t)[1])
+
+    def replay_ended(self, layer: int, serial: int) -> None:
+        rec = self.running
+        if rec is not None:
+            r = rec.replay.get((serial, layer))
+            if r is not None:
+                r.end = self._clock.mark()
+        self.sample(f"backward[{layer}]", after=("bwd", layer))
+
+    def optimizer_begins(self) -> None:
+        """optimizer.step() begins (not one whose closure runs the step)."""
+        rec = self.running
+        if rec is not None and rec.backward_done:
+            rec.optimizer_began = True
+            # Its window of its own (Note [The measuring step's windows on CUDA] in _fit.py).
+            if self._cuda_meter is not None:
+                self._cuda_meter.optimizer_begins(rec)
+
+    def optimizer_stepped(self) -> None:
+        """optimizer.step() ended: so did the step."""
+        rec = self.running
+        if rec is not None and rec.backward_done and rec.end is None:
+            rec.end = self._clock.mark()
+            if self._recorder.tracking:
+                self.sample("optimizer step", after=("opt",))
+            self.read_peak(rec)
+
+    def read_peak(self, rec: StepRecord) -> None:
+        """The step's peak on the meter (Note [What the budget counts] in _fit.py), read
+        once, when the step ends (its optimizer step, or its backward without one), so that
+        what the loop does before the next step (the next batch, the embedding) is not
+        counted."""
+        if rec.meter_peak is not None:
+            return
+        if self._cuda_meter is not None:
+            rec.meter_peak = self._cuda_meter.step_peak(rec)
+        elif self._counting is not None and rec.meter_base is not None:
+            rec.meter_peak = max(rec.meter_running, rec.meter_base + self._counting.peak())
+        else:
+            rec.meter_peak = self._bytes.fixed_counted() + rec.live_peak
+
+    # --- a step's figures ---------------------------------------------------------------------
+
+    def _exposed_total(self) -> float:
+        engine = self._copies.engine
+        if engine is None or not engine.timing or not self._copies.copies:
+            return 0.0  # a step that copies nothing calls no engine (Copies)
+        try:
+            return float(engine.overlap()["total"]["exposed_ms"])
+        except StashError:
+            return 0.0
+
+    def _finish(self, rec: StepRecord) -> float:
+        """Closes a step's figures; the milliseconds that took. Synchronizes the device once
+        per step (event times), so the next step's first kernels are enqueued after the
+        previous step has ended."""
+        t0 = time.perf_counter()
+        self._finish_figures(rec)
+        return (time.perf_counter() - t0) * 1e3
+
+    def _finish_figures(self, rec: StepRecord) -> None:
+        self._clock.sync()
+        rec.finished = True
+        if rec.aborted is not None:
+            rec.step_ms = self._clock.ms(rec.start, rec.end)
+            return
+        rec.cupti = self._cupti.stop() if rec.mode == "measure" else None
+        self.read_peak(rec)
+        rec.peak_bytes = rec.meter_peak if rec.meter_peak is not None else 0
+        rec.exposed_ms = max(0.0, self._exposed_total() - rec.exposed_before)
+        rec.step_ms = self._clock.ms(rec.start, rec.end)
+        plans = self._plans
+        entry = plans.cache.get(rec.key)
+        if rec.mode == "plan" and entry is not None:
+            rec.predicted_peak = int(entry["figures"]["predicted_peak_bytes"])
+            over = entry["profile"].get("step_overhead_ms", 0.0)
+            per_pass = entry["figures"]["predicted_step_ms"] - over
+            rec.predicted_step = rec.passes * per_pass + over
+        else:
+            rec.predicted_peak = None
+            rec.predicted_step = None
+        if rec.mode == "measure":
+            self._record_profile(rec)
+        rec.budget_bytes = plans.budget_for(rec.key)
+        if rec.checking and entry is not None:
+            plans.check_derived(rec, entry)
+        elif rec.mode == "plan" and entry is not None and not entry.get("corrected"):
+            plans.correct_fixed(rec, entry)
+        if rec.over_budget:
+            warnings.warn(
+                f"stash.torch.fit: step {rec.index} ({rec.mode}) peaked at "
+                f"{_gib(rec.peak_bytes)}, OVER the budget of {_gib(rec.budget_bytes or 0)}",
+                stacklevel=3)
+
+    def _record_profile(self, rec: StepRecord) -> None:
+        """A finished measuring step as the shape's profile (kept in the cache)."""
+        device, link, host = self._describe()
+        doc = measured_profile(rec, self._recorder.layers, self._blocks, self._clock,
+                               device=device, link=link, host=host, timing=self.timing,
+                               cupti=self._cupti_summary)
+        counted = self._bytes.fixed_counted()
+        self.optimizer_state_counted = _optimizer_state_estimate(self._optimizer)
+        if self._cuda_meter is not None:
+            # Note [The measuring step's windows on CUDA] in _fit.py: the state made by
+            # this step's optimizer.step() is counted as estimated at block 0, as the fixed
+            # bytes count it; the post-step hook then shifts both by the estimate's error.
+            missing = rec.optimizer_state_missing
+            if missing:
+                self.optimizer_state_counted = missing
+            windows = rec.windows or {}
+            doc["fixed_bytes"], loss = fixed_bytes_cuda(
+                doc, windows.get("blocks", rec.peak_bytes), windows.get("loss"),
+                self._recorder.actions_seen(), counted, missing)
+            if loss:
+                doc["loss_bytes"] = loss
+            if rec.optimizer_peak is not None:
+                real = _optimizer_state_bytes(self._optimizer) if missing else 0
+                doc["optimizer_bytes"] = int(max(0, rec.optimizer_peak - real + missing))
+            if rec.constant_bytes is not None:
+                doc["measurement"]["constant_bytes"] = int(max(counted, rec.constant_bytes))
+            if rec.in_flight > 1:  # Note [Micro-batches in flight] in _fit_plan.py
+                doc["measurement"]["in_flight_held_bytes"] = (rec.in_flight - 1) * kept_bytes(
+                    doc, self._recorder.actions_seen())
+        else:
+            doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted, self._bytes.trainable())
+        self._plans.measured(rec.key, {"profile": doc, "measured_peak_bytes": rec.peak_bytes})
+
+    def _cupti_summary(self, fwd: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """Note [The measuring step] in _fit.py: CUPTI's forward kernel time beside the
+        events' span, or why CUPTI did not run."""
+        if self._cupti_used is None:
+            return {"used": False, "reason": "no CUDA device (the host clock times the step)"}
+        used, reason = self._cupti_used
+        if used and fwd:
+            return {"used": True, "forward": fwd,
+                    "kernel_share": sum(f["kernel_ms"] for f in fwd)
+                    / max(1e-9, sum(f["span_ms"] for f in fwd))}
+        return {"used": False, "reason": reason or self._cupti.reason or "no records"}
