@@ -363,6 +363,23 @@ def calibrated_loss_bytes(doc: Doc, head_peak: int) -> int:
     return int(max(0, head_peak - int(doc["fixed_bytes"]) - kept))
 
 
+def calibrated_temporaries(doc: Doc, segment_peaks: Sequence[Optional[int]]) -> List[int]:
+    """Note [Backward temporaries of a compiled block] in _compiled.py: each block's
+    backward temporaries as the measured peak of its backward segment (absolute, the
+    optimizer state missing then included) above what the model holds there for the
+    least-memory plan (the fixed bytes, the kept activations of the blocks before it and
+    its own recomputed ones); None (no reading) keeps the layer's own figure."""
+    out, kept = [], 0
+    for layer, peak in zip(doc["layers"], segment_peaks):
+        saved = sum(int(t["bytes"]) for t in layer["tensors"])
+        if peak is None:
+            out.append(int(layer["bwd_temp_bytes"]))
+        else:
+            out.append(int(max(0, peak - int(doc["fixed_bytes"]) - kept - saved)))
+        kept += sum(int(t["bytes"]) for t in layer["tensors"] if not t["recomputable"])
+    return out
+
+
 def plan_actions_of(plan: Doc) -> List[List[str]]:
     return [[str(t["action"]) for t in layer["tensors"]] for layer in plan["layers"]]
 

@@ -111,18 +111,39 @@ aborted); without it, one per forward.
 
 Note [Backward temporaries of a compiled block]
 A compiled block's backward makes temporaries (its recomputed nodes beyond the saved
-values, gradients of its activations) that no saved value accounts for. Calibrating
-them all into the fixed bytes at the measuring step's peak loses where they are: a plan
-whose peak moves (to the loss, or to another block's backward beside a prefetched
-value) was then priced below its run. On the peers' tiny Llama (4 layers, hidden 128,
-sequence 256) at compile-0.3's peak, a plan offloading one 1 MiB value ran 3.9% over its
-prediction and 2.8% over the budget. So on the CPU the measuring step reads the handle's
-own meter window at each backward tick (the peak since the last, then the bytes alive;
-reset_peak starts the next), and a block's bwd_temp_bytes is its backward's peak less
-what was alive when it began and its recomputed values (every value is recomputed in
-that step); the step's peak is the most of the segments. A derived shape scales them as
-its saved bytes. On CUDA the segments would reset max_memory_allocated, the meter users
-read, in the middle of their step, so there the temporaries stay in the fixed bytes.
+values, gradients of its activations) that no saved value accounts for. Calibrating them
+all into the fixed bytes at the measuring step's peak loses where they are: a plan whose
+peak moves (to the loss, or to another block's backward beside a prefetched value) was
+then priced below its run. On the peers' tiny Llama (4 layers, hidden 128, sequence 256)
+at compile-0.3's peak, a plan offloading one 1 MiB value ran 3.9% over its prediction
+and 2.8% over the budget. So on the CPU the measuring step reads the handle's own meter
+window at each backward tick (the peak since the last; reset_peak starts the next), and
+a block's bwd_temp_bytes is its backward segment's peak above what the model holds there
+for the least-memory plan it ran (the fixed bytes, the kept values of the blocks before
+it, its own recomputed ones: _compile_plan.calibrated_temporaries); the step's peak is
+the most of the segments. The fixed bytes are then what fit counts (parameters,
+gradients, buffers, optimizer state): what else the step holds at a position (the
+embedding's output, the rotary tables) is read into that position's own figure, the
+blocks' temporaries and the loss's bytes (Note [The loss under whole-model compile]);
+calibrating the fixed bytes from the step's peak too would count the peak block's
+reading twice.
+The temporaries were first read as the segment's peak less the bytes alive at its tick.
+But Inductor schedules part of a block's backward (the next block's recompute,
+gradients) before the tick, so that reading already held it, and every block but the
+first to run backward came out 0: test_fit_compiled's wide Llama at "70%" planned for
+45.6 MB and its backward[1] ran 46.7 MB (the model said 31.5; backward[0] 35.3 against
+28.3). Read against the model, its blocks get 10.3-11.7 MB each, and the plan made with
+them is priced 2.2 MB under its run at backward[1] (39.8 against 42.0 MB) and 1.1 MB
+over at backward[0], its step 4.1 MB under the prediction. What is left is not one
+figure per block: in the least-memory step a block's temporaries include its recompute's
+intermediates, which a plan that keeps the block does not make, so a kept block is
+priced above its run (that Llama's last block by 8.7 MB), and a partly recomputed one
+may hold more than either (block 1 there: 13.8 MB against 11.7). A model of temporaries
+that depends on what the plan recomputes needs the planner's support and a second
+reading at the plan. A derived shape scales them as its saved bytes. On CUDA the
+segments would reset max_memory_allocated, the meter users read, in the middle of their
+step, so there the temporaries stay in the fixed bytes (calibrated from the step's
+peak).
 
 Note [The loss under whole-model compile]
 The measuring step recomputes every block, so its peak is a block's backward, and the
@@ -212,10 +233,8 @@ class StepTimes:
         self.base = 0
         self.missing = 0  # optimizer state that did not exist when it began
         # Note [Backward temporaries of a compiled block]: per block, the peak during its
-        # backward and the bytes alive when it began (the meter's scale); the most of any
-        # segment so far.
+        # backward (the meter's scale); the most of any segment so far.
         self.bwd_peak: List[Optional[int]] = [None] * n
-        self.bwd_start: List[Optional[int]] = [None] * n
         self.seg_max = 0
         # Note [The loss under whole-model compile]: the peak from the step's start to the
         # end tick's backward (the forwards, the head, the loss and its backward), above
@@ -434,14 +453,12 @@ class CompiledState:
         step.bwd[block] = time.perf_counter()
         if self._segment is not None and step.serial == 0:
             # Note [Backward temporaries of a compiled block]
-            peak, now = self._segment()
+            peak, _ = self._segment()  # (the peak since the last tick, the bytes alive)
             step.seg_max = max(step.seg_max, peak)
             if block < self.n:
                 step.bwd_peak[block] = peak
             else:
                 step.head_peak = peak
-            if block > 0:
-                step.bwd_start[block - 1] = now
         if block == 0:
             step.peak = step.base + max(step.seg_max, self._meter_peak())
             if step.serial > 0 and step.serial == self.serial:
@@ -579,16 +596,8 @@ class CompiledState:
             saved = self.saved_at.get(m.shape, self.saved)
             weights = self.weights_at.get(m.shape, self.weights)
             out.append(layer_doc(self.names[i], self.kinds[i], saved.get(i, []), fwd,
-                                 bwd, weights.get(i, 0.0), self._temporaries(m, i, saved)))
+                                 bwd, weights.get(i, 0.0)))
         return out
-
-    def _temporaries(self, m: StepTimes, i: int, saved: Dict[int, List[SavedValue]]) -> int:
-        """Note [Backward temporaries of a compiled block]: block i's backward temporaries
-        in the measuring step, above what it began with and its recomputed values."""
-        peak, start = m.bwd_peak[i], m.bwd_start[i]
-        if peak is None or start is None:
-            return 0
-        return max(0, peak - start - sum(v.nbytes for v in saved.get(i, []) if v.recomputable))
 
     def report(self) -> Dict[str, Any]:
         """The compiled steps: per step its plan serial, peak on the meter and block

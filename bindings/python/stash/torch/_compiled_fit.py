@@ -11,8 +11,8 @@ import torch
 
 from .._lib import StashError
 from .._planner import InfeasibleBudget
-from ._compile_plan import (calibrated_fixed_bytes, calibrated_loss_bytes, compiled_profile,
-                            plan_actions_of)
+from ._compile_plan import (calibrated_fixed_bytes, calibrated_loss_bytes,
+                            calibrated_temporaries, compiled_profile, plan_actions_of)
 from ._compiled import CompiledState
 from ._fit_plan import BudgetRefused, derived_refusal, plan_measured, warn_closed
 
@@ -43,7 +43,17 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         most = max(int(s.peak or 0) + s.missing for s in measured)
         device, link, host = describe()
         doc = compiled_profile(state.layers(), device=device, link=link, host=host)
-        doc["fixed_bytes"] = calibrated_fixed_bytes(doc, most, counted(), 0) + state.correction
+        top = max(measured, key=lambda s: int(s.peak or 0) + s.missing)
+        if all(p is not None for p in top.bwd_peak):
+            # Note [Backward temporaries of a compiled block]: each position's untracked
+            # bytes where it is read.
+            doc["fixed_bytes"] = counted() + state.correction
+            for layer, temp in zip(doc["layers"], calibrated_temporaries(
+                    doc, [top.base + int(p or 0) + top.missing for p in top.bwd_peak])):
+                layer["bwd_temp_bytes"] = temp
+        else:
+            doc["fixed_bytes"] = (calibrated_fixed_bytes(doc, most, counted(), 0)
+                                  + state.correction)
         heads = [s.base + s.head_peak + s.missing for s in measured if s.head_peak is not None]
         if heads:  # Note [The loss under whole-model compile]
             doc["loss_bytes"] = calibrated_loss_bytes(doc, max(heads))
