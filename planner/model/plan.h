@@ -98,7 +98,7 @@ decision_table keep_all(const step_profile& p);
 // A profile's recompute_cost says how a layer's recompute is paid. per_tensor (the
 // default, the analytic model's): R_i is the sum of the recomputed tensors' recompute_ms,
 // each tensor's producer run from kept inputs. prefix (stash.torch.fit's eager blocks,
-// Note [Recompute cost as the replay pays it] in _fit.py): a layer is recomputed by
+// Note [Recompute cost as the replay pays it] in _fit_measure.py): a layer is recomputed by
 // re-running its forward from its input up to the last tensor it needs, so R_i is the sum
 // of recompute_ms over every tensor of the layer up to its last recomputed one, whatever
 // their actions. The replay makes every tensor before that one again anyway, so a plan

@@ -127,8 +127,8 @@ def test_llama_training_is_bitwise_identical_at_three_budgets(budget, llama_refe
     r = h.report()
     assert [s["mode"] for s in r["steps"]] == ["measure", "plan", "plan"]
     for s in r["steps"]:
-        # Note [What the budget counts]: measured from the storages the hooks track, and
-        # within the budget, the measuring step included.
+        # Note [What the budget counts] in _fit_steps.py: measured from the storages the
+        # hooks track, and within the budget, the measuring step included.
         assert s["measured_peak_bytes"] <= r["budget_bytes"], (budget, s)
         assert not s["over_budget"]
         assert s["step_ms"] > 0

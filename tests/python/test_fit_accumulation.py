@@ -57,9 +57,9 @@ def test_accumulation_by_hand_is_priced_per_forward():
     steps = got[2].report()["steps"]
     assert [s["micro_batches"] for s in steps] == [2] * 8
     # A plan's first run that peaks above its prediction corrects the shape's fixed
-    # bytes (Note [What the budget counts]) for steps of two passes as for one: from
-    # then on every step peaks at or under its prediction and its budget. (It was not
-    # corrected for more than one pass, and stayed 160 KB over its prediction here.)
+    # bytes (Note [What the budget counts] in _fit_steps.py) for steps of two passes as for
+    # one: from then on every step peaks at or under its prediction and its budget. (It was
+    # not corrected for more than one pass, and stayed 160 KB over its prediction here.)
     for s in steps[2:]:
         assert s["measured_peak_bytes"] <= s["predicted_peak_bytes"], steps
         assert not s["over_budget"], steps

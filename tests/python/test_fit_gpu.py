@@ -159,7 +159,8 @@ def test_fit_keeps_the_budget_through_lengths_and_a_lost_step():
     assert [s["step"] for s in steps if s["aborted"]] == [LOST], steps
     measuring = sum(s["mode"] == "measure" for s in steps if not s["aborted"])
     # A measuring step reads its meter in windows (Note [The measuring step's windows on
-    # CUDA] in _fit.py): the loop's reading after it covers the last, fit's the whole step.
+    # CUDA] in _fit_cuda_meter.py): the loop's reading after it covers the last, fit's the
+    # whole step.
     over = [(i, p, s["budget_bytes"]) for i, (p, s) in enumerate(zip(peaks, steps))
             if not s["aborted"] and max(p, s["measured_peak_bytes"]) > s["budget_bytes"]]
     print(f"\nfit at 70% through {len(LENGTHS)} lengths and a lost step: {measuring} measuring "

@@ -405,7 +405,7 @@ class _Scratchy(nn.Module):
 def test_a_temporary_fit_does_not_track_is_in_the_budget():
     """The measuring step calibrates the fixed bytes on the CPU allocator's meter, so a
     block's scratch memory is planned for and every step is within the budget on that
-    meter (Note [What the budget counts])."""
+    meter (Note [What the budget counts] in _fit_steps.py)."""
     torch.manual_seed(0)
     blocks = nn.ModuleList([_Scratchy() for _ in range(4)])
     opt = torch.optim.SGD(blocks.parameters(), lr=0.1)

@@ -1,7 +1,7 @@
 """stash.torch.fit across the shapes a training loop feeds it (Notes [What a share budget
-means] in _fit_options.py and [A derived plan's first run] in _fit.py): a share budget
-judged per shape, a new length on every step planned from the measured ones, and a
-derived plan that fails its check measured next time. The models and batches are
+means] in _fit_options.py and [A derived plan's first run] in _fit_shape_plans.py): a
+share budget judged per shape, a new length on every step planned from the measured ones,
+and a derived plan that fails its check measured next time. The models and batches are
 test_fit_loops.py's (Hugging Face Mistral from a small config, on the CPU test double)."""
 
 import pytest
@@ -105,8 +105,9 @@ class _Lengthy(nn.Module):
 
 
 def test_a_derived_plan_that_fails_its_check_is_measured_next_time():
-    """Note [A derived plan's first run]: a shape whose blocks save what the skeleton of
-    the measured shapes does not list is measured the next time it comes."""
+    """Note [A derived plan's first run] in _fit_shape_plans.py: a shape whose blocks save
+    what the skeleton of the measured shapes does not list is measured the next time it
+    comes."""
     torch.manual_seed(0)
     blocks = nn.ModuleList([_Lengthy() for _ in range(4)])
     opt = torch.optim.SGD(blocks.parameters(), lr=0.1)

@@ -1,9 +1,9 @@
 """What a CUDA measuring step's meter readings become in the profile, checked on a profile
 the CPU test double measured (the CUDA path itself needs a GPU: test_fit_gpu.py).
 
-Note [The measuring step's windows on CUDA] in stash/torch/_fit.py: the blocks' window
-gives the fixed bytes and the loss's window the loss_bytes, so that the canonical model
-prices the measured actions at the windows' peaks. Note [What stays the same across
+Note [The measuring step's windows on CUDA] in stash/torch/_fit_cuda_meter.py: the blocks'
+window gives the fixed bytes and the loss's window the loss_bytes, so that the canonical
+model prices the measured actions at the windows' peaks. Note [What stays the same across
 shapes] in stash/torch/_fit_shapes.py: a derived shape scales only what lies above the
 bytes no shape changes."""
 

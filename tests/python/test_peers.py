@@ -223,10 +223,10 @@ def test_tiny_run_every_cpu_peer_runs_and_trains_as_keep_all(tiny_run):
             assert r["loss_check"]["ok"] is True, r["loss_check"]
         else:
             assert r["loss_check"] == {"rule": "bitwise", "max_rel_diff": 0.0, "ok": True}
-        # Note [What the budget counts] in _fit.py: on the CPU meter the canonical model
-        # is exact or above at every position (Notes [Block 0's inputs in the CPU meter's
-        # samples] in _fit_measure.py and [Fetched buffers die with their last view] in
-        # _offload_hooks.py), so every planned step is within the budget, a plan's first
+        # Note [What the budget counts] in _fit_steps.py: on the CPU meter the canonical
+        # model is exact or above at every position (Notes [Block 0's inputs in the CPU
+        # meter's samples] in _fit_measure.py and [Fetched buffers die with their last view]
+        # in _offload_hooks.py), so every planned step is within the budget, a plan's first
         # run included, and its prediction is at or above what it measured. (The first
         # run used to be allowed 5% over: 0.4% at 55% was seen.)
         budget = r["stash"]["budget_bytes"]

@@ -21,7 +21,7 @@ still compare bit for bit.
 Each run is a row of the peers harness (stash.bench.peers' run_system: the same model,
 data, optimizer, loop and timing). On a GPU a step's peak is torch.cuda's
 max_memory_allocated(); on the CPU test double it is fit's own count (Note [What the
-budget counts] in stash/torch/_fit.py; keep-all has none there). Needs transformers
+budget counts] in stash/torch/_fit_steps.py; keep-all has none there). Needs transformers
 (LlamaForCausalLM from a config: no download).
 """
 

@@ -35,7 +35,7 @@ forward, and stash plans what the joint graph saves, through the min-cut partiti
   planned by the same planner (stash_plan_make), under the same budget, with the same
   refusal (BudgetRefused, raised from that forward); the measured peak less the
   canonical model's activation peak for least memory is the profile's fixed bytes, as
-  on CUDA in eager mode (Note [What the budget counts] in _fit.py), the optimizer's
+  on CUDA in eager mode (Note [What the budget counts] in _fit_steps.py), the optimizer's
   state added when it did not exist yet. The plan takes effect at the next compile:
   the wrapper's trace reads the plan's serial, so Dynamo's guard on it recompiles the
   graph, and the partitioner tags the kept values MUST_SAVE and every other node of the
@@ -162,7 +162,7 @@ with its tokens, a shorter one keeps them: part of them does not shrink with the
 stay on the values themselves (a kept view or attention output is recomputed, as
 before: within the prediction, slower than planned) until the measuring step reads the
 loss's window there as eager fit does (Note [The measuring step's windows on CUDA] in
-_fit.py).
+_fit_cuda_meter.py).
 
 Note [Recompute cost in a compiled block]
 The ticks time each block's forward and backward on a measured run of the compiled

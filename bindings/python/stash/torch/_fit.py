@@ -19,8 +19,8 @@ one block saves that an earlier block saved and still holds: listed once, with i
 bytes, must_keep, and with 0 bytes where it appears again). Times, on the compute stream
 (CUDA events; on the CPU test double, the host clock): each block's forward, each block's
 backward less its replay, the replay itself with a mark at each save (Note [Recompute
-cost as the replay pays it]), and the whole step, whose remainder is the profile's
-step_overhead_ms. Events, not CUPTI's kernel sums, give the plan its times: a copy
+cost as the replay pays it] in _fit_measure.py), and the whole step, whose remainder is the
+profile's step_overhead_ms. Events, not CUPTI's kernel sums, give the plan its times: a copy
 overlaps the compute stream's wall time, gaps between kernels included, which is what
 events span and kernel sums leave out. Where the in-process CUPTI profiler can start (a
 GPU with CUPTI and no other CUPTI client), each block's forward is a CUPTI layer scope as
@@ -29,109 +29,6 @@ the forward the GPU spent in kernels); elsewhere it gives CUPTI's reason. The st
 measured peak is the check that least-memory mode fits: if
 it does not, fit raises before planning, restoring the blocks, with the measured figure
 and the planner's smallest feasible budget.
-
-Note [Recompute cost as the replay pays it]
-stash recomputes a block's tensors by re-running its forward from its inputs up to the
-last tensor it needs (a prefix of the forward in save order). The planner prices
-recompute per tensor, additively. The measuring step's replay runs the whole prefix up to
-the last recomputable save and marks the time at each save; tensor j's recompute_ms is the
-time from the previous recomputable tensor's first save (or the replay's start) to j's
-first save. The sum over a prefix is then exactly what a replay of that prefix costs. A
-plan that recomputes a set whose members are not a prefix pays for the whole prefix up to
-its last member anyway, and makes the members it keeps again. So the profile says
-"recompute_cost": "prefix", and the planner prices a layer's recompute as the prefix its
-replay runs and searches only plans that recompute a prefix of each layer's recomputable
-tensors (Note [Recompute by prefix] in planner/model/plan.h). Until then fit solved per
-tensor and closed each prefix afterwards, which priced a deep tensor that looked cheap at
-its own cost and then paid the whole replay to it: on an H200 stash at selective
-checkpointing's peak kept 8 of 84 tensors. A compiled block (torch.compile, per block)
-saves everything at the end of its forward, so its first recomputable tensor carries the
-whole forward's cost and the rest none, which the same rule prices correctly: any
-recompute in a compiled block costs its whole forward.
-
-Note [What the budget counts]
-The budget is the process's device memory at its peak: torch.cuda.max_memory_allocated()
-with torch's allocator, or stash's pool peak under stash.torch.use_allocator. On CUDA the
-profile's fixed_bytes is calibrated from the measuring step: its measured peak less the
-canonical model's activation peak for what the step did. That makes everything that is not
-a block activation count: parameters, gradients, cuBLAS workspaces, the allocator's
-rounding; the loss's logits and the optimizer step's temporaries are read in windows of
-their own (Note [The measuring step's windows on CUDA]). The optimizer's state exists
-only after its first step(): when the measuring step came before it, its size is added
-from the optimizer's parameters
-(Adam/AdamW: two tensors like each parameter; SGD with momentum: one) and, once the
-optimizer has stepped (a post-step hook when fit is given the optimizer), replaced by
-the bytes its state really holds, re-planning if that changed anything. On the CPU test
-double the meter is c10's CPU allocator, through stash's counting allocator (Note [The CPU
-allocator's meter] in _meter.py): a step's peak is what was alive at block 0 plus the most
-the allocator held above its level then, read when the step ends. There the fixed bytes
-are calibrated position by position rather than from the one peak: at every sample (each
-pack, block end, boundary and replay) the allocator's peak since the last one, less what
-fit counts then (parameters, gradients as if allocated, optimizer state, and the saved
-storages the hooks track by weak reference), is what fit does not track there (the loss's
-logits, attention's workspaces); the most of it in the blocks' forwards joins the fixed
-bytes, the rest of a block's backward its backward temporaries, the loss's (the head and
-its backward) the profile's loss_bytes, a position of its own (Note [The loss's position]
-in planner/model/plan.h), and the optimizer step's, when no activation is alive, its
-optimizer_bytes (Note [The optimizer's position] there). A step that begins without
-gradients is planned with each gradient counted from where it is made (Note [Gradients
-by position] in _fit_gradients.py). Where the counting allocator cannot be built
-the peak is fit's own count, which leaves the temporaries out. On both, a measured plan's
-first run that peaks above its prediction (the temporaries where that plan peaks, which
-a least-memory step does not show) adds the difference to the shape's fixed bytes, once,
-and the next step runs the plan made with them.
-"70%" is a share of the keep-all peak the canonical model gives for the measured profile
-(Note [What a share budget means] in _fit_options.py).
-
-Note [The measuring step's windows on CUDA]
-A measuring step's one peak cannot say where it was, and two positions hold what no block
-decides and what does not scale as the blocks do:
-- the loss's (the head, the loss and their backward, between the last block's forward and
-  its backward): the logits over the vocabulary, in float32 where the loss upcasts them.
-  Folded into the fixed bytes, they stood beside every block's replayed activations in
-  the model, which they never meet (Note [The loss's position] in planner/model/plan.h):
-  on an H200 the planner's least memory for a 4-layer Llama-3-8B at sequence 4096 came
-  out 0.8 GiB above the measuring step's own peak, and budgets full checkpointing trains
-  in were refused;
-- optimizer.step()'s: parameters, gradients, the optimizer's state (made by its first
-  step) and its temporaries (AdamW's foreach kernels, the default on CUDA, made 0.9 GB
-  beside 0.2 GB of bf16 parameters). It does not scale with the tokens, so for a short
-  shape it can be the step's peak while a long shape's measuring step never shows it (6
-  of 10 derived plans of a 6-layer Llama over their budgets on an H200).
-So a measuring step reads the meter in windows, resetting it at each border: "blocks"
-(the blocks' forwards and backwards), "loss" (from the last block's forward end to its
-backward's start) and, with the optimizer given to fit, optimizer.step() alone (its pre-
-and post-step hooks). The blocks' window gives the fixed bytes as before, the loss's the
-profile's loss_bytes (what it held above the fixed bytes and the activations the model
-puts there), the optimizer's its optimizer_bytes (Note [The optimizer's position] there),
-which a derived shape keeps as measured. The step's peak in report() is the largest
-window. So in a measuring step, and only there, a reading of max_memory_allocated()
-after optimizer.step() covers the last window alone; planned steps leave the meter to the
-user. The state a first step makes is written as estimated at block 0 in these figures,
-and the post-step hook of the next step shifts them by the estimate's error, as for the
-fixed bytes alone before.
-
-Note [Re-planning and the cache]
-A step's shape key is what block 0 is called with: each tensor argument's shape, dtype
-and device, autocast state and training mode. At the start of a step with a new key the
-in-memory cache is asked first, then cache_dir (profiles keyed by a digest of the blocks'
-classes and parameter shapes and of the shape key; plans also by budget and solver), and
-only a shape seen nowhere is measured again. With cache_dir a second run of the same
-script starts planned: no measuring step. The plan switches between steps (the engine
-takes a new plan only while no micro-batch holds tensors).
-
-Note [A derived plan's first run]
-A plan made from a derived profile (Note [A profile derived from the measured shapes] in
-_fit_shapes.py) rests on a model of the shape, not on a measurement of it, so its first
-run is a check. Its layers are not exact (_DerivedLayer): the hooks refuse no tensor count,
-a tensor past the derived skeleton is kept, and a tensor the plan recomputes that cannot
-be recomputed in this shape is kept, silently; the step trains as always. When it ends,
-the check asks two things: did every block save the tensors the skeleton lists, and did
-the step peak within its budget (on the meter: max_memory_allocated on CUDA, c10's CPU
-allocator on the CPU, Note [What the budget counts])? If both hold the plan stands for the shape; otherwise the
-record says why, the shape's derivation is dropped, and the next step of that shape is
-measured. Derived plans are not written to cache_dir; the measured profiles they come from
-are.
 
 Note [What it costs]
 A planned step should cost what its plan costs and no more. So, outside measuring steps:
@@ -305,7 +202,8 @@ class BudgetHandle(StepPolicy):
                               first_input: Any) -> Optional[int]:
         rec = self._book.running
         if self._mode != "measure" and rec is not None and rec.checking:
-            # Note [A derived plan's first run]: the skeleton was not this shape's.
+            # Note [A derived plan's first run] in _fit_shape_plans.py: the skeleton was not
+            # this shape's.
             rec.check = (f"block {i} tensor {j} is not recomputable in this shape (the "
                          "derived skeleton differs)")
             return KEEP
@@ -420,12 +318,13 @@ class BudgetHandle(StepPolicy):
                               after=("loss",) if i == self._n - 1 else ("fwd", i))
         if (self._cuda_meter is not None and rec is not None and i == self._n - 1
                 and not step.captured):
-            self._cuda_meter.blocks_ended(rec)  # Note [The measuring step's windows on CUDA]
+            # Note [The measuring step's windows on CUDA] in _fit_cuda_meter.py
+            self._cuda_meter.blocks_ended(rec)
 
     def on_forward_released(self, i: int, step: _Step) -> None:
-        # Note [What the budget counts]: a window of its own from here, so that what the
-        # step holds after the block's recompute storages went (the loss's temporaries,
-        # after the last block) is measured against what is tracked then.
+        # Note [What the budget counts] in _fit_steps.py: a window of its own from here, so
+        # that what the step holds after the block's recompute storages went (the loss's
+        # temporaries, after the last block) is measured against what is tracked then.
         if self._recorder.tracking:
             self._book.sample(f"forward[{i}] released")
 
@@ -437,7 +336,8 @@ class BudgetHandle(StepPolicy):
         if self._recorder.tracking:
             self._book.sample(f"backward[{i}]", after=("bwd", i))
         if self._cuda_meter is not None and i == self._n - 1:
-            self._cuda_meter.loss_ended(rec)  # Note [The measuring step's windows on CUDA]
+            # Note [The measuring step's windows on CUDA] in _fit_cuda_meter.py
+            self._cuda_meter.loss_ended(rec)
 
     def on_backward_finished(self, step: _Step) -> None:
         # Every micro-batch's backward has ended when no step holds tensors.
@@ -586,7 +486,8 @@ class BudgetHandle(StepPolicy):
         if compiled is not None:
             compiled.optimizer_stepped()
         self._book.optimizer_stepped()
-        # Note [What the budget counts]: the optimizer's real state, once it exists.
+        # Note [What the budget counts] in _fit_steps.py: the optimizer's real state, once
+        # it exists.
         entry = self._plans.entry
         counted = self._book.optimizer_state_counted
         if counted is None or entry is None:
@@ -726,15 +627,16 @@ def fit(blocks: Iterable[torch.nn.Module], budget: Union[int, str], *,
     decoder, ``model.transformer.h`` of GPT-2, a list of nn.TransformerEncoderLayer), called
     by the model's own forward with any arguments and outputs. budget: bytes, "40GiB", or
     "70%" of the keep-all peak estimated from the measurement (Note [What the budget
-    counts]).
+    counts] in _fit_steps.py).
 
     The first step (measure_steps of them) for each shape of block 0's inputs measures the
     model in least-memory mode (Note [The measuring step]); later steps run the plan the
     planner makes from it (solver "greedy", "ilp" or "exact") through stash's engine
     (offload with one-block-ahead prefetch, selective recompute, keep). A new input shape
-    re-plans from the cache (Note [Re-planning and the cache]); cache_dir persists
-    profiles and plans, so a second run of the same script starts planned. optimizer:
-    lets fit count its state exactly once it exists and end each step at its step().
+    re-plans from the cache (Note [Re-planning and the cache] in _fit_shape_plans.py);
+    cache_dir persists profiles and plans, so a second run of the same script starts
+    planned. optimizer: lets fit count its state exactly once it exists and end each step at
+    its step().
     link: None or "measure" (measured once per machine and cached), or a dict with
     h2d_gbps, d2h_gbps and bidir_gbps. The engine's knobs are OffloadHandle's
     (lookahead, max_in_flight_bytes, pinned_cap, max_micro_batches; micro-batches through

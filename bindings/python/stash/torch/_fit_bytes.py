@@ -1,7 +1,7 @@
 """stash.torch.fit's count of what is not an activation: the parameters (the blocks' and
 the optimizer's), their gradients, the blocks' buffers and the optimizer's state, from
-their tensors (Note [What the budget counts] in _fit.py). A part the handle owns; it reads
-the blocks and the optimizer, nothing of the handle."""
+their tensors (Note [What the budget counts] in _fit_steps.py). A part the handle owns; it
+reads the blocks and the optimizer, nothing of the handle."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """stash.torch.fit's cache: every shape's profile and plan in memory, by shape key, and
 in cache_dir on disk by the blocks' digest, the shape key and (plans) the budget and
-solver (Note [Re-planning and the cache] in _fit.py). What a cached plan means for the
-step (plan from it, measure, agree across ranks) is the handle's decision, not this
+solver (Note [Re-planning and the cache] in _fit_shape_plans.py). What a cached plan means
+for the step (plan from it, measure, agree across ranks) is the handle's decision, not this
 part's."""
 
 from __future__ import annotations

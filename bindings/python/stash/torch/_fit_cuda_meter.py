@@ -1,6 +1,6 @@
-"""stash.torch.fit's meter on CUDA (Note [What the budget counts] in _fit.py): torch's
+"""stash.torch.fit's meter on CUDA (Note [What the budget counts] in _fit_steps.py): torch's
 max_memory_allocated, or stash's pool peak under stash.torch.use_allocator, and a measuring
-step's windows over it (Note [The measuring step's windows on CUDA] in _fit.py). A part
+step's windows over it (Note [The measuring step's windows on CUDA]). A part
 the handle owns: it reads and writes a step's record (windows, in_loss,
 before_optimizer_peak, optimizer_peak) and nothing of the handle's. It reads one
 allocator's peak, the whole process's (Note [Why not torch.cuda.MemPool]).
@@ -19,6 +19,34 @@ pool would hold only part of the activations and the peak split between the two 
 harder to predict, not easier. Plans are therefore made and measured against one
 allocator: torch's own, or stash's pool for the whole process (stash.torch.use_allocator),
 whose peak fit then reads.
+
+Note [The measuring step's windows on CUDA]
+A measuring step's one peak cannot say where it was, and two positions hold what no block
+decides and what does not scale as the blocks do:
+- the loss's (the head, the loss and their backward, between the last block's forward and
+  its backward): the logits over the vocabulary, in float32 where the loss upcasts them.
+  Folded into the fixed bytes, they stood beside every block's replayed activations in
+  the model, which they never meet (Note [The loss's position] in planner/model/plan.h):
+  on an H200 the planner's least memory for a 4-layer Llama-3-8B at sequence 4096 came
+  out 0.8 GiB above the measuring step's own peak, and budgets full checkpointing trains
+  in were refused;
+- optimizer.step()'s: parameters, gradients, the optimizer's state (made by its first
+  step) and its temporaries (AdamW's foreach kernels, the default on CUDA, made 0.9 GB
+  beside 0.2 GB of bf16 parameters). It does not scale with the tokens, so for a short
+  shape it can be the step's peak while a long shape's measuring step never shows it (6
+  of 10 derived plans of a 6-layer Llama over their budgets on an H200).
+So a measuring step reads the meter in windows, resetting it at each border: "blocks"
+(the blocks' forwards and backwards), "loss" (from the last block's forward end to its
+backward's start) and, with the optimizer given to fit, optimizer.step() alone (its pre-
+and post-step hooks). The blocks' window gives the fixed bytes as before, the loss's the
+profile's loss_bytes (what it held above the fixed bytes and the activations the model
+puts there), the optimizer's its optimizer_bytes (Note [The optimizer's position] there),
+which a derived shape keeps as measured. The step's peak in report() is the largest
+window. So in a measuring step, and only there, a reading of max_memory_allocated()
+after optimizer.step() covers the last window alone; planned steps leave the meter to the
+user. The state a first step makes is written as estimated at block 0 in these figures,
+and the post-step hook of the next step shifts them by the estimate's error, as for the
+fixed bytes alone before.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ whether it begins with gradients alive.
 
 Note [Gradients by position]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-fit counts every gradient as allocated (Note [What the budget counts] in _fit.py), so a
-profile's fixed bytes hold them at every position. That is right for a step that begins
+fit counts every gradient as allocated (Note [What the budget counts] in _fit_steps.py), so
+a profile's fixed bytes hold them at every position. That is right for a step that begins
 with them (zero_grad(set_to_none=False), gradients accumulated across steps, a later
 micro-batch of the same step). A loop that sets them to None (optimizer.zero_grad()'s
 default, the Hugging Face Trainer's, Lightning's) has none in its forward, and in its

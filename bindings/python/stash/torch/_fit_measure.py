@@ -1,8 +1,9 @@
 """stash.torch.fit's measuring recorder: what a step fit measures records of each block's
 saved tensors, the storages it tracks for the CPU meter and the meter's samples by
-position (Notes [The measuring step] and [What the budget counts] in _fit.py), and the
-stash.profile/1 made from a measured step (measured_profile, fixed_bytes). The handle
-owns one recorder and calls it from its hook seams; the recorder reads no handle.
+position (Notes [The measuring step] in _fit.py and [What the budget counts] in
+_fit_steps.py), and the stash.profile/1 made from a measured step (measured_profile,
+fixed_bytes). The handle owns one recorder and calls it from its hook seams; the recorder
+reads no handle.
 
 Note [Block 0's inputs in the CPU meter's samples]
 A step's reading on the CPU meter is its base (what was alive when block 0 began: the
@@ -17,6 +18,25 @@ fixed bytes. Subtracting them with the base as well took the saved ones off twic
 the peers' tiny Llama every position came out 0.59 MB short (what a plan's first run
 still peaked above its prediction after Note [Fetched buffers die with their last view]
 in _offload_hooks.py), and the unsaved ones 2 KB.
+
+Note [Recompute cost as the replay pays it]
+stash recomputes a block's tensors by re-running its forward from its inputs up to the
+last tensor it needs (a prefix of the forward in save order). The planner prices
+recompute per tensor, additively. The measuring step's replay runs the whole prefix up to
+the last recomputable save and marks the time at each save; tensor j's recompute_ms is the
+time from the previous recomputable tensor's first save (or the replay's start) to j's
+first save. The sum over a prefix is then exactly what a replay of that prefix costs. A
+plan that recomputes a set whose members are not a prefix pays for the whole prefix up to
+its last member anyway, and makes the members it keeps again. So the profile says
+"recompute_cost": "prefix", and the planner prices a layer's recompute as the prefix its
+replay runs and searches only plans that recompute a prefix of each layer's recomputable
+tensors (Note [Recompute by prefix] in planner/model/plan.h). Until then fit solved per
+tensor and closed each prefix afterwards, which priced a deep tensor that looked cheap at
+its own cost and then paid the whole replay to it: on an H200 stash at selective
+checkpointing's peak kept 8 of 84 tensors. A compiled block (torch.compile, per block)
+saves everything at the end of its forward, so its first recomputable tensor carries the
+whole forward's cost and the rest none, which the same rule prices correctly: any
+recompute in a compiled block costs its whole forward.
 """
 
 from __future__ import annotations
@@ -134,7 +154,8 @@ class MeasuringRecorder:
     def sample(self, rec: StepRecord, where: str, after: Optional[Phase] = None) -> None:
         """CPU: the most activation bytes held at once, and what the allocator held beyond
         fit's count since the last sample, by the position the step was in then (Note
-        [What the budget counts]); after: the position from here on (None: the same)."""
+        [What the budget counts] in _fit_steps.py); after: the position from here on (None:
+        the same)."""
         if not self.tracking:
             return
         total, dead = 0, []
@@ -149,8 +170,8 @@ class MeasuringRecorder:
             rec.live_peak = total
             rec.peak_at = where
         if self.counting is not None and rec.meter_base is not None:
-            # Note [What the budget counts]: the allocator's peak since the last sample,
-            # above what fit counts now, is what it does not track there.
+            # Note [What the budget counts] in _fit_steps.py: the allocator's peak since the
+            # last sample, above what fit counts now, is what it does not track there.
             window = rec.meter_base + self.counting.peak()
             self.counting.reset_peak()
             rec.meter_running = max(rec.meter_running, window)
@@ -193,9 +214,9 @@ def measured_profile(rec: StepRecord, layers: Sequence[_LayerRecord],
                      timing: str, cupti: Callable[[List[Dict[str, Any]]], Dict[str, Any]]
                      ) -> Doc:
     """A finished measuring step as a stash.profile/1, fixed_bytes 0 (fixed_bytes()
-    gives them): per-layer times and tensors from the step's records (Notes [The
-    measuring step] and [Recompute cost as the replay pays it] in _fit.py). cupti: the
-    CUPTI summary of the forwards' kernel times."""
+    gives them): per-layer times and tensors from the step's records (Note [The
+    measuring step] in _fit.py and Note [Recompute cost as the replay pays it]). cupti:
+    the CUPTI summary of the forwards' kernel times."""
     out = []
     cupti_fwd = []
     total_fwd = total_bwd = 0.0
@@ -262,7 +283,7 @@ def measured_profile(rec: StepRecord, layers: Sequence[_LayerRecord],
         "host": host,
         "fixed_bytes": 0,
         "step_overhead_ms": overhead,
-        "recompute_cost": "prefix",  # Note [Recompute cost as the replay pays it] in _fit.py
+        "recompute_cost": "prefix",  # Note [Recompute cost as the replay pays it]
         "layers": out,
         "measurement": {"timing": timing, "passes": rec.passes, "in_flight": rec.in_flight, "cupti": cupti(cupti_fwd),
                         "notes": ["fit: least-memory measuring step"]},
@@ -272,12 +293,12 @@ def measured_profile(rec: StepRecord, layers: Sequence[_LayerRecord],
 def fixed_bytes_cuda(doc: Doc, peak: int, loss_peak: Optional[int],
                      actions_seen: List[List[str]], counted: int,
                      missing_optimizer_state: int) -> Tuple[int, int]:
-    """Note [What the budget counts], on CUDA: (fixed_bytes, loss_bytes). The fixed bytes
-    are the measured peak of the blocks' passes less the canonical model's activation
-    peak there for what the measuring step did, plus the optimizer state that did not
-    exist yet; at least what fit counts. With the loss's window read apart (Note [The
-    measuring step's windows on CUDA] in _fit.py), loss_bytes is what that window held
-    above the fixed bytes and the activations the model puts there (Note [The loss's
+    """Note [What the budget counts] in _fit_steps.py, on CUDA: (fixed_bytes, loss_bytes).
+    The fixed bytes are the measured peak of the blocks' passes less the canonical model's
+    activation peak there for what the measuring step did, plus the optimizer state that did
+    not exist yet; at least what fit counts. With the loss's window read apart (Note [The
+    measuring step's windows on CUDA] in _fit_cuda_meter.py), loss_bytes is what that window
+    held above the fixed bytes and the activations the model puts there (Note [The loss's
     position] in planner/model/plan.h); 0 without it."""
     probe = dict(doc, fixed_bytes=0, loss_bytes=0, optimizer_bytes=0)
     seen = _plan_doc(probe, actions_seen)
@@ -292,9 +313,9 @@ def fixed_bytes_cuda(doc: Doc, peak: int, loss_peak: Optional[int],
 
 
 def fixed_bytes_cpu(doc: Doc, rec: StepRecord, counted: int, gradient_bytes: int) -> int:
-    """Note [What the budget counts], on the CPU: what the allocator held above fit's
-    count, by position (none without the counting allocator). The most of it in any
-    forward joins the fixed bytes; the rest of a layer's backward becomes the layer's
+    """Note [What the budget counts] in _fit_steps.py, on the CPU: what the allocator held
+    above fit's count, by position (none without the counting allocator). The most of it in
+    any forward joins the fixed bytes; the rest of a layer's backward becomes the layer's
     backward temporaries, the loss's the profile's loss_bytes (Note [The loss's position]
     in planner/model/plan.h), the optimizer step's its optimizer_bytes (all set in doc).
     gradient_bytes: the gradients fit counts in `counted`; where the step began without

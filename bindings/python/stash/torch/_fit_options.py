@@ -3,12 +3,12 @@
 Note [What a share budget means]
 A budget is bytes ("40GiB", 42949672960) or a share of the keep-all peak ("70%"). Bytes
 mean the same on every step. A share is resolved per shape: for each shape key (Note
-[Re-planning and the cache] in _fit.py) it is that share of the keep-all peak the
-canonical model gives for that shape's profile (measured, or derived from the measured
+[Re-planning and the cache] in _fit_shape_plans.py) it is that share of the keep-all peak
+the canonical model gives for that shape's profile (measured, or derived from the measured
 shapes), so a longer sequence gets a larger budget in bytes, as its keep-all peak is
 larger. report() therefore gives every step the budget in bytes of its own shape, and
 judges it against that. The profile's keep-all peak includes its fixed bytes, so when a
-plan's first run corrects them (Note [What the budget counts] in _fit.py) or the
+plan's first run corrects them (Note [What the budget counts] in _fit_steps.py) or the
 optimizer's real state replaces its estimate, the shape's share in bytes moves with them:
 the share is of the keep-all peak as fit knows it then, and each step is judged against
 the bytes its shape had when the step ran. The keep-all peak is that of the profile as

@@ -1,8 +1,8 @@
 """stash.torch.fit's planning step: functions of a profile, the budget and the solver,
 handed what they need by the handle. The link section, the budget in bytes of a shape, a
 plan from a measured profile and its refusals, a plan from a derived one, both priced as
-the replay pays recompute (Note [Recompute cost as the replay pays it] in _fit.py). The
-handle decides what a refusal does (it restores the blocks and raises; across ranks
+the replay pays recompute (Note [Recompute cost as the replay pays it] in _fit_measure.py).
+The handle decides what a refusal does (it restores the blocks and raises; across ranks
 every rank raises).
 
 Note [A refusal is also a warning]
@@ -55,8 +55,8 @@ def _smallest_accepted(min_feasible: int, measured: Optional[int]) -> int:
     measuring step itself used (it must fit, Note [The measuring step]) as well as the
     planner's smallest feasible one. The planner's figure is raised by 1%: a plan's first
     run can peak a little above its prediction on the meter (what a least-memory step does
-    not show, Note [What the budget counts] in _fit.py), and the correction that follows
-    would refuse a budget with no room for it."""
+    not show, Note [What the budget counts] in _fit_steps.py), and the correction that
+    follows would refuse a budget with no room for it."""
     return max(int(min_feasible) + int(min_feasible) // 100, int(measured or 0))
 
 
@@ -111,7 +111,8 @@ def _keep_all_peak(doc: Doc) -> int:
 
 def _floor(doc: Doc) -> str:
     """What no plan moves, for a refusal: the fixed bytes, and the optimizer step's peak
-    where it was measured (Note [The measuring step's windows on CUDA] in _fit.py)."""
+    where it was measured (Note [The measuring step's windows on CUDA] in
+    _fit_cuda_meter.py)."""
     text = (f"; {_gib(int(doc.get('fixed_bytes', 0)))} of every position is not the blocks' "
             "activations (parameters, gradients, optimizer state, workspaces)")
     if doc.get("optimizer_bytes"):
@@ -130,8 +131,8 @@ def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str
                   replayed: bool = True) -> Tuple[Doc, Dict[str, Any]]:
     """(plan, figures) for a measured profile; BudgetRefused when no plan meets the budget
     or the measuring step (least memory) did not. replayed: recompute replays a prefix of
-    the block (eager; Note [Recompute cost as the replay pays it] in _fit.py), not each
-    value's own chain (a compiled graph's partitioner): the planner is told so
+    the block (eager; Note [Recompute cost as the replay pays it] in _fit_measure.py), not
+    each value's own chain (a compiled graph's partitioner): the planner is told so
     (replay_priced)."""
     # Note [The measuring step]: least-memory mode must fit before anything is planned.
     # A byte budget is checked against it first; a share is a budget only once the

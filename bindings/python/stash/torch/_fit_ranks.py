@@ -48,7 +48,7 @@ the layers FSDP has gathered at once (the running layer and the one its prefetch
 next; in backward also a layer whose gradients wait to be reduce-scattered) and the
 reduce-scatter's buffers. fit takes them from measurement: the measuring step's peak is
 the allocator's, and fixed_bytes is calibrated from it (Note [What the budget counts] in
-_fit.py), so whatever FSDP held at the peak is counted. The formula, to check against:
+_fit_steps.py), so whatever FSDP held at the peak is counted. The formula, to check against:
 with P the model's parameter bytes, p a layer's, W ranks and AdamW, the shards are
 (P + P + 2P) / W (parameters, gradients, two moments), and FSDP adds about 2p in forward
 (running + prefetched layer) and about 3p in backward (gathered parameters of two layers

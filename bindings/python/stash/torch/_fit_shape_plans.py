@@ -3,9 +3,32 @@ of block 0's inputs it has seen, its profile and plan (ShapeCache), and decides 
 plan: a cached one, one made from the shape's measurement (on this rank, or agreed
 across ranks), one derived from the measured shapes of its family, or none (the step
 measures). It corrects a plan from its first run and checks a derived plan's (Notes
-[Re-planning and the cache], [What the budget counts] and [A derived plan's first run]
-in _fit.py). Handed the budget, the options, the ranks, fail (restores the blocks and
-raises) and fixed_counted (fit's count of the bytes that are not activations)."""
+[Re-planning and the cache] and [A derived plan's first run]; Note [What the budget counts]
+in _fit_steps.py). Handed the budget, the options, the ranks, fail (restores the blocks and
+raises) and fixed_counted (fit's count of the bytes that are not activations).
+
+Note [Re-planning and the cache]
+A step's shape key is what block 0 is called with: each tensor argument's shape, dtype
+and device, autocast state and training mode. At the start of a step with a new key the
+in-memory cache is asked first, then cache_dir (profiles keyed by a digest of the blocks'
+classes and parameter shapes and of the shape key; plans also by budget and solver), and
+only a shape seen nowhere is measured again. With cache_dir a second run of the same
+script starts planned: no measuring step. The plan switches between steps (the engine
+takes a new plan only while no micro-batch holds tensors).
+
+Note [A derived plan's first run]
+A plan made from a derived profile (Note [A profile derived from the measured shapes] in
+_fit_shapes.py) rests on a model of the shape, not on a measurement of it, so its first
+run is a check. Its layers are not exact (_DerivedLayer): the hooks refuse no tensor count,
+a tensor past the derived skeleton is kept, and a tensor the plan recomputes that cannot
+be recomputed in this shape is kept, silently; the step trains as always. When it ends,
+the check asks two things: did every block save the tensors the skeleton lists, and did
+the step peak within its budget (on the meter: max_memory_allocated on CUDA, c10's CPU
+allocator on the CPU, Note [What the budget counts] in _fit_steps.py)? If both hold the plan
+stands for the shape; otherwise the record says why, the shape's derivation is dropped, and
+the next step of that shape is measured. Derived plans are not written to cache_dir; the
+measured profiles they come from are.
+"""
 
 from __future__ import annotations
 
@@ -254,9 +277,9 @@ class ShapePlans:
         return entry
 
     def correct_fixed(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
-        """Note [What the budget counts]: a measured plan's first run peaking above its
-        prediction on the meter puts the difference into the shape's fixed bytes, once;
-        the next step plans again with them."""
+        """Note [What the budget counts] in _fit_steps.py: a measured plan's first run
+        peaking above its prediction on the meter puts the difference into the shape's fixed
+        bytes, once; the next step plans again with them."""
         entry["corrected"] = True
         over = rec.peak_bytes - int(entry["figures"]["predicted_peak_bytes"])
         # Any number of passes: the fixed bytes hold every gradient already, so a step of

@@ -3,10 +3,10 @@ derived from the shapes that were.
 
 Note [A profile derived from the measured shapes]
 A new sequence length or batch size is a new shape key (Note [Re-planning and the cache]
-in _fit.py). Measuring each one costs a step in least-memory mode, the slowest there is,
-and a loop with a new length on most steps would never leave it. So a shape whose family
-(the same arguments, dtypes, ranks, autocast and mode; only sizes differ) has measured
-shapes is planned from a derived profile instead:
+in _fit_shape_plans.py). Measuring each one costs a step in least-memory mode, the slowest
+there is, and a loop with a new length on most steps would never leave it. So a shape whose
+family (the same arguments, dtypes, ranks, autocast and mode; only sizes differ) has
+measured shapes is planned from a derived profile instead:
 - its size is the tokens of block 0's first tensor argument (its elements over its last
   dimension: batch x sequence for a (batch, sequence, hidden) input);
 - every tensor's bytes, every layer's forward and backward time, every tensor's recompute
@@ -24,10 +24,11 @@ shapes is planned from a derived profile instead:
 - only measured shapes are bases, never derived ones, and only those whose skeleton (per
   layer: the tensors, their order and their flags) is the skeleton of the one nearest in
   tokens; the derived profile has that skeleton.
-A derived plan is checked on its first run (Note [A derived plan's first run] in _fit.py):
-the blocks must save what the skeleton lists and the step must peak within the budget;
-otherwise the shape is measured the next time it comes. Under torch.distributed nothing is
-derived (the ranks would have to agree on derivations too): each shape is measured.
+A derived plan is checked on its first run (Note [A derived plan's first run] in
+_fit_shape_plans.py): the blocks must save what the skeleton lists and the step must peak
+within the budget; otherwise the shape is measured the next time it comes. Under
+torch.distributed nothing is derived (the ranks would have to agree on derivations too):
+each shape is measured.
 
 Note [What stays the same across shapes]
 The fixed bytes' part that scales is what lies above the bytes no shape changes. fit

@@ -2,14 +2,50 @@
 where block 0's forward begins a step, marked as the step runs, and closed with its
 figures (the peak on the meter, the step's time, exposed copy time, what its plan
 predicted) where the step ends; a measuring step's record becomes its shape's profile
-(Notes [The measuring step], [What the budget counts] and [The measuring step's windows
-on CUDA] in _fit.py). report() is a function of these records (_fit_report.fit_report).
+(Note [What the budget counts]; Notes [The measuring step] in _fit.py and [The measuring
+step's windows on CUDA] in _fit_cuda_meter.py). report() is a function of these records
+(_fit_report.fit_report).
 
 A part the handle owns: handed the blocks, the optimizer, the step clock, the measuring
 recorder, the training bytes, the shape plans, the meters, what copies (the
 OffloadHandle, through Copies) and describe (the profile's device, link and host
 sections); it reads nothing of the handle. The handle decides what a step is (where one
-begins and ends, its mode); the book keeps what the step did."""
+begins and ends, its mode); the book keeps what the step did.
+
+Note [What the budget counts]
+The budget is the process's device memory at its peak: torch.cuda.max_memory_allocated()
+with torch's allocator, or stash's pool peak under stash.torch.use_allocator. On CUDA the
+profile's fixed_bytes is calibrated from the measuring step: its measured peak less the
+canonical model's activation peak for what the step did. That makes everything that is not
+a block activation count: parameters, gradients, cuBLAS workspaces, the allocator's
+rounding; the loss's logits and the optimizer step's temporaries are read in windows of
+their own (Note [The measuring step's windows on CUDA] in _fit_cuda_meter.py). The
+optimizer's state exists only after its first step(): when the measuring step came before
+it, its size is added from the optimizer's parameters
+(Adam/AdamW: two tensors like each parameter; SGD with momentum: one) and, once the
+optimizer has stepped (a post-step hook when fit is given the optimizer), replaced by
+the bytes its state really holds, re-planning if that changed anything. On the CPU test
+double the meter is c10's CPU allocator, through stash's counting allocator (Note [The CPU
+allocator's meter] in _meter.py): a step's peak is what was alive at block 0 plus the most
+the allocator held above its level then, read when the step ends. There the fixed bytes
+are calibrated position by position rather than from the one peak: at every sample (each
+pack, block end, boundary and replay) the allocator's peak since the last one, less what
+fit counts then (parameters, gradients as if allocated, optimizer state, and the saved
+storages the hooks track by weak reference), is what fit does not track there (the loss's
+logits, attention's workspaces); the most of it in the blocks' forwards joins the fixed
+bytes, the rest of a block's backward its backward temporaries, the loss's (the head and
+its backward) the profile's loss_bytes, a position of its own (Note [The loss's position]
+in planner/model/plan.h), and the optimizer step's, when no activation is alive, its
+optimizer_bytes (Note [The optimizer's position] there). A step that begins without
+gradients is planned with each gradient counted from where it is made (Note [Gradients
+by position] in _fit_gradients.py). Where the counting allocator cannot be built
+the peak is fit's own count, which leaves the temporaries out. On both, a measured plan's
+first run that peaks above its prediction (the temporaries where that plan peaks, which
+a least-memory step does not show) adds the difference to the shape's fixed bytes, once,
+and the next step runs the plan made with them.
+"70%" is a share of the keep-all peak the canonical model gives for the measured profile
+(Note [What a share budget means] in _fit_options.py).
+"""
 
 from __future__ import annotations
 
@@ -72,8 +108,8 @@ class StepBook:
         self.records: List[StepRecord] = []
         self.running: Optional[StepRecord] = None  # the last step begun, finished or not
         # The optimizer state's bytes the current profile counts (Note [What the budget
-        # counts] in _fit.py): set when a step measured, corrected by the handle once the
-        # optimizer has stepped.
+        # counts]): set when a step measured, corrected by the handle once the optimizer
+        # has stepped.
         self.optimizer_state_counted: Optional[int] = None
 
     @property
@@ -83,7 +119,7 @@ class StepBook:
 
     @property
     def meter(self) -> str:
-        """What a step's peak is read from (Note [What the budget counts] in _fit.py)."""
+        """What a step's peak is read from (Note [What the budget counts])."""
         if self._cuda_meter is not None:
             return ("stash pool peak" if self._cuda_meter.pool
                     else "torch.cuda.max_memory_allocated")
@@ -128,7 +164,8 @@ class StepBook:
         self.running = rec
         if mode == "measure" and meter is not None:
             self._cupti_used = self._cupti.start()
-            rec.windows = {}  # Note [The measuring step's windows on CUDA] in _fit.py
+            # Note [The measuring step's windows on CUDA] in _fit_cuda_meter.py
+            rec.windows = {}
             opt = self._optimizer
             if opt is not None and not len(opt.state):
                 rec.optimizer_state_missing = _optimizer_state_estimate(opt)
@@ -237,7 +274,7 @@ class StepBook:
 
     def replay_saved(self, layer: int, serial: int, index: int, t: torch.Tensor) -> None:
         """A replay saved recomputable tensor `index` again (Note [Recompute cost as the
-        replay pays it] in _fit.py)."""
+        replay pays it] in _fit_measure.py)."""
         rec = self.running
         if rec is None or rec.mode != "measure":
             return
@@ -259,7 +296,8 @@ class StepBook:
         rec = self.running
         if rec is not None and rec.backward_done:
             rec.optimizer_began = True
-            # Its window of its own (Note [The measuring step's windows on CUDA] in _fit.py).
+            # Its window of its own (Note [The measuring step's windows on CUDA] in
+            # _fit_cuda_meter.py).
             if self._cuda_meter is not None:
                 self._cuda_meter.optimizer_begins(rec)
 
@@ -273,10 +311,9 @@ class StepBook:
             self.read_peak(rec)
 
     def read_peak(self, rec: StepRecord) -> None:
-        """The step's peak on the meter (Note [What the budget counts] in _fit.py), read
-        once, when the step ends (its optimizer step, or its backward without one), so that
-        what the loop does before the next step (the next batch, the embedding) is not
-        counted."""
+        """The step's peak on the meter (Note [What the budget counts]), read once, when
+        the step ends (its optimizer step, or its backward without one), so that what the
+        loop does before the next step (the next batch, the embedding) is not counted."""
         if rec.meter_peak is not None:
             return
         if self._cuda_meter is not None:
@@ -348,9 +385,10 @@ class StepBook:
         counted = self._bytes.fixed_counted()
         self.optimizer_state_counted = _optimizer_state_estimate(self._optimizer)
         if self._cuda_meter is not None:
-            # Note [The measuring step's windows on CUDA] in _fit.py: the state made by
-            # this step's optimizer.step() is counted as estimated at block 0, as the fixed
-            # bytes count it; the post-step hook then shifts both by the estimate's error.
+            # Note [The measuring step's windows on CUDA] in _fit_cuda_meter.py: the state
+            # made by this step's optimizer.step() is counted as estimated at block 0, as
+            # the fixed bytes count it; the post-step hook then shifts both by the
+            # estimate's error.
             missing = rec.optimizer_state_missing
             if missing:
                 self.optimizer_state_counted = missing

@@ -1,6 +1,7 @@
 """stash.torch.fit's parts that hold no handle state: the budget's syntax, a step's shape
 key, byte counts of tensors and optimizer state, the step clock and the records a step
-leaves, and small conversions between plans, profiles and the planner (Notes in _fit.py)."""
+leaves, and small conversions between plans, profiles and the planner (Notes in _fit.py,
+_fit_steps.py and _fit_shape_plans.py)."""
 
 from __future__ import annotations
 
@@ -49,9 +50,10 @@ class _MeasureLayer:
 
 
 class _DerivedLayer(list[int]):
-    """A layer's actions in a derived plan (Note [A derived plan's first run] in _fit.py):
-    the plan's list, but not exact: the hooks check no tensor count, a tensor past the
-    list is kept, and only offloads go to the engine, whose plan has room for them."""
+    """A layer's actions in a derived plan (Note [A derived plan's first run] in
+    _fit_shape_plans.py): the plan's list, but not exact: the hooks check no tensor count, a
+    tensor past the list is kept, and only offloads go to the engine, whose plan has room
+    for them."""
 
     exact = False
 
@@ -132,8 +134,9 @@ _SIGNATURES: Dict[Any, str] = {}  # _signature's digests by their parts
 
 
 def _signature(args: Any, kwargs: Dict[str, Any], training: bool) -> str:
-    """Note [Re-planning and the cache]: the shape key of a step. The digest of parts seen
-    before is looked up, not hashed again (Note [What it costs] in _fit.py)."""
+    """Note [Re-planning and the cache] in _fit_shape_plans.py: the shape key of a step. The
+    digest of parts seen before is looked up, not hashed again (Note [What it costs] in
+    _fit.py)."""
     parts = tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad)
                   for t in tensors_in((args, kwargs)))
     auto = tuple(_autocast_state())
@@ -205,7 +208,7 @@ def _optimizer_state_bytes(opt: Any) -> int:
 
 def _optimizer_state_estimate(opt: Any) -> int:
     """Bytes the optimizer's state will hold after its first step (Note [What the budget
-    counts]); exact once it has stepped."""
+    counts] in _fit_steps.py); exact once it has stepped."""
     if opt is None:
         return 0
     if len(opt.state):
@@ -298,15 +301,16 @@ class StepRecord:
     made_gradients: bool = False  # with the optimizer known: gradients alive after backward
     optimizer_began: bool = False
     plan_source: Optional[str] = None  # "measured", "derived" or "cache_dir"
-    checking: bool = False   # a derived plan's first run (Note [A derived plan's first run])
+    # a derived plan's first run (Note [A derived plan's first run] in _fit_shape_plans.py)
+    checking: bool = False
     saved_counts: Dict[int, int] = field(default_factory=dict)  # checking: layer -> tensors
     check: Optional[str] = None  # checking: "passed" or why it failed
     meter_peak: Optional[int] = None   # the meter's reading at the step's end
-    # CUDA, a measuring step (Note [The measuring step's windows on CUDA] in _fit.py):
-    # the meter's peak by window, "blocks" (their forwards and backwards) and "loss" (the
-    # head, the loss and their backward); whether the loss window is open; the most
-    # before optimizer.step(), and over it alone; the optimizer state's bytes fit
-    # estimated at block 0 where none existed yet.
+    # CUDA, a measuring step (Note [The measuring step's windows on CUDA] in
+    # _fit_cuda_meter.py): the meter's peak by window, "blocks" (their forwards and
+    # backwards) and "loss" (the head, the loss and their backward); whether the loss window
+    # is open; the most before optimizer.step(), and over it alone; the optimizer state's
+    # bytes fit estimated at block 0 where none existed yet.
     windows: Optional[Dict[str, int]] = None
     in_loss: bool = False
     before_optimizer_peak: Optional[int] = None
@@ -324,7 +328,8 @@ class StepRecord:
     meter_running: int = 0   # the most it read at a sample so far
     counted: int = 0         # fit's count of what is not an activation (_fixed_counted)
     # The most the meter read above fit's count, by the position the step was in:
-    # ("fwd", i), ("loss",), ("bwd", i), ("opt",) (Note [What the budget counts]).
+    # ("fwd", i), ("loss",), ("bwd", i), ("opt",) (Note [What the budget counts] in
+    # _fit_steps.py).
     untracked: Dict[Tuple[Any, ...], int] = field(default_factory=dict)
     # ... with the gradients alive at each window's peak counted in (Note [Gradients by
     # position] in _fit_gradients.py); a step that began without gradients reads them.

@@ -5,11 +5,11 @@ Note [One meter for every row]
 On CUDA the meter is torch's caching allocator: max_memory_allocated() and
 max_memory_reserved() over every step, reset before each, after the previous run's memory
 went back (gc, empty_cache, and torch's pinned host cache emptied). This is also what
-stash.torch.fit's budget counts (Note [What the budget counts] in stash/torch/_fit.py), so
-a peer's peak handed to fit as a budget means the same bytes. fit resets the peak itself
-when block 0 starts a step, so a stash row's reading leaves out the part of the step
-before block 0 (the embedding lookup); that part never holds the step's peak: nothing is
-saved yet, and the optimizer's temporaries come after the blocks.
+stash.torch.fit's budget counts (Note [What the budget counts] in
+stash/torch/_fit_steps.py), so a peer's peak handed to fit as a budget means the same bytes.
+fit resets the peak itself when block 0 starts a step, so a stash row's reading leaves out
+the part of the step before block 0 (the embedding lookup); that part never holds the step's
+peak: nothing is saved yet, and the optimizer's temporaries come after the blocks.
 
 On the CPU there is no device allocator; the meter is c10's CPU allocator (Note [The CPU
 allocator's meter]): over every step, the most bytes it held above its level when the
@@ -29,7 +29,7 @@ the meter falls back to torch.profiler's memory events over the last step only (
 storages it tracks, which leaves out the step's temporaries; report()["memory"] says
 which. stash.torch.fit reads the same meter: on the CPU its budget is checked on it at
 every step, and its measuring step calibrates the fixed bytes from it exactly as on CUDA
-(Note [What the budget counts] in _fit.py).
+(Note [What the budget counts] in _fit_steps.py).
 """
 
 from __future__ import annotations

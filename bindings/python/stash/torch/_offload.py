@@ -77,8 +77,8 @@ its compiled callable; the hooks wrap that callable, not the eager forward insid
 they run outside the compiled region: Dynamo never traces them, and the saved-tensor hooks
 see what the compiled forward saves for its backward. A compiled forward saves at its end,
 so its save order is the compiled graph's (Note [Recompute cost as the replay pays it] in
-_fit.py prices that). A forward replaced by anything else is refused: the hooks could not
-tell what they would wrap.
+_fit_measure.py prices that). A forward replaced by anything else is refused: the hooks
+could not tell what they would wrap.
 
 Note [Offload hooks] is in _offload_hooks.py, Note [Stream order with torch's allocator]
 in _offload_streams.py.
