@@ -19,7 +19,7 @@ Doc = Dict[str, Any]
 Partition = Callable[..., Tuple[fx.GraphModule, fx.GraphModule]]
 
 # The matmul-like ops whose cost is their FLOPs; any other op costs its output's bytes
-# (Note [Recompute cost in a compiled block] in _compiled.py).
+# (Note [Recompute cost in a compiled block] in _compiled_steps.py).
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm"}
 _ATTENTION = ("_scaled_dot_product", "scaled_dot_product")
 
@@ -199,8 +199,8 @@ def layer_doc(name: str, kind: str, values: Sequence[SavedValue], fwd_ms: float,
               bwd_ms: float, weight: float, bwd_temp_bytes: int = 0) -> Doc:
     """A profile layer: the block's saved values as tensors, each recomputable one priced
     at its share of the block's measured forward (Note [Recompute cost in a compiled
-    block] in _compiled.py). A dense value may be offloaded (Note [Offload in the compiled
-    graph] in _compiled_offload.py); the block's input may not be recomputed."""
+    block] in _compiled_steps.py). A dense value may be offloaded (Note [Offload in the
+    compiled graph] in _compiled_offload.py); the block's input may not be recomputed."""
     tensors = []
     seen_input = False
     for j, v in enumerate(values):

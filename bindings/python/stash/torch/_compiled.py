@@ -1,4 +1,6 @@
-"""stash.torch.fit and offload under whole-model torch.compile.
+"""stash.torch.fit and offload under whole-model torch.compile: a handle's
+CompiledState and the blocks' wrapper. The per-shape plans are in _compiled_shapes.py,
+the steps' records and report in _compiled_steps.py.
 
 Note [Planning the compiled graph]
 When the model around fit's blocks is compiled whole (torch.compile(model), before or
@@ -31,17 +33,17 @@ forward, and stash plans what the joint graph saves, through the min-cut partiti
 - The first step of a shape is the measuring step: every block recomputed from its input
   (all its nodes MUST_RECOMPUTE, each block an AC region of its own, as full activation
   checkpointing tags them), its times taken from the ticks and its peak from the meter.
-  At the next step's tick 0 the profile (Note [Recompute cost in a compiled block]) is
-  planned by the same planner (stash_plan_make), under the same budget, with the same
-  refusal (BudgetRefused, raised from that forward); the measured peak less the
-  canonical model's activation peak for least memory is the profile's fixed bytes, as
-  on CUDA in eager mode (Note [What the budget counts] in _fit_steps.py), the optimizer's
-  state added when it did not exist yet. The plan takes effect at the next compile:
-  the wrapper's trace reads the plan's serial, so Dynamo's guard on it recompiles the
-  graph, and the partitioner tags the kept values MUST_SAVE and every other node of the
-  blocks MUST_RECOMPUTE, so that a recomputed value is rebuilt from kept values and the
-  block's input, as the planner priced it. The step that planned still runs the
-  measuring graph; the plan runs from the step after it.
+  At the next step's tick 0 the profile (Note [Recompute cost in a compiled block] in
+  _compiled_steps.py) is planned by the same planner (stash_plan_make), under the same
+  budget, with the same refusal (BudgetRefused, raised from that forward); the measured
+  peak less the canonical model's activation peak for least memory is the profile's
+  fixed bytes, as on CUDA in eager mode (Note [What the budget counts] in
+  _fit_steps.py), the optimizer's state added when it did not exist yet. The plan takes
+  effect at the next compile: the wrapper's trace reads the plan's serial, so Dynamo's
+  guard on it recompiles the graph, and the partitioner tags the kept values MUST_SAVE
+  and every other node of the blocks MUST_RECOMPUTE, so that a recomputed value is
+  rebuilt from kept values and the block's input, as the planner priced it. The step
+  that planned still runs the measuring graph; the plan runs from the step after it.
 - Identical blocks have one signature and are solved once, as in eager mode.
 - Where fit cannot plan (a torch without custom_partitioner_fn, another partitioner
   installed, a backend other than inductor, whose partition stash never sees), or for
@@ -51,31 +53,6 @@ forward, and stash plans what the joint graph saves, through the min-cut partiti
   traced, so that where Dynamo gives up on the trace and runs the blocks eagerly inside
   a compiled model (whose inner frames it compiles, inside the hooks), the eager
   wrapper raises the same error instead of training on a half-compiled replay.
-
-Note [Every shape under whole-model compile]
-A graph compiled for another shape than the measured one (a new sequence length or
-batch size) saves the same values at other sizes, or others (one more, a size, in a
-Llama's first block at length 160). Its partition knows them all: its saved values'
-bytes, and its blocks' costs (matmul and attention FLOPs, other nodes' bytes: Note
-[Recompute cost in a compiled block]). So that graph is planned for its own shape at
-partition time, as eager mode plans a shape it never measured (Note [A profile derived
-from the measured shapes] in _fit_shapes.py), without a measuring step: its values as
-they are, each block's measured times scaled by its cost over the measured block's, the
-measured fixed bytes plus the difference in what is saved outside the blocks (the head's
-logits and the loss grow with the tokens). A shape whose plan does not fit is refused
-when its step begins, before it runs, naming its smallest feasible budget (Note [A shape
-that cannot fit] in _fit_plan.py). Plans are keyed by block 0's input shape; the tick
-that begins a step gives the engine that shape's offloads. A derived plan is checked on
-its first run as a measured one is (Note [A compiled plan's first run]): under
-whole-model compile a shape is not measured again (its measuring graph would be a
-compile of its own). Before, such a graph got the measured plan by position, or kept
-all: a Llama planned at 85% of its keep-all at length 128 peaked 4.9% over the budget
-at 160.
-The cost: the partition reads each saved value's size, which specializes the graph to
-its shape, so every new shape is a compile of its own (Dynamo's automatic dynamic
-shapes does not make one graph serve them all), and Dynamo's recompile limit
-(torch._dynamo.config.recompile_limit, 8 by default) caps the shapes a run may train;
-past it, Dynamo runs the model eagerly and fit names the limit.
 
 Note [A compiled plan's first run]
 The first run of each plan, per shape, is checked on the meter against its budget (its
@@ -90,24 +67,6 @@ serial: every shape's graph recompiles at its next step, planned so), at most tw
 run; after that fit warns once. (A constant correction for an offloading plan's error
 would have priced least memory over a budget it had been measured within.) The failed
 step itself was over the budget: this is a correction, not a guarantee.
-
-Note [Micro-batches under whole-model compile]
-A loop that accumulates gradients by hand (two forwards and backwards per optimizer
-step) runs one compiled graph for every micro-batch, so one plan must hold for the
-micro-batch that begins with gradients alive: the second one's peak is the first's plus
-the gradients the first left (on a 3-layer Qwen2, hidden 128, exactly those 2.04 MB). A
-plan calibrated on the first alone ran 0.13% over the budget on every step. So a forward
-that begins with more gradient bytes than every complete measuring forward did measures
-too (it runs the measuring graph anyway: the plan takes effect at the next compile), and
-the plan comes at the next tick 0, its fixed bytes calibrated on the measuring forward
-that needed the most (peak plus the optimizer state missing then, less the model's
-least-memory activations). A plain loop (gradients set to None) plans one forward after
-its measuring one, as before; an accumulating one two. Should a planned step later begin
-with more gradients than the plan was calibrated on (a loop that starts accumulating),
-fit warns once: that graph may run over the budget by up to the difference.
-With the optimizer known, report() lists one entry per optimizer step (its forwards are
-its micro-batches; a forward that never reached block 0's backward ends its step, as
-aborted); without it, one per forward.
 
 Note [Backward temporaries of a compiled block]
 A compiled block's backward makes temporaries (its recomputed nodes beyond the saved
@@ -163,35 +122,25 @@ stay on the values themselves (a kept view or attention output is recomputed, as
 before: within the prediction, slower than planned) until the measuring step reads the
 loss's window there as eager fit does (Note [The measuring step's windows on CUDA] in
 _fit_cuda_meter.py).
-
-Note [Recompute cost in a compiled block]
-The ticks time each block's forward and backward on a measured run of the compiled
-step (the host clock on the CPU; the measuring step's backward recomputes the whole
-block, so its backward less its forward is the backward proper). A compiled block's
-kernels cannot be timed one by one from Python, so a saved value's recompute_ms is the
-block's measured forward split by cost: its chain (the nodes of the block it needs that
-are neither saved nor the block's input) over the whole block's, costing a matmul or
-attention node its FLOPs and any other node its output's bytes. The planner's total is
-then the measured forward, and a value that shares a chain with another is priced as if
-recomputed alone (an upper bound).
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.fx as fx
 
 from .._lib import StashError
-from ._compile_plan import (GraphBlocks, Offload, SavedValue, layer_doc, outside_bytes,
-                            plan_actions_of, saved_at_keep_all, saved_by_block, tag)
+from ._compile_plan import (GraphBlocks, Offload, SavedValue, outside_bytes,
+                            saved_at_keep_all, saved_by_block, tag)
 from ._compiled_graph import (Shape, _install, _new_id, _states, _ticked, _uninstall,
                               input_shape)
 from ._compiled_offload import CompiledMoves
+from ._compiled_shapes import ShapeGraphs, ShapePlan, ShapePlanner
+from ._compiled_steps import StepLog, StepTimes, measured_layers
 
 __all__ = ["CompiledState", "compiled_wrapper"]
 
@@ -199,65 +148,6 @@ _WHAT_WORKS = ("compile each block instead (torch.compile(block) or block.compil
                "Note [Compiled blocks] in stash/torch/_offload.py), or train eagerly")
 
 # --- a handle's compiled state -----------------------------------------------------------
-
-def _tokens(shape: Shape) -> int:
-    n = 1
-    for d in shape[:-1]:
-        n *= d
-    return n
-
-
-@dataclass
-class ShapePlan:
-    """The plan of a graph compiled for a shape other than the measured one (Note [Every
-    shape under whole-model compile]): its actions, profile, plan and figures, or the
-    refusal its step raises; its first run's check ("passed", "failed")."""
-
-    shape: Shape
-    actions: Optional[List[List[str]]] = None
-    profile: Optional[Dict[str, Any]] = None
-    plan: Optional[Dict[str, Any]] = None
-    figures: Optional[Dict[str, Any]] = None
-    refusal: Optional[StashError] = None
-    offloaded: List[Tuple[int, int]] = field(default_factory=list)
-    check: Optional[str] = None
-
-class StepTimes:
-    """One compiled step's ticks (host clock, seconds) and peak on the meter."""
-
-    def __init__(self, serial: int, n: int) -> None:
-        self.serial = serial
-        self.fwd: List[Optional[float]] = [None] * (n + 1)
-        self.bwd: List[Optional[float]] = [None] * (n + 1)
-        self.peak: Optional[int] = None
-        self.base = 0
-        self.missing = 0  # optimizer state that did not exist when it began
-        # Note [Backward temporaries of a compiled block]: per block, the peak during its
-        # backward (the meter's scale); the most of any segment so far.
-        self.bwd_peak: List[Optional[int]] = [None] * n
-        self.seg_max = 0
-        # Note [The loss under whole-model compile]: the peak from the step's start to the
-        # end tick's backward (the forwards, the head, the loss and its backward), above
-        # the base; CPU measuring steps only.
-        self.head_peak: Optional[int] = None
-        self.check: Optional[str] = None  # Note [A compiled plan's first run]
-        self.figures: Optional[Dict[str, Any]] = None  # its plan's, as it began
-        # Note [Every shape under whole-model compile]: block 0's input; its plan, if the
-        # shape is not the measured one
-        self.shape: Shape = ()
-        self.shape_plan: Optional[ShapePlan] = None
-        # Note [Micro-batches under whole-model compile]
-        self.grads = 0    # gradient bytes alive when it began
-        self.group = 0    # its optimizer step's index
-
-    def fwd_ms(self, i: int) -> Optional[float]:
-        a, b = self.fwd[i], self.fwd[i + 1]
-        return None if a is None or b is None else (b - a) * 1e3
-
-    def bwd_ms(self, i: int) -> Optional[float]:
-        a, b = self.bwd[i + 1], self.bwd[i]
-        return None if a is None or b is None else (b - a) * 1e3
-
 
 class CompiledState:
     """What a handle knows of the compiled graphs of its blocks (Note [Planning the
@@ -271,8 +161,7 @@ class CompiledState:
                  meter: Tuple[Callable[[torch.Tensor], int], Callable[[], int]],
                  refusal: Optional[str], missing: Callable[[], int] = lambda: 0,
                  gradients: Callable[[], int] = lambda: 0, grouped: bool = False,
-                 shape_planner: Optional[Callable[[Dict[str, Any], int, int],
-                                                  Tuple[Dict[str, Any], Dict[str, Any]]]] = None,
+                 shape_planner: Optional[ShapePlanner] = None,
                  refuse: Callable[[StashError], None] = lambda e: None,
                  segment: Optional[Callable[[], Tuple[int, int]]] = None) -> None:
         self.id = _new_id()
@@ -282,18 +171,12 @@ class CompiledState:
         self._meter_open, self._meter_peak = meter
         self._missing = missing
         self._gradients = gradients
-        self._shape_planner, self._refuse = shape_planner, refuse
+        self._refuse = refuse
         self._segment = segment  # Note [Backward temporaries of a compiled block]
-        # Note [Every shape under whole-model compile]: per shape, what its graphs save
-        # (by block, and outside the blocks), the blocks' costs; the plans of shapes other
-        # than the measured one.
-        self.saved_at: Dict[Shape, Dict[int, List[SavedValue]]] = {}
-        self.weights_at: Dict[Shape, Dict[int, float]] = {}
-        self.outside_at: Dict[Shape, int] = {}
-        self.shape_plans: Dict[Shape, ShapePlan] = {}
-        self.plan_shape: Optional[Shape] = None   # the measured shape the plan is of
-        self.grouped = grouped          # report() groups forwards by optimizer step
-        self.group = 0                  # optimizer steps (and aborted ones) so far
+        # Note [Every shape under whole-model compile] in _compiled_shapes.py
+        self.shapes = ShapeGraphs(names, kinds, shape_planner)
+        # Note [Micro-batches under whole-model compile] in _compiled_steps.py
+        self.log = StepLog(n, grouped)
         self.planned_grads: Optional[int] = None  # the gradients the plan holds for
         self.more_grads_warned = False
         self.profile: Optional[Dict[str, Any]] = None
@@ -306,7 +189,6 @@ class CompiledState:
         self.weights: Dict[int, float] = {}
         self.partitioned: Dict[int, int] = {}   # serial -> graphs partitioned with it
         self.actions: Optional[List[List[str]]] = None
-        self.steps: List[StepTimes] = []
         self.installed = False
         self.error: Optional[StashError] = None
         # Note [A compiled plan's first run]
@@ -320,6 +202,16 @@ class CompiledState:
         self.moves: Optional[CompiledMoves] = None
         self.offloaded: Dict[int, List[Tuple[int, int]]] = {}
         _states[self.id] = self
+
+    @property
+    def steps(self) -> List[StepTimes]:
+        """The compiled forwards so far, in the order they began."""
+        return self.log.steps
+
+    @property
+    def shape_plans(self) -> Dict[Shape, ShapePlan]:
+        """The plans of the shapes other than the measured one."""
+        return self.shapes.plans
 
     # --- trace time ----------------------------------------------------------------------
 
@@ -366,19 +258,17 @@ class CompiledState:
         names = saved_at_keep_all(gm, joint_inputs, partition, kwargs)
         saved = saved_by_block(gm, cut, names)
         shape = input_shape(cut)
-        self.saved_at[shape] = saved
-        self.weights_at[shape] = {b: cut.weight.get(b, 0.0) for b in range(self.n)}
-        self.outside_at[shape] = outside_bytes(gm, cut, names)
+        self.shapes.record(shape, saved, {b: cut.weight.get(b, 0.0) for b in range(self.n)},
+                           outside_bytes(gm, cut, names))
         actions = self.actions if serial > 0 else None
         if serial == 0:
             if not self.saved:
                 self.saved = saved
-                self.weights = self.weights_at[shape]
-        elif actions is not None and shape != self.plan_shape:
-            # Note [Every shape under whole-model compile]
-            sp = self._plan_for(shape, saved)
-            self.shape_plans[shape] = sp
-            actions = sp.actions  # None (refused): least memory; its step raises
+                self.weights = self.shapes.weights_at[shape]
+        elif actions is not None and shape != self.shapes.plan_shape:
+            # Note [Every shape under whole-model compile] in _compiled_shapes.py: None
+            # (refused): least memory; its step raises.
+            actions = self.shapes.plan_for(shape, self.profile, self.refused).actions
         # Note [What min-cut keeps] in _compile_plan.py; Note [The loss under whole-model
         # compile]: only where the loss's bytes are measured.
         tag(gm, cut, saved, actions, owners=self._segment is not None)
@@ -390,43 +280,8 @@ class CompiledState:
                         if b < len(actions) and j < len(actions[b])
                         and actions[b][j] == "offload"]
 
-    def _plan_for(self, shape: Shape, saved: Dict[int, List[SavedValue]]) -> ShapePlan:
-        """Note [Every shape under whole-model compile]: the plan of a graph for `shape`,
-        from its own saved values and the measured shape's times and fixed bytes."""
-        sp = ShapePlan(shape)
-        base, m = self.profile, self.plan_shape
-        if base is None or m is None or self._shape_planner is None:
-            sp.refusal = self.refused()
-            return sp
-        weights, m_weights = self.weights_at[shape], self.weights_at[m]
-        ratio = _tokens(shape) / max(1, _tokens(m))
-        layers = []
-        for i in range(self.n):
-            old = base["layers"][i]
-            r = weights[i] / m_weights[i] if m_weights.get(i) else ratio
-            # The temporaries scale as the block's saved bytes do.
-            now, then = (sum(v.nbytes for v in vs.get(i, [])) for vs in (saved, self.saved_at[m]))
-            temp = int(int(old.get("bwd_temp_bytes", 0)) * (now / then if then else ratio))
-            layers.append(layer_doc(self.names[i], self.kinds[i], saved.get(i, []),
-                                    float(old["fwd_ms"]) * r, float(old["bwd_ms"]) * r,
-                                    weights[i], temp))
-        doc = dict(base, layers=layers)
-        doc["fixed_bytes"] = max(0, int(base["fixed_bytes"]) + self.outside_at[shape]
-                                 - self.outside_at[m])
-        if "loss_bytes" in base:  # Note [The loss under whole-model compile]
-            doc["loss_bytes"] = int(int(base["loss_bytes"]) * max(1.0, ratio))
-        doc["measurement"] = dict(base.get("measurement", {}), derived_from=list(m))
-        sp.profile = doc
-        try:
-            sp.plan, sp.figures = self._shape_planner(doc, _tokens(shape), _tokens(m))
-        except StashError as e:
-            sp.refusal = e
-            return sp
-        sp.actions = plan_actions_of(sp.plan)
-        return sp
-
     def offloads_done(self, serial: int, shape: Shape, done: List[Tuple[int, int]]) -> None:
-        sp = self.shape_plans.get(shape)
+        sp = self.shapes.plans.get(shape)
         if sp is not None and serial > 0:
             sp.offloaded = done
         else:
@@ -487,7 +342,7 @@ class CompiledState:
                 self.correction += peak - int(figures["predicted_peak_bytes"])
             self.actions = self._plan()
             self.serial += 1
-            self.shape_plans.clear()
+            self.shapes.plans.clear()
             return
         if not self.check_warned:
             self.check_warned = True
@@ -512,24 +367,22 @@ class CompiledState:
                 "its graph was compiled by a backend other than inductor (stash plans "
                 "through inductor's partitioner)")
             raise self.refused()
-        last = self.steps[-1] if self.steps else None
-        if last is not None and last.peak is None:
-            self.group += 1  # the forward before never reached block 0's backward
+        last = self.log.forward_begins()
         grads = self._gradients()
-        # Note [Micro-batches under whole-model compile]; the measuring forwards are
-        # looked at only while the plan is still to come.
+        # Note [Micro-batches under whole-model compile] in _compiled_steps.py; the
+        # measuring forwards are looked at only while the plan is still to come.
         pending = last is not None and self.serial == 0 and self.actions is None
-        measured = self.measuring_forwards() if pending else []
+        measured = self.log.measuring_forwards() if pending else []
         most = max((s.grads for s in measured), default=0)
         if pending and measured and grads <= most:
             self.actions = self._plan()
             self.serial = 1
             self.planned_grads = most
-            m = self.measured()
-            self.plan_shape = m.shape if m is not None else None
-            if self.plan_shape in self.saved_at:
-                self.saved = self.saved_at[self.plan_shape]
-                self.weights = self.weights_at[self.plan_shape]
+            m = self.log.measured()
+            shape = self.shapes.plan_shape = m.shape if m is not None else None
+            if shape is not None and shape in self.shapes.saved_at:
+                self.saved = self.shapes.saved_at[shape]
+                self.weights = self.shapes.weights_at[shape]
             if self.moves is not None:
                 self.moves.switch(self.actions)
         elif (self.planned_grads is not None and grads > self.planned_grads
@@ -545,11 +398,12 @@ class CompiledState:
         step = StepTimes(serial, self.n)
         step.missing = self._missing() if serial == 0 else 0
         step.grads = grads
-        step.group = self.group
+        step.group = self.log.group
         step.shape = tuple(x.shape)
         if serial > 0:
-            # Note [Every shape under whole-model compile]: this shape's plan.
-            sp = self.shape_plans.get(step.shape) if step.shape != self.plan_shape else None
+            # Note [Every shape under whole-model compile] in _compiled_shapes.py
+            sp = (self.shapes.plans.get(step.shape) if step.shape != self.shapes.plan_shape
+                  else None)
             if sp is not None and sp.refusal is not None:
                 self._refuse(sp.refusal)
                 raise sp.refusal
@@ -559,53 +413,32 @@ class CompiledState:
             if self.moves is not None and actions is not None:
                 self.moves.switch(actions)
         step.base = self._meter_open(x)
-        self.steps.append(step)
+        self.log.steps.append(step)
 
     def optimizer_stepped(self) -> None:
         """The optimizer stepped: the forwards since its last step were one step's."""
-        if self.steps and self.steps[-1].group == self.group:
-            self.group += 1
+        self.log.optimizer_stepped()
 
     def _plan(self) -> List[List[str]]:
         if self._planner is None:
             raise self.refused()
         return self._planner(self)
 
-    def measuring_forwards(self) -> List[StepTimes]:
-        """The complete forwards (and backwards) of the measuring graph (serial 0, every
-        tick)."""
-        return [s for s in self.steps
-                if s.serial == 0 and s.peak is not None and all(v is not None for v in s.fwd)
-                and all(v is not None for v in s.bwd)]
-
-    def measured(self) -> Optional[StepTimes]:
-        """The measuring step whose times make the profile: the first complete one."""
-        m = self.measuring_forwards()
-        return m[0] if m else None
-
     def layers(self) -> List[Dict[str, Any]]:
-        """The measured profile's layers (Note [Recompute cost in a compiled block])."""
-        m = self.measured()
+        """The measured profile's layers (Note [Recompute cost in a compiled block] in
+        _compiled_steps.py)."""
+        m = self.log.measured()
         if m is None:
             raise StashError("stash.torch.fit: the compiled measuring step did not finish "
                              "(no backward through the blocks?)")
-        out = []
-        for i in range(self.n):
-            fwd = m.fwd_ms(i) or 0.0
-            bwd = max(0.0, (m.bwd_ms(i) or 0.0) - fwd)  # its backward recomputed it all
-            saved = self.saved_at.get(m.shape, self.saved)
-            weights = self.weights_at.get(m.shape, self.weights)
-            out.append(layer_doc(self.names[i], self.kinds[i], saved.get(i, []), fwd,
-                                 bwd, weights.get(i, 0.0)))
-        return out
+        return measured_layers(m, self.names, self.kinds,
+                               self.shapes.saved_at.get(m.shape, self.saved),
+                               self.shapes.weights_at.get(m.shape, self.weights))
 
     def report(self) -> Dict[str, Any]:
         """The compiled steps: per step its plan serial, peak on the meter and block
         times."""
-        return {"steps": [{"serial": s.serial, "peak_bytes": s.peak,
-                           "fwd_ms": [s.fwd_ms(i) for i in range(self.n)],
-                           "bwd_ms": [s.bwd_ms(i) for i in range(self.n)]}
-                          for s in self.steps],
+        return {"steps": self.log.times(),
                 "actions": self.actions,
                 "saved_bytes": {b: sum(v.nbytes for v in vs) for b, vs in self.saved.items()},
                 "offloaded": {k: list(v) for k, v in self.offloaded.items()},
@@ -613,49 +446,8 @@ class CompiledState:
                 "guarded": self.moves.guarded if self.moves is not None else 0}
 
     def step_entries(self, budget_bytes: Optional[int]) -> List[Dict[str, Any]]:
-        """The compiled steps as fit's report() lists steps (_fit_report.step_entry): a
-        step's time is its blocks' forward and backward (tick 0 to the backward tick of
-        block 0, summed over its forwards); a step whose backward never reached block 0 is
-        aborted. Grouped by optimizer step when the optimizer is known (Note [Micro-batches
-        under whole-model compile]), else one per forward."""
-        groups: List[List[StepTimes]] = []
-        for s in self.steps:
-            if groups and (s.group == groups[-1][-1].group if self.grouped else False):
-                groups[-1].append(s)
-            else:
-                groups.append([s])
-        out = []
-        for k, forwards in enumerate(groups):
-            sp = next((s.shape_plan for s in forwards if s.shape_plan is not None), None)
-            figures = next((s.figures for s in forwards if s.figures is not None), None)
-            planned = all(s.serial > 0 for s in forwards) and figures is not None
-            done = all(s.peak is not None for s in forwards)
-            if not done and forwards[-1] is self.steps[-1] and forwards[-1].peak is None:
-                continue  # running now
-            peak = max((s.peak or 0) for s in forwards)
-            ms = sum((s.bwd[0] - s.fwd[0]) * 1e3 for s in forwards
-                     if s.fwd[0] is not None and s.bwd[0] is not None)
-            out.append({
-                "step": k, "mode": "plan" if planned else "measure",
-                "shape": list(forwards[0].shape),
-                "measured_peak_bytes": peak if done else 0, "measured_peak_at": None,
-                "predicted_peak_bytes": (int(figures["predicted_peak_bytes"])
-                                         if planned and figures else None),
-                "budget_bytes": (int(figures["budget_bytes"]) if planned and figures
-                                 else budget_bytes),
-                "step_ms": ms,
-                "predicted_step_ms": (float(figures["predicted_step_ms"])
-                                      if planned and figures else None),
-                "exposed_copy_ms": 0.0, "micro_batches": len(forwards), "planning_ms": 0.0,
-                "aborted": None if done else "its backward did not reach block 0",
-                "plan_source": ("derived" if sp is not None else "measured") if planned
-                else None,
-                "check": next((s.check for s in forwards if s.check), None),
-                "over_budget": bool(done and budget_bytes is not None
-                                    and peak > (int(figures["budget_bytes"])
-                                                if planned and figures else budget_bytes)),
-                "compiled": True})
-        return out
+        """The compiled steps as fit's report() lists steps (StepLog.step_entries)."""
+        return self.log.step_entries(budget_bytes)
 
     def close(self) -> None:
         if self.moves is not None:
@@ -682,7 +474,7 @@ def compiled_wrapper(state: Callable[[], CompiledState], i: int, forward: Callab
             limit = getattr(torch._dynamo.config, "recompile_limit", None)
             graphs = sum(s.partitioned.values())
             if isinstance(limit, int) and graphs >= limit:
-                # Note [Every shape under whole-model compile]
+                # Note [Every shape under whole-model compile] in _compiled_shapes.py
                 raise StashError(
                     f"stash.torch: torch.compile made {graphs} graphs of this model, its "
                     f"recompile limit (torch._dynamo.config.recompile_limit = {limit}), and "

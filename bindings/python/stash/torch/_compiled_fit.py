@@ -32,9 +32,9 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
     it as fit plans an eager one (Note [Planning the compiled graph]). refused: what the
     handle does before a BudgetRefused propagates (it restores the blocks)."""
     def planner(state: CompiledState) -> List[List[str]]:
-        # Note [Micro-batches under whole-model compile]: calibrated on the measuring
-        # forward that needed the most.
-        measured = state.measuring_forwards()
+        # Note [Micro-batches under whole-model compile] in _compiled_steps.py: calibrated
+        # on the measuring forward that needed the most.
+        measured = state.log.measuring_forwards()
         assert measured and all(s.peak is not None for s in measured)
         # The least-memory peak with the optimizer state a first step lacked: what a
         # refusal names as the measuring step's (it named the bare first step's, below a
@@ -65,7 +65,7 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         state.profile = doc
         try:
             # The partitioner recomputes each value's own chain (Note [Recompute cost
-            # in a compiled block]): no prefix closure.
+            # in a compiled block] in _compiled_steps.py): no prefix closure.
             plan, figures = plan_measured(doc, most, budget, solver, replayed=False)
         except BudgetRefused as e:
             refused()
@@ -76,8 +76,8 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
 
     def shape_planner(doc: Dict[str, Any], tokens: int, measured: int
                       ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        # Note [Every shape under whole-model compile]: refused as a new eager shape is
-        # (Note [A shape that cannot fit] in _fit_plan.py).
+        # Note [Every shape under whole-model compile] in _compiled_shapes.py: refused as
+        # a new eager shape is (Note [A shape that cannot fit] in _fit_plan.py).
         try:
             return plan_measured(doc, None, budget, solver, replayed=False)
         except BudgetRefused as e:

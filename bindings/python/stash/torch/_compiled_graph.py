@@ -23,7 +23,7 @@ Shape = Tuple[int, ...]
 
 def input_shape(cut: GraphBlocks) -> Shape:
     """The shape of block 0's input in a joint graph (its tick's input): the key of the
-    graph's plan (Note [Every shape under whole-model compile] in _compiled.py)."""
+    graph's plan (Note [Every shape under whole-model compile] in _compiled_shapes.py)."""
     tick = cut.ticks.get(0)
     val = tick.args[0].meta.get("val") if tick is not None and isinstance(
         tick.args[0], fx.Node) else None

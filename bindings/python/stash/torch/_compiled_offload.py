@@ -144,8 +144,8 @@ class CompiledMoves:
 
     def switch(self, actions: Sequence[Sequence[str]]) -> None:
         """At a step's tick 0: the plan of the graph running (Note [Every shape under
-        whole-model compile] in _compiled.py), if it is not the one the engine has. What
-        a step that ended early still holds is given back first."""
+        whole-model compile] in _compiled_shapes.py), if it is not the one the engine has.
+        What a step that ended early still holds is given back first."""
         if actions is self._actions:
             return
         self._give_back()
