@@ -332,9 +332,9 @@ def test_fit_offloads_saved_values_of_the_compiled_graph():
     corrected = serials[-1] == 2
     offloading = serials.count(1)  # the planned steps that ran the offloading plan
     report = st.report()
-    # The values the partitioned forward returns are offloaded; a planned one it does not
-    # return (or returns as a model output, or a view min-cut recomputes: Note [What min-cut
-    # keeps] in _compile_plan.py) is not (insert_offloads).
+    # The values the partitioned forward returns are offloaded (a view or getitem through
+    # its producer: Note [What min-cut keeps] in _compile_plan.py); a planned one it does
+    # not return, or returns as a model output, is not (insert_offloads).
     offloads = report["offloaded"][1]
     assert offloads, report
     # One offload per value per step of that plan, each one covered by its tick's wait.
@@ -380,10 +380,10 @@ def test_an_offload_moved_past_its_tick_is_guarded():
 
 
 def test_kept_views_and_getitems_are_kept_through_their_producers():
-    """Note [What min-cut keeps]: a kept view's tag goes to the node that makes its storage,
-    and a multi-output producer is kept from recomputing when all its saved outputs are
-    kept; with owners=False (CUDA, until the loss's bytes are measured there) the tags stay
-    on the values themselves."""
+    """Note [What min-cut keeps]: a kept or offloaded view's tag goes to the node that makes
+    its storage, and a multi-output producer is kept from recomputing when all its saved
+    outputs are kept or offloaded; with owners=False (CUDA, until the loss's bytes are
+    measured there) the tags stay on the values themselves."""
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.utils.checkpoint import CheckpointPolicy
     from stash.torch._compile_plan import GraphBlocks, SavedValue, tag
@@ -412,8 +412,10 @@ def test_kept_views_and_getitems_are_kept_through_their_producers():
     assert t == {"mm": save, "view": save, "var_mean": save, "var": save, "mean": save}, t
     t = tagged([["recompute", "keep", "recompute"]])
     assert t == {"mm": again, "view": again, "var_mean": again, "var": save, "mean": again}, t
-    t = tagged([["offload", "keep", "offload"]])  # offloaded values keep their own tag
-    assert t == {"mm": again, "view": save, "var_mean": again, "var": save, "mean": save}, t
+    t = tagged([["offload", "keep", "offload"]])  # offloaded values are saved the same way
+    assert t == {"mm": save, "view": save, "var_mean": save, "var": save, "mean": save}, t
+    t = tagged([["offload", "recompute", "keep"]])
+    assert t == {"mm": save, "view": save, "var_mean": again, "var": again, "mean": save}, t
     t = tagged([["keep", "keep", "keep"]], owners=False)
     assert t == {"mm": again, "view": save, "var_mean": again, "var": save, "mean": save}, t
 
@@ -447,6 +449,12 @@ def test_a_share_budget_is_kept_at_every_backward_position():
     for s, g in zip(steps[2:], got[2:]):
         assert s["measured_peak_bytes"] <= s["predicted_peak_bytes"] <= s["budget_bytes"], s
         assert g["peak"] <= s["budget_bytes"], (g, s)
-    temps = [layer["bwd_temp_bytes"] for layer in h._offload.compiled_state.profile["layers"]]
+    st = h._offload.compiled_state
+    temps = [layer["bwd_temp_bytes"] for layer in st.profile["layers"]]
     assert all(t > 0 for t in temps), temps
+    # Note [What min-cut keeps] in _compile_plan.py: every offload the plan lists is made,
+    # views and getitems included (one of four was recomputed instead before).
+    planned = [(b, j) for b, layer in enumerate(st.actions) for j, a in enumerate(layer)
+               if a == "offload"]
+    assert sorted(st.report()["offloaded"].get(1, [])) == planned, (st.report(), planned)
     h.close()

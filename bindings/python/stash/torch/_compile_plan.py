@@ -261,26 +261,28 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
 
     Note [What min-cut keeps]
     min-cut honours MUST_SAVE only on a node it may ban from recomputing, and it never
-    bans a view (a reshape, permute, slice, ...) or a getitem of a multi-output op: such a
-    node tagged MUST_SAVE with its producer MUST_RECOMPUTE is recomputed all the same, its
-    producer with it. At keep-all min-cut saves exactly such nodes (the q and k views an
-    attention takes, the attention's output and logsumexp), so a plan that kept them
-    kept nothing there: on the peers' tiny Llama at 85% of compiled keep-all, 21 of the 45
-    values the plan kept (10 MB) were recomputed, the attention with them, and the step
-    peaked 9.8 MB under its prediction and ran 40% over its predicted time. So a kept
-    view's tag goes to the node that makes its storage (when that node is of the block
-    and of the view's bytes: min-cut then saves it and rebuilds the view), and a kept
-    getitem's to its multi-output producer, which min-cut then may not recompute, when
-    the plan keeps all of that producer's saved outputs (one it recomputed would be kept
-    too, unpriced: then all stay recomputed, as before, within the prediction). Values
-    the plan offloads keep their own tag: an offloaded view or getitem is recomputed
-    with its producer, as before, and insert_offloads, finding no such saved value, makes
-    no offload of it (priced as offloaded, recomputed instead: within the prediction,
-    slower than planned). Moving their tags as well made every planned offload happen,
-    and the first run of such a plan on test_fit_compiled's 3-layer wide Llama at 70% of
-    compiled keep-all ran 7% over its prediction (46.65 MB against 43.49): the offloading
-    plans' overshoot of Note [A compiled plan's first run], which the model does not
-    explain yet, grown with the offloads made.
+    bans a view (a reshape, permute, slice, ...) or a getitem of a multi-output op: such
+    a node tagged MUST_SAVE with its producer MUST_RECOMPUTE is recomputed all the same,
+    its producer with it. At keep-all min-cut saves exactly such nodes (the q and k
+    views an attention takes, the attention's output and logsumexp), so a plan that kept
+    them kept nothing there: on the peers' tiny Llama at 85% of compiled keep-all, 21 of
+    the 45 values the plan kept (10 MB) were recomputed, the attention with them, and
+    the step peaked 9.8 MB under its prediction and ran 40% over its predicted time. So
+    the tag of a view the plan keeps or offloads goes to the node that makes its storage
+    (when that node is of the block and of the view's bytes: min-cut then saves it and
+    rebuilds the view), and a getitem's to its multi-output producer, which min-cut then
+    may not recompute, when the plan keeps or offloads all of that producer's saved
+    outputs (one it recomputed would be saved too, unpriced: then all stay recomputed,
+    as before, within the prediction). insert_offloads then finds the offloaded ones
+    among the saved values and offloads them. Offloaded views and getitems kept their
+    own tags at first, and were recomputed instead of offloaded (priced as offloaded:
+    slower than planned): moving their tags had made the first run of
+    test_fit_compiled's wide Llama at 70% run 7% over its prediction (46.65 MB against
+    43.49), the offloading plans' overshoot of Note [A compiled plan's first run], which
+    was the blocks' temporaries priced 0 (Note [Backward temporaries of a compiled
+    block] in _compiled.py). With those read against the model, the same Llama at "70%"
+    makes all four offloads its plan lists (three before) and peaks at 42.06 MB against
+    46.13 predicted (41.99 with three).
     owners False: the tags stay where they were (on CUDA, where the measuring step does
     not yet read the loss's bytes, Note [The loss under whole-model compile] in
     _compiled.py, a plan that keeps what it says would be priced below its loss)."""
@@ -289,25 +291,25 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
     keep: Set[str] = set()
     if actions is not None:
         by_name = {n.name: n for n in gm.graph.nodes}
-        parents: Dict[fx.Node, bool] = {}  # multi-output producer -> all its saves kept
+        parents: Dict[fx.Node, bool] = {}  # multi-output producer -> all its outputs saved
         for b, values in saved.items():
             acts = actions[b] if b < len(actions) else []
             for j, v in enumerate(values):
                 act = acts[j] if j < len(acts) else "keep"
-                kept = act == "keep"
+                saves = act != "recompute"  # kept or offloaded: the partition saves it
                 node = by_name.get(v.name)
                 owner = _storage_owner(node) if owners and node is not None else None
                 if (owner is not None and owner is not node
                         and cut.region.get(owner) == b
                         and owner not in cut.boundary and _val_bytes(owner) == v.nbytes):
-                    if kept:
+                    if saves:
                         keep.add(owner.name)
                     node = owner
                 if node is not None and _is_getitem(node):
                     parent = node.args[0]
                     assert isinstance(parent, fx.Node)  # _is_getitem
-                    parents[parent] = parents.get(parent, True) and kept
-                if act != "recompute":
+                    parents[parent] = parents.get(parent, True) and saves
+                if saves:
                     keep.add(v.name)
         if owners:
             keep.update(p.name for p, all_kept in parents.items()
