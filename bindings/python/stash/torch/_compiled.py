@@ -60,8 +60,12 @@ report() entry's "check"). The model prices a compiled graph's positions only as
 as its calibration (Note [Backward temporaries of a compiled block]): a plan that
 offloads ran over its prediction by about the bytes of one offloaded value on the
 peers' tiny Llama (1.25 MB with five values offloaded, 0.98 MB with one), which no
-position of the model explains yet (the plans that only recompute were within it). So a
-failed check of a plan that offloads plans again without offload; of one that does not,
+position of the model explained then (the plans that only recompute were within it). On
+test_fit_compiled's wide Llama such an overshoot was the blocks' temporaries priced 0
+(fixed there: Note [Backward temporaries of a compiled block]); since then every first
+check of the peers' compiled rows has passed, but the tiny Llama's case was not
+reproduced to confirm the same cause, and a partly recomputed block can still run above
+its figure. So a failed check of a plan that offloads plans again without offload; of one that does not,
 adds what the run exceeded its prediction by to the fixed bytes and plans again (a new
 serial: every shape's graph recompiles at its next step, planned so), at most twice a
 run; after that fit warns once. (A constant correction for an offloading plan's error
