@@ -11,9 +11,10 @@ the gradients the first left (on a 3-layer Qwen2, hidden 128, exactly those 2.04
 plan calibrated on the first alone ran 0.13% over the budget on every step. So a forward
 that begins with more gradient bytes than every complete measuring forward did measures
 too (it runs the measuring graph anyway: the plan takes effect at the next compile), and
-the plan comes at the next tick 0, its fixed bytes calibrated on the measuring forward
-that needed the most (peak plus the optimizer state missing then, less the model's
-least-memory activations). A plain loop (gradients set to None) plans one forward after
+the plan comes at the next tick 0, calibrated on the measuring forward that needed the
+most (peak plus the optimizer state missing then): on the CPU its blocks' temporaries
+from its segments (Note [Backward temporaries of a compiled block] in _compiled.py), on
+CUDA its fixed bytes (the peak less the model's least-memory activations). A plain loop (gradients set to None) plans one forward after
 its measuring one, as before; an accumulating one two. Should a planned step later begin
 with more gradients than the plan was calibrated on (a loop that starts accumulating),
 fit warns once: that graph may run over the budget by up to the difference.
