@@ -167,7 +167,7 @@ class CompiledState:
                  gradients: Callable[[], int] = lambda: 0, grouped: bool = False,
                  shape_planner: Optional[ShapePlanner] = None,
                  refuse: Callable[[StashError], None] = lambda e: None,
-                 segment: Optional[Callable[[], Tuple[int, int]]] = None) -> None:
+                 segment: Optional[Callable[[], int]] = None) -> None:
         self.id = _new_id()
         self.n = n
         self.names, self.kinds = list(names), list(kinds)
@@ -312,7 +312,7 @@ class CompiledState:
         step.bwd[block] = time.perf_counter()
         if self._segment is not None and step.serial == 0:
             # Note [Backward temporaries of a compiled block]
-            peak, _ = self._segment()  # (the peak since the last tick, the bytes alive)
+            peak = self._segment()  # the peak since the last tick
             step.seg_max = max(step.seg_max, peak)
             if block < self.n:
                 step.bwd_peak[block] = peak

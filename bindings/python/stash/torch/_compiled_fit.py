@@ -26,7 +26,7 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
                        counted: Callable[[], int], missing: Callable[[], int],
                        gradients: Callable[[], int], grouped: bool,
                        refused: Callable[[], None],
-                       segment: Optional[Callable[[], Tuple[int, int]]] = None
+                       segment: Optional[Callable[[], int]] = None
                        ) -> CompiledState:
     """stash.torch.fit's compiled state: its planner makes the measured profile and plans
     it as fit plans an eager one (Note [Planning the compiled graph]). refused: what the
@@ -40,10 +40,10 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         # refusal names as the measuring step's (it named the bare first step's, below a
         # budget it refused: 17.7 MiB against a 21.8 MiB budget whose least memory needs
         # 24.3).
-        most = max(int(s.peak or 0) + s.missing for s in measured)
+        top = max(measured, key=lambda s: int(s.peak or 0) + s.missing)
+        most = int(top.peak or 0) + top.missing
         device, link, host = describe()
         doc = compiled_profile(state.layers(), device=device, link=link, host=host)
-        top = max(measured, key=lambda s: int(s.peak or 0) + s.missing)
         if all(p is not None for p in top.bwd_peak):
             # Note [Backward temporaries of a compiled block]: each position's untracked
             # bytes where it is read.

@@ -432,15 +432,15 @@ class BudgetHandle(StepPolicy):
                 return int(torch.cuda.max_memory_allocated(self.device))
             return self._counting.peak() if self._counting is not None else 0
 
-        def meter_segment() -> Tuple[int, int]:
-            # Note [Backward temporaries of a compiled block] in _compiled.py: (the peak
-            # since the last call or the window's start, the bytes alive now), on
-            # meter_open's scale; the peak starts again from now. CPU only.
+        def meter_segment() -> int:
+            # Note [Backward temporaries of a compiled block] in _compiled.py: the peak
+            # since the last call or the window's start, on meter_open's scale; the peak
+            # starts again from now. CPU only.
             if self._counting is None:
-                return 0, 0
+                return 0
             peak = self._counting.peak()
             self._counting.reset_peak()
-            return peak, self._counting.peak()
+            return peak
 
         opt = self.optimizer
         state = fit_compiled_state(
