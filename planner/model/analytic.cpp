@@ -204,6 +204,9 @@ std::string profile_json_text(const step_profile& p) {
     nlohmann::ordered_json l;
     for (const char* key : {"name", "signature", "fwd_ms", "bwd_ms", "bwd_temp_bytes"})
       l[key] = layers[i].at(key);
+    // Optional, and written by profile_to_json only when not 0 (the model never sets it).
+    if (layers[i].contains("bwd_recompute_temp_bytes"))
+      l["bwd_recompute_temp_bytes"] = layers[i].at("bwd_recompute_temp_bytes");
     std::string lh = l.dump();
     lh.pop_back();
     out += "    " + lh + ", \"tensors\": [\n";

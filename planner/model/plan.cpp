@@ -106,7 +106,8 @@ evaluation evaluate(const step_profile& p, const decision_table& d, std::uint64_
   for (std::size_t i = 0; i < L; ++i) {
     const std::uint64_t prev_off = i > 0 ? O[i - 1] : 0;
     fwd[i] = p.fixed_bytes + kept_before + prev_off + A[i];
-    bwd[i] = fwd[i] + p.layers[i].bwd_temp_bytes;
+    // Note [Backward temporaries of a recompute] in plan.h.
+    bwd[i] = fwd[i] + p.layers[i].bwd_temp_bytes + recompute_temp_bytes(p, i, d[i]);
     kept_before += K[i];
   }
   const auto visit = [&](std::uint64_t v, const char* kind, std::size_t i) {
@@ -199,6 +200,36 @@ std::size_t close_prefixes(const step_profile& p, decision_table& d) {
     }
   }
   return changed;
+}
+
+std::uint64_t recomputable_bytes(const step_profile& p, std::size_t layer) {
+  std::uint64_t s = 0;
+  const std::vector<tensor_profile>& ts = p.layers[layer].tensors;
+  for (std::size_t j = 0; j < ts.size(); ++j) {
+    if (allowed(p, layer, j, tensor_action::recompute)) s += ts[j].bytes;
+  }
+  return s;
+}
+
+std::uint64_t recompute_temp_bytes(const layer_profile& l, std::uint64_t recomputed_bytes,
+                                   std::uint64_t recomputable) {
+  if (l.bwd_recompute_temp_bytes == 0 || recomputable == 0 || recomputed_bytes == 0) return 0;
+  // Sizes are below 2^53 (profile_from_json), so the product fits in 106 bits.
+  const unsigned __int128 num =
+      static_cast<unsigned __int128>(l.bwd_recompute_temp_bytes) * recomputed_bytes;
+  return static_cast<std::uint64_t>((num + recomputable - 1) / recomputable);
+}
+
+std::uint64_t recompute_temp_bytes(const step_profile& p, std::size_t layer,
+                                   const std::vector<tensor_action>& actions) {
+  const layer_profile& l = p.layers[layer];
+  if (l.bwd_recompute_temp_bytes == 0) return 0;
+  std::uint64_t r = 0;
+  for (std::size_t j = 0; j < l.tensors.size(); ++j) {
+    if (actions[j] == tensor_action::recompute && allowed(p, layer, j, tensor_action::recompute))
+      r += l.tensors[j].bytes;
+  }
+  return recompute_temp_bytes(l, r, recomputable_bytes(p, layer));
 }
 
 decision_table keep_all(const step_profile& p) {

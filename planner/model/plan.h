@@ -59,10 +59,25 @@ struct evaluation {
 // lower bound and the simulator's timeline all include it (the simulator runs it as one
 // compute span at the loss turn, after the turn barrier, simulator.h).
 //   forward_i  = fixed + sum_{l<i} K_l + O_{i-1} + A_i
-//   backward_i = fixed + sum_{l<i} K_l + A_i + O_{i-1} + bwd_temp_i
+//   backward_i = fixed + sum_{l<i} K_l + A_i + O_{i-1} + bwd_temp_i + rtemp_i
+//   rtemp_i    = ceil(bwd_recompute_temp_i * Rb_i / S_i)   (0 when S_i = 0)
+//                S_i: bytes of layer i's tensors allowed to recompute (recomputable_bytes),
+//                Rb_i: bytes of those the plan recomputes
 //   loss       = fixed + sum_{l<L} K_l + O_{L-1} + loss_bytes
 //   peak = max(max_i max(forward_i, backward_i), loss, optimizer);
 //   host: sum O_i <= pinnable_bytes.
+// Note [Backward temporaries of a recompute]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A recomputed layer's backward holds, besides bwd_temp_i, the replay's own intermediates
+// until its backward consumes them. A profile measured with every layer recomputed (fit's
+// measuring step) sees them in every layer's backward temporaries; a constant bwd_temp_i
+// then over-prices a layer the plan keeps and under-prices one it recomputes in part
+// (issue 21: 8.7 MB and 2.2 MB under torch.compile). So the profile may split them off as
+// bwd_recompute_temp_i, measured with the whole layer recomputed, and a plan pays the
+// share of the layer's recomputable bytes it recomputes, Rb_i / S_i: linear in the
+// decisions. The forward makes none of it, and it is freed with the layer's backward.
+// evaluate() rounds the exact rational up, to whole bytes like every other term. With
+// bwd_recompute_temp_i 0 the term is 0, and every figure is the model's without it.
 // Note [The loss's position]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // loss is the position between the last layer's forward and its backward: the head, the
@@ -93,6 +108,17 @@ bool allowed(const step_profile& p, std::size_t layer, std::size_t tensor, tenso
 
 decision_table keep_all(const step_profile& p);
 
+// Note [Backward temporaries of a recompute]: S_i, the bytes of layer i's tensors the
+// rules allow to recompute (what recompute_all recomputes).
+std::uint64_t recomputable_bytes(const step_profile& p, std::size_t layer);
+// rtemp_i for R_i = recomputed_bytes (at most S_i): ceil(bwd_recompute_temp_i * R_i / S_i),
+// exact in 128 bits; 0 when S_i or bwd_recompute_temp_i is 0.
+std::uint64_t recompute_temp_bytes(const layer_profile& l, std::uint64_t recomputed_bytes,
+                                   std::uint64_t recomputable);
+// The same for one layer's actions (tensors recomputed that may not be count for nothing).
+std::uint64_t recompute_temp_bytes(const step_profile& p, std::size_t layer,
+                                   const std::vector<tensor_action>& actions);
+
 // Note [Recompute by prefix]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A profile's recompute_cost says how a layer's recompute is paid. per_tensor (the
@@ -122,8 +148,9 @@ std::vector<std::size_t> recompute_chain(const step_profile& p, std::size_t laye
 // it, and every other tensor's 0 (p itself for a per_tensor profile).
 step_profile chain_priced(const step_profile& p);
 // Recomputes every tensor allowed to that comes before its layer's last recomputed one
-// (prefix profiles only; it lowers no time and can only lower the peak). Returns the
-// number of tensors changed.
+// (prefix profiles only; it lowers no time and can only lower the peak, but for the
+// recompute temporaries of the layer's own backward, Note [Backward temporaries of a
+// recompute]). Returns the number of tensors changed.
 std::size_t close_prefixes(const step_profile& p, decision_table& d);
 // Recomputes every recomputable tensor that is not must_keep; keeps the rest.
 decision_table recompute_all(const step_profile& p);

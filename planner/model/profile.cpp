@@ -115,6 +115,10 @@ layer_profile parse_layer(const json& l, const std::string& path) {
   lp.fwd_ms = get_number(l, path, "fwd_ms", false);
   lp.bwd_ms = get_number(l, path, "bwd_ms", false);
   lp.bwd_temp_bytes = get_size(l, path, "bwd_temp_bytes");
+  // Optional (added after the first profiles shipped): absent means a recompute makes no
+  // temporaries of its own in backward.
+  if (l.contains("bwd_recompute_temp_bytes"))
+    lp.bwd_recompute_temp_bytes = get_size(l, path, "bwd_recompute_temp_bytes");
   const json& ts = field(l, path, "tensors");
   if (!ts.is_array()) fail(join(path, "tensors"), "must be an array, got " + type_name(ts));
   std::set<std::string> names;
@@ -198,7 +202,8 @@ step_profile profile_from_json(const json& j) {
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const std::string lp = "layers[" + std::to_string(i) + "]";
     p.layers.push_back(parse_layer(layers[i], lp));
-    total += p.layers.back().saved_bytes() + p.layers.back().bwd_temp_bytes;
+    total += p.layers.back().saved_bytes() + p.layers.back().bwd_temp_bytes +
+             p.layers.back().bwd_recompute_temp_bytes;
     if (total > (std::uint64_t{1} << 53)) fail(lp, "total bytes of the model exceed 2^53");
   }
   return p;
@@ -216,12 +221,16 @@ json profile_to_json(const step_profile& p) {
                     {"recomputable", t.recomputable},
                     {"must_keep", t.must_keep}});
     }
-    layers.push_back({{"name", l.name},
-                      {"signature", l.signature},
-                      {"fwd_ms", l.fwd_ms},
-                      {"bwd_ms", l.bwd_ms},
-                      {"bwd_temp_bytes", l.bwd_temp_bytes},
-                      {"tensors", std::move(ts)}});
+    json layer = {{"name", l.name},
+                  {"signature", l.signature},
+                  {"fwd_ms", l.fwd_ms},
+                  {"bwd_ms", l.bwd_ms},
+                  {"bwd_temp_bytes", l.bwd_temp_bytes},
+                  {"tensors", std::move(ts)}};
+    // Written only when it is not 0, as the optional fields below.
+    if (l.bwd_recompute_temp_bytes != 0)
+      layer["bwd_recompute_temp_bytes"] = l.bwd_recompute_temp_bytes;
+    layers.push_back(std::move(layer));
   }
   json j = {{"schema", kProfileSchema},
             {"source", p.source == profile_source::analytic ? "analytic" : "measured"},

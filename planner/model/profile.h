@@ -42,6 +42,11 @@ struct layer_profile {
   double fwd_ms = 0;
   double bwd_ms = 0;
   std::uint64_t bwd_temp_bytes = 0;
+  // The temporaries the layer's backward makes above bwd_temp_bytes when every tensor
+  // allowed to recompute is recomputed: the replay's own intermediates (optional
+  // "bwd_recompute_temp_bytes", default 0). A plan pays the share it recomputes (Note
+  // [Backward temporaries of a recompute] in plan.h).
+  std::uint64_t bwd_recompute_temp_bytes = 0;
   std::vector<tensor_profile> tensors;
 
   std::uint64_t saved_bytes() const;  // A_i
@@ -93,8 +98,9 @@ step_profile profile_from_json(const nlohmann::json& j);
 nlohmann::json profile_to_json(const step_profile& p);
 // Reads a file; errors name the path. Bad JSON is an input_error with line/column.
 step_profile load_profile(const std::string& path);
-// profile_to_json writes "step_overhead_ms" only when it is not 0, so a profile without
-// overhead serializes, and hashes, exactly as it did before the field existed.
+// profile_to_json writes "step_overhead_ms" (and every other optional field, a layer's
+// "bwd_recompute_temp_bytes" included) only when it is not 0, so a profile without it
+// serializes, and hashes, exactly as it did before the field existed.
 // Lowercase hex SHA-256 of the canonical serialization (profile_to_json(p).dump()).
 std::string profile_sha256(const step_profile& p);
 

@@ -46,6 +46,7 @@ class replay {
  private:
   struct layer_state {
     std::uint64_t all = 0, recomputed = 0, offloaded_out = 0;  // offloaded_out: left device
+    std::uint64_t bwd_temp = 0;  // bwd_temp_bytes and the plan's recompute temporaries
     double recompute_ms = 0;
     int d2h_pending = 0, h2d_pending = 0;
     double d2h_done_ms = 0, h2d_done_ms = 0;
@@ -110,6 +111,8 @@ replay::replay(const step_profile& p, const decision_table& d, const sim_options
       offloads |= d[i][j] == tensor_action::offload;
     }
     l.recompute_ms = layer_recompute_ms(p, static_cast<std::size_t>(i), d[i]);  // Note [Recompute by prefix]
+    // Note [Backward temporaries of a recompute] in plan.h.
+    l.bwd_temp = lp.bwd_temp_bytes + recompute_temp_bytes(p, static_cast<std::size_t>(i), d[i]);
   }
   if (offloads && (p.link.d2h_gbps <= 0 || p.link.h2d_gbps <= 0))
     throw input_error("simulate: the plan offloads but link.d2h_gbps / link.h2d_gbps is not positive");
@@ -183,7 +186,6 @@ void replay::start_op(double t) {
     op_end_ = t + op.dur_ms;
     return;
   }
-  const layer_profile& lp = p_.layers[op.layer];
   const std::string label = phase(op.kind == op_kind::forward ? "forward" : "backward", op.layer);
   const char* name = "fwd L";
   span_kind kind = span_kind::forward;
@@ -201,7 +203,7 @@ void replay::start_op(double t) {
     case op_kind::backward: {
       name = "bwd L", kind = span_kind::backward;
       const bool after_recompute = next_op_ > 0 && ops_[next_op_ - 1].kind == op_kind::recompute;
-      alloc(lp.bwd_temp_bytes, label, t);
+      alloc(layers_[op.layer].bwd_temp, label, t);
       if (opt_.prefetch_after_recompute || !after_recompute) trigger_prefetch(op.layer, label, t);
       r_.compute_ms += op.dur_ms;
       break;
@@ -252,7 +254,7 @@ void replay::finish_op(double t) {
     // cannot issue it later without waiting on itself.
     if (op.layer == L_ - 1) issue_prefetch(op.layer, phase("backward", op.layer), t);
   } else if (op.kind == op_kind::backward) {
-    free(l.all + lp.bwd_temp_bytes, t);
+    free(l.all + l.bwd_temp, t);
     pinned_change(-static_cast<std::int64_t>(l.offloaded_out), t);
   }
   busy_ = false;

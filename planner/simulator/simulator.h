@@ -35,7 +35,9 @@
 //    which may itself be offloaded) waits for all of layer i's prefetches.
 //  * Memory: fixed bytes throughout; a layer's saved tensors are allocated when its forward
 //    starts; recomputed ones are freed when it ends and reallocated when its recompute
-//    starts; bwd_temp_bytes is allocated when its backward compute starts; everything of
+//    starts; bwd_temp_bytes, and the plan's share of bwd_recompute_temp_bytes (Note
+//    [Backward temporaries of a recompute] in plan.h), are allocated when its backward
+//    compute starts; everything of
 //    layer i (and its pinned blocks) is released when bwd_i ends. Frees at an instant are
 //    applied before allocations at the same instant.
 //
@@ -74,7 +76,8 @@
 //    so it adds exactly step_overhead_ms.
 //  * At the start of fwd_i the device holds fixed + sum_{l<i} K_l + O_{i-1} (in flight) +
 //    A_i; at the start of bwd_i it holds fixed + sum_{l<i} K_l + A_i + O_{i-1} (prefetch of
-//    layer i-1 just issued) + bwd_temp_i. Between these instants memory only falls.
+//    layer i-1 just issued) + bwd_temp_i + rtemp_i. Between these instants memory only
+//    falls.
 // Depth > 1 prefetches earlier (less exposed H2D, more memory); a pinned cap below the
 // plan's offloaded bytes raises the peak. Both leave the canonical model on purpose.
 #pragma once

@@ -215,6 +215,44 @@ TEST(Profile, StepOverheadLeavesExistingDigestsAlone) {
   EXPECT_NE(profile_sha256(profile_from_json(some)), before);
 }
 
+// A layer's optional recompute temporaries in backward (Note [Backward temporaries of a
+// recompute] in plan.h): absent is 0 and not written, as the other optional fields, so
+// existing profiles keep their serialization and digest; present, a size, kept by the
+// round trip.
+TEST(Profile, RecomputeTemporariesAreOptionalValidatedAndRoundTripped) {
+  const step_profile plain = profile_from_json(example());
+  EXPECT_EQ(plain.layers[0].bwd_recompute_temp_bytes, 0u);
+  EXPECT_FALSE(profile_to_json(plain).at("layers")[0].contains("bwd_recompute_temp_bytes"));
+  json zero = example();
+  zero["layers"][0]["bwd_recompute_temp_bytes"] = 0;
+  EXPECT_EQ(profile_to_json(profile_from_json(zero)), profile_to_json(plain));
+  EXPECT_EQ(profile_sha256(profile_from_json(zero)), profile_sha256(plain));
+
+  json j = example();
+  j["layers"][0]["bwd_recompute_temp_bytes"] = 9122611;
+  const step_profile p = profile_from_json(j);
+  EXPECT_EQ(p.layers[0].bwd_recompute_temp_bytes, 9122611u);
+  const json out = profile_to_json(p);
+  EXPECT_EQ(out.at("layers")[0].at("bwd_recompute_temp_bytes"), 9122611u);
+  EXPECT_EQ(profile_from_json(out).layers[0].bwd_recompute_temp_bytes, 9122611u);
+  EXPECT_EQ(profile_to_json(profile_from_json(out)), out);
+  EXPECT_NE(profile_sha256(p), profile_sha256(plain));
+
+  const auto bad = [](json v) {
+    json k = example();
+    k["layers"][0]["bwd_recompute_temp_bytes"] = v;
+    return error_of(k);
+  };
+  for (const json& v : {json(-1), json(1.5), json("big"), json(nullptr)}) {
+    const std::string e = bad(v);
+    EXPECT_EQ(e.rfind("layers[0].bwd_recompute_temp_bytes: must be a non-negative integer", 0),
+              0u)
+        << e;
+  }
+  // It counts toward the model's byte total, which must stay exact in a double.
+  EXPECT_EQ(bad(std::uint64_t{1} << 54).rfind("layers[0]: total bytes of the model", 0), 0u);
+}
+
 TEST(Profile, RejectsDuplicateTensorNames) {
   json j = example();
   j["layers"][0]["tensors"].push_back(j["layers"][0]["tensors"][0]);

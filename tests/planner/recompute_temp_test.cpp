@@ -1,0 +1,150 @@
+// A layer's recompute temporaries in backward (Note [Backward temporaries of a recompute]
+// in plan.h): the canonical model on hand-computed cases, the simulator against it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "plan_fixtures.h"
+#include "planner/simulator/simulator.h"
+
+using namespace stash::planner;
+using namespace stash::planner::testing;
+
+namespace {
+
+constexpr std::uint64_t MiB = kMiB;
+const tensor_action K = tensor_action::keep, R = tensor_action::recompute;
+
+// Three layers, each: "in" 4 MiB (its input: not recomputable), "a" 6 MiB, "b" 2 MiB, so
+// A_i = 12 MiB and S_i = 8 MiB; bwd_temp 1 MiB; fixed 10 MiB. Recompute temporaries:
+// 3 MiB for layers 0 and 1, 3 MiB + 1 byte for layer 2 (so that its shares round).
+step_profile three_layers() {
+  step_profile p = hand_profile({1, 1, 1}, {2, 2, 2});
+  p.fixed_bytes = 10 * MiB;
+  for (std::size_t i = 0; i < 3; ++i) {
+    add_tensor(p, i, "in", 4 * MiB);
+    p.layers[i].tensors.back().recomputable = false;
+    add_tensor(p, i, "a", 6 * MiB);
+    add_tensor(p, i, "b", 2 * MiB);
+    p.layers[i].bwd_temp_bytes = MiB;
+    p.layers[i].bwd_recompute_temp_bytes = 3 * MiB;
+  }
+  p.layers[2].bwd_recompute_temp_bytes = 3 * MiB + 1;
+  return p;
+}
+
+bool has(const evaluation& e, const std::string& v) {
+  return std::find(e.violations.begin(), e.violations.end(), v) != e.violations.end();
+}
+
+step_profile without_terms(step_profile p) {
+  for (layer_profile& l : p.layers) l.bwd_recompute_temp_bytes = 0;
+  return p;
+}
+
+}  // namespace
+
+TEST(RecomputeTemp, EvaluateKeepAllPaysNothing) {
+  const step_profile p = three_layers();
+  // forward_i = 10 + 12·i + 12, backward_i = forward_i + 1 (nothing recomputed): 23, 35, 47.
+  const evaluation e = evaluate(p, keep_all(p), ~0ull);
+  EXPECT_EQ(e.peak_bytes, 47 * MiB);
+  EXPECT_EQ(e.peak_at, "backward[2]");
+  EXPECT_EQ(e.peak_bytes, evaluate(without_terms(p), keep_all(p), ~0ull).peak_bytes);
+}
+
+// S_i is what the rules let recompute: a must_keep tensor is kept even by recompute_all,
+// so it is no part of the share.
+TEST(RecomputeTemp, TheShareIsOfTheBytesAllowedToRecompute) {
+  step_profile p = three_layers();
+  EXPECT_EQ(recomputable_bytes(p, 0), 8 * MiB);
+  add_tensor(p, 0, "pinned", 8 * MiB);
+  p.layers[0].tensors.back().must_keep = true;
+  EXPECT_EQ(recomputable_bytes(p, 0), 8 * MiB);
+  EXPECT_EQ(recompute_temp_bytes(p, 0, {K, R, R, K}), 3 * MiB);
+  EXPECT_EQ(recompute_temp_bytes(p, 0, {K, K, R, K}), 3 * MiB / 4);
+  EXPECT_EQ(recompute_temp_bytes(p, 0, {K, K, K, R}), 0u);  // a rule break pays nothing here
+  EXPECT_EQ(recompute_temp_bytes(p.layers[0], 0, 0), 0u);
+}
+
+TEST(RecomputeTemp, EvaluateAllRecomputePaysTheWholeTerm) {
+  const step_profile p = three_layers();
+  // K_i = 4 MiB. backward_0 = 10 + 12 + 1 + 3 = 26 MiB, backward_1 = 10 + 4 + 12 + 1 + 3
+  // = 30 MiB, backward_2 = 10 + 8 + 12 + 1 + (3 MiB + 1) = 34 MiB + 1. Without the term
+  // backward_2 would be 31 MiB.
+  const decision_table d = recompute_all(p);
+  EXPECT_EQ(d[2], (std::vector<tensor_action>{K, R, R}));
+  const evaluation e = evaluate(p, d, ~0ull);
+  EXPECT_EQ(e.peak_bytes, 34 * MiB + 1);
+  EXPECT_EQ(e.peak_at, "backward[2]");
+  EXPECT_EQ(evaluate(without_terms(p), d, ~0ull).peak_bytes, 31 * MiB);
+  EXPECT_FALSE(evaluate(p, d, 34 * MiB).valid);
+  EXPECT_EQ(evaluate(p, d, 34 * MiB).violations, std::vector<std::string>{"peak:backward[2]"});
+  EXPECT_TRUE(evaluate(p, d, 34 * MiB + 1).valid);
+}
+
+TEST(RecomputeTemp, EvaluatePartialRecomputePaysItsShareRoundedUp) {
+  const step_profile p = three_layers();
+  // Layers 0 and 1 kept; layer 2 recomputes b (2 of its 8 MiB): forward_2 = 10 + 24 + 12 =
+  // 46 MiB, backward_2 = 47 MiB + ceil((3 MiB + 1) · 2/8) = 47 MiB + ceil(786432.25).
+  decision_table d = keep_all(p);
+  d[2] = {K, K, R};
+  evaluation e = evaluate(p, d, ~0ull);
+  EXPECT_EQ(e.peak_bytes, 47 * MiB + 786433);
+  EXPECT_EQ(e.peak_at, "backward[2]");
+  EXPECT_EQ(evaluate(p, d, 47 * MiB + 786432).violations,
+            std::vector<std::string>{"peak:backward[2]"});
+  EXPECT_TRUE(evaluate(p, d, 47 * MiB + 786433).valid);
+  // a instead (6 of 8 MiB): (3 MiB + 1) · 6/8 = 2359296.75, rounded up.
+  d[2] = {K, R, K};
+  EXPECT_EQ(evaluate(p, d, ~0ull).peak_bytes, 47 * MiB + 2359297);
+  // Layer 1 recomputes b alone: backward_1 = 35 MiB + 3 MiB · 2/8 = 35.75 MiB, under
+  // backward_2 = 10 + 12 + 10 + 12 + 1 = 45 MiB, which it lowers by the 2 MiB it frees.
+  d = keep_all(p);
+  d[1] = {K, K, R};
+  e = evaluate(p, d, ~0ull);
+  EXPECT_EQ(e.peak_bytes, 45 * MiB);
+  EXPECT_FALSE(has(evaluate(p, d, 35 * MiB + 3 * MiB / 4), "peak:backward[1]"));
+  EXPECT_TRUE(has(evaluate(p, d, 35 * MiB + 3 * MiB / 4 - 1), "peak:backward[1]"));
+  // The forward makes none of it: forward_1 = 10 + 12 + 12 = 34 MiB either way.
+  EXPECT_FALSE(has(evaluate(p, d, 34 * MiB), "peak:forward[1]"));
+}
+
+TEST(RecomputeTemp, SimulatorHoldsThePlansShare) {
+  const step_profile p = three_layers();
+  decision_table d = keep_all(p);
+  d[2] = {K, K, R};
+  const sim_result r = simulate(p, d);
+  EXPECT_EQ(r.peak_bytes, 47 * MiB + 786433);
+  EXPECT_EQ(r.peak_at, "backward[2]");
+  const evaluation all = evaluate(p, recompute_all(p), ~0ull);
+  const sim_result ra = simulate(p, recompute_all(p));
+  EXPECT_EQ(ra.peak_bytes, all.peak_bytes);
+  EXPECT_EQ(ra.peak_at, all.peak_at);
+}
+
+// Note [Simulator vs canonical model] in simulator.h, with the term: random decisions on
+// random profiles peak where evaluate() says, by the byte.
+TEST(RecomputeTemp, SimulatorAgreesWithTheModelOnRandomDecisions) {
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<double> u(0, 1);
+  int binds = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    step_profile p = random_profile(rng, 6, 6);
+    for (layer_profile& l : p.layers)
+      l.bwd_recompute_temp_bytes = static_cast<std::uint64_t>(u(rng) * 64 * MiB);
+    decision_table d = keep_all(p);
+    for (std::size_t i = 0; i < p.layers.size(); ++i)
+      for (std::size_t j = 0; j < d[i].size(); ++j) {
+        const tensor_action a = static_cast<tensor_action>(static_cast<int>(u(rng) * 3));
+        if (allowed(p, i, j, a)) d[i][j] = a;
+      }
+    const evaluation ev = evaluate(p, d, ~0ull);
+    const sim_result r = simulate(p, d);
+    ASSERT_EQ(r.peak_bytes, ev.peak_bytes) << "trial " << trial;
+    ASSERT_EQ(r.peak_at, ev.peak_at) << "trial " << trial;
+    binds += ev.peak_bytes != evaluate(without_terms(p), d, ~0ull).peak_bytes;
+  }
+  EXPECT_GT(binds, 30);
+}
