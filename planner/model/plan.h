@@ -74,10 +74,18 @@ struct evaluation {
 // then over-prices a layer the plan keeps and under-prices one it recomputes in part
 // (issue 21: 8.7 MB and 2.2 MB under torch.compile). So the profile may split them off as
 // bwd_recompute_temp_i, measured with the whole layer recomputed, and a plan pays the
-// share of the layer's recomputable bytes it recomputes, Rb_i / S_i: linear in the
-// decisions. The forward makes none of it, and it is freed with the layer's backward.
-// evaluate() rounds the exact rational up, to whole bytes like every other term. With
-// bwd_recompute_temp_i 0 the term is 0, and every figure is the model's without it.
+// share of the layer's recomputable bytes it recomputes, Rb_i / S_i. Linear in the
+// decisions: the LP and the MIPs put the coefficient bwd_recompute_temp_i / S_i on layer
+// i's own recompute columns in the row peak:backward[i], and nowhere else (the forward
+// makes none of it, and it is freed with the layer's backward). evaluate() rounds the
+// exact rational up; since every other term and the budget are whole bytes,
+// x + ceil(t) <= budget exactly when x + t <= budget, so evaluate and the rows admit the
+// same plans. The inner solvers round the LP's recompute up as before, and repair may
+// recompute less of a layer whose own backward ends over the budget (inner_solver.h).
+// With bwd_recompute_temp_i 0 the term is 0 and no row gains a coefficient: every figure
+// is the model's without it. In a prefix profile a plan that recomputes a deep link alone
+// pays a smaller share than the prefix through it, but the replay makes the whole prefix
+// anyway; the solvers still search prefix plans only (Note [Recompute by prefix]).
 // Note [The loss's position]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // loss is the position between the last layer's forward and its backward: the head, the

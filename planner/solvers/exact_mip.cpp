@@ -18,7 +18,9 @@ namespace stash::planner {
 //
 // Peak: the canonical peak is a max over positions; "max <= budget" is exactly the set of
 // rows peak:forward[i], peak:loss and peak:backward[i] <= budget (same form as Note [Outer
-// LP]). For
+// LP]). peak:backward[i] also carries layer i's recompute temporaries, b_ij ·
+// bwd_recompute_temp_i / S_i on each xr_ij (Note [Backward temporaries of a recompute] in
+// plan.h), where that is not 0. For
 // the minimum-peak objective a free column P replaces the budget: row - P <= 0, min P.
 //
 // Exposed copy time: max(0, O_i/d2h - fwd_{i+1}) is convex, and it appears only in the
@@ -117,6 +119,15 @@ exact_result solve_exact(const step_profile& p, std::uint64_t budget_bytes,
     }
     const double temp = static_cast<double>(p.layers[i].bwd_temp_bytes);
     mip.add_row(idx("peak:forward", i), -kInf, (b - saved_through) / unit, row);
+    const std::uint64_t rtemp = p.layers[i].bwd_recompute_temp_bytes;
+    if (const std::uint64_t S = rtemp > 0 ? recomputable_bytes(p, i) : 0; S > 0) {
+      const double per_byte = static_cast<double>(rtemp) / static_cast<double>(S);
+      for (std::size_t j = 0; j < xr[i].size(); ++j) {
+        if (xr[i][j] < 0) continue;
+        const double mib = static_cast<double>(p.layers[i].tensors[j].bytes) / unit;
+        row.push_back({xr[i][j], per_byte * mib});
+      }
+    }
     mip.add_row(idx("peak:backward", i), -kInf, (b - saved_through - temp) / unit, row);
   }
   {  // Note [The loss's position] in plan.h: every layer's kept bytes, the last's offload.

@@ -27,9 +27,14 @@ struct inner_stats {
 //   min R_i + copy_cost_i(O_i)  s.t.  K_i <= keep_target,  R_bytes_i >= recompute_target,
 //                                      O_i <= offload_cap,  every action allowed().
 // The first two keep each peak row at or below the LP's value: forward/backward positions
-// after layer i see K_i, and position i+1 sees K_i + O_i = A_i - R_bytes_i. If the targets
-// cannot be met with whole tensors, the layer's best effort is returned and repair (repair.h)
-// restores validity. Solved once per distinct (signature, tensors, window, target) and
+// after layer i see K_i, and position i+1 sees K_i + O_i = A_i - R_bytes_i. The exception
+// is layer i's own backward row where its recompute makes temporaries (Note [Backward
+// temporaries of a recompute] in plan.h): rounding R_bytes_i up raises it, and repair,
+// which may recompute less of that layer, takes it back where the budget is crossed. A cap
+// on R_bytes_i from the row's slack would ignore the slack that the earlier layers'
+// rounding up leaves in the same row and turn met targets into fallbacks; on llama-like
+// profiles it made plans slower. If the targets cannot be met with whole tensors, the
+// layer's best effort is returned and repair (repair.h) restores validity. Solved once per distinct (signature, tensors, window, target) and
 // stamped onto every layer that shares it.
 // A prefix profile is given chain_priced (Note [Recompute by prefix] in plan.h), as
 // make_plan and lower_bound_ms do: each link's recompute_ms is then its replay's cost.

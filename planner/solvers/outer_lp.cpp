@@ -27,9 +27,11 @@ namespace stash::planner {
 //   choice[i]          sum_{j in RO} r_ij + oRO_i <= |RO|   a tensor goes one way only
 //   d2h_window[i]      off_i · unit/d2h - ed_i <= fwd_{i+1}
 //   h2d_window[i]      off_i · unit/h2d - eh_i <= bwd_{i+1}
-//   peak:backward[i]   fixed + sum_{l<=i} A_l + bwd_temp_i
+//   peak:backward[i]   fixed + sum_{l<=i} A_l + bwd_temp_i + t_i · sum_j r_ij
 //                        - sum_{l<i} sum_j r_lj - sum_{l<i-1} off_l              <= budget
-//                      (K_l = A_l - r_l - off_l for l < i, plus off_{i-1} still in flight)
+//                      (K_l = A_l - r_l - off_l for l < i, plus off_{i-1} still in flight;
+//                      t_i = bwd_recompute_temp_i / S_i, Note [Backward temporaries of a
+//                      recompute] in plan.h, a coefficient only where it is not 0)
 //   peak:loss          the same form as position L (Note [The loss's position] in plan.h):
 //                        fixed + sum_{l<L} A_l + loss_bytes - sum_{l<L} r_l
 //                        - sum_{l<L-1} off_l                                    <= budget
@@ -38,11 +40,11 @@ namespace stash::planner {
 //                      (Note [Recompute by prefix] in plan.h): the chain's links in order
 // objective: sum r_ij·c_j/b_j + sum (ed_i + eh_i) (+ the constant compute time).
 //
-// peak:forward[i] has the same left-hand side as peak:backward[i] and a bound larger by
-// bwd_temp_i >= 0, so it is implied and never added. The backward rows are generated
-// lazily: the model starts with the row that is tightest under keep-all; after each solve
-// every violated row is added (warm start: the old basis stays dual feasible) until the
-// point satisfies all L rows. The result is the optimum of the full LP, with a few rows
+// peak:forward[i] has the left-hand side of peak:backward[i] less t_i · r_i >= 0 and a
+// bound larger by bwd_temp_i >= 0, so it is implied and never added. The backward rows
+// are generated lazily: the model starts with the row that is tightest under keep-all
+// (where t_i · r_i is 0); after each solve every violated row is added (warm start: the
+// old basis stays dual feasible) until the point satisfies all L rows. The result is the optimum of the full LP, with a few rows
 // instead of L dense ones. At most L rounds; in practice two or three.
 //
 // Exactness: this is the projection of the per-tensor relaxation (0 <= x_r + x_o <= 1 per
@@ -62,6 +64,7 @@ namespace {
 
 struct layer_cols {
   std::vector<int> r;      // recompute columns
+  double rtemp = 0;        // t_i: peak:backward[i]'s coefficient on them (Note [Outer LP])
   std::vector<bool> r_ro;  // whether the tensor behind r[k] is in RO
   std::vector<double> r_mib;  // its bytes in MiB
   int oO = -1, oRO = -1, ed = -1, eh = -1;
@@ -104,6 +107,11 @@ outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes
       }
       if (off && rec) ro += mib;
       if (off && !rec) o_only += mib;
+    }
+    // Note [Backward temporaries of a recompute] in plan.h: bytes per byte, so per MiB too.
+    if (layer.bwd_recompute_temp_bytes > 0 && !c.r.empty()) {
+      c.rtemp = static_cast<double>(layer.bwd_recompute_temp_bytes) /
+                static_cast<double>(recomputable_bytes(p, i));
     }
     if (p.recompute == recompute_cost::prefix) {
       // Note [Recompute by prefix]: the r columns are the layer's chain in save order; a
@@ -158,6 +166,7 @@ outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes
       if (i == L) break;
       double r = 0;
       for (int k : cols[i].r) r += lp.col_value(k);
+      if (cols[i].rtemp > 0) v[i] += cols[i].rtemp * r;
       freed_r += r;
       freed_o += prev_o;  // layer i-1's offload counts as freed from position i+1 on
       prev_o = lp.col_value(cols[i].oO) + lp.col_value(cols[i].oRO);
@@ -173,6 +182,9 @@ outer_lp_result solve_outer_lp(const step_profile& p, std::uint64_t budget_bytes
         row.push_back({cols[l].oO, -1});
         row.push_back({cols[l].oRO, -1});
       }
+    }
+    if (i < L && cols[i].rtemp > 0) {
+      for (int k : cols[i].r) row.push_back({k, cols[i].rtemp});
     }
     lp.add_row(i == L ? std::string("peak:loss") : idx("peak:backward", i), -kInf, rhs[i], row);
     in_model[i] = true;

@@ -19,7 +19,10 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 struct aggregates {
   const step_profile& p;
   std::uint64_t budget;
-  std::vector<std::uint64_t> K, O, A;
+  // R: recomputed bytes that may be recomputed, S: all that may (recomputable_bytes); kept
+  // only for the backward's recompute temporaries (Note [Backward temporaries of a
+  // recompute] in plan.h).
+  std::vector<std::uint64_t> K, O, A, R, S;
   std::uint64_t total_O = 0;
 
   aggregates(const step_profile& prof, std::uint64_t b, const decision_table& d)
@@ -28,28 +31,45 @@ struct aggregates {
     K.assign(L, 0);
     O.assign(L, 0);
     A.assign(L, 0);
+    R.assign(L, 0);
+    S.assign(L, 0);
     for (std::size_t i = 0; i < L; ++i) {
+      S[i] = recomputable_bytes(p, i);
       for (std::size_t j = 0; j < d[i].size(); ++j) {
         const std::uint64_t bytes = p.layers[i].tensors[j].bytes;
         A[i] += bytes;
         if (d[i][j] == tensor_action::keep) K[i] += bytes;
         if (d[i][j] == tensor_action::offload) O[i] += bytes;
+        if (d[i][j] == tensor_action::recompute && counts_as_recomputed(i, j)) R[i] += bytes;
       }
       total_O += O[i];
     }
   }
 
-  void apply(std::size_t i, std::uint64_t bytes, tensor_action from, tensor_action to) {
+  bool counts_as_recomputed(std::size_t i, std::size_t j) const {
+    return allowed(p, i, j, tensor_action::recompute);
+  }
+
+  // Moves tensor j of layer i from `from` to `to`.
+  void apply(std::size_t i, std::size_t j, tensor_action from, tensor_action to) {
+    const std::uint64_t bytes = p.layers[i].tensors[j].bytes;
     if (from == tensor_action::keep) K[i] -= bytes;
     if (from == tensor_action::offload) {
       O[i] -= bytes;
       total_O -= bytes;
     }
+    if (from == tensor_action::recompute && counts_as_recomputed(i, j)) R[i] -= bytes;
     if (to == tensor_action::keep) K[i] += bytes;
     if (to == tensor_action::offload) {
       O[i] += bytes;
       total_O += bytes;
     }
+    if (to == tensor_action::recompute && counts_as_recomputed(i, j)) R[i] += bytes;
+  }
+
+  // Layer i's backward temporaries under the current decisions.
+  std::uint64_t temp(std::size_t i) const {
+    return p.layers[i].bwd_temp_bytes + recompute_temp_bytes(p.layers[i], R[i], S[i]);
   }
 
   // The worst position: value and layer (L: the loss's position); kind 0 forward, 1
@@ -60,8 +80,7 @@ struct aggregates {
     std::uint64_t best = 0, kept = 0;
     *layer = 0;
     for (std::size_t i = 0; i < K.size(); ++i) {
-      const std::uint64_t v = p.fixed_bytes + kept + (i > 0 ? O[i - 1] : 0) + A[i] +
-                              p.layers[i].bwd_temp_bytes;
+      const std::uint64_t v = p.fixed_bytes + kept + (i > 0 ? O[i - 1] : 0) + A[i] + temp(i);
       if (v > best) {
         best = v;
         *layer = i;
@@ -179,8 +198,24 @@ bool repair(const step_profile& p, std::uint64_t budget, decision_table& d) {
     double best = kInf;
     std::size_t bi = 0, bj = 0;
     tensor_action bto = tensor_action::keep;
+    // Note [Backward temporaries of a recompute] in plan.h: a move that changes what a
+    // layer with recompute temporaries recomputes moves that layer's own backward too, so
+    // while the host fits it is taken only if no position ends above the current worst.
+    const auto raises_worst = [&](std::size_t i, std::size_t j, tensor_action to) {
+      const tensor_action from = d[i][j];
+      if (!host_ok || p.layers[i].bwd_recompute_temp_bytes == 0 ||
+          (from != tensor_action::recompute && to != tensor_action::recompute)) {
+        return false;
+      }
+      g.apply(i, j, from, to);
+      std::size_t where;
+      const bool worse = g.worst(&where) > worst;
+      g.apply(i, j, to, from);
+      return worse;
+    };
     const auto consider = [&](std::size_t i, std::size_t j, tensor_action to, double freed) {
       if (!allowed(p, i, j, to) || freed <= 0 || !guard.may(d, i, j, d[i][j], to)) return;
+      if (raises_worst(i, j, to)) return;
       const double score = delta_ms(g, i, p.layers[i].tensors[j], d[i][j], to) / freed;
       if (score < best) {
         best = score;
@@ -200,6 +235,17 @@ bool repair(const step_profile& p, std::uint64_t budget, decision_table& d) {
           if (!allowed(p, i, j, tensor_action::recompute)) consider(i, j, tensor_action::keep, b);
           continue;
         }
+        // Over budget at backward[at] with recompute temporaries there: recomputing less
+        // of layer `at` lowers them by its share.
+        if (i == at && at < d.size() && a == tensor_action::recompute &&
+            p.layers[at].bwd_recompute_temp_bytes > 0 && g.S[at] > 0) {
+          const double freed = b * static_cast<double>(p.layers[at].bwd_recompute_temp_bytes) /
+                               static_cast<double>(g.S[at]);
+          consider(i, j, tensor_action::keep, freed);
+          if (g.total_O + p.layers[i].tensors[j].bytes <= p.pinnable_bytes) {
+            consider(i, j, tensor_action::offload, freed);
+          }
+        }
         // Over budget at layer `at`: only tensors of earlier layers can help.
         if (i >= at) continue;
         if (a == tensor_action::keep) {
@@ -213,7 +259,7 @@ bool repair(const step_profile& p, std::uint64_t budget, decision_table& d) {
       }
     }
     if (best == kInf) return false;
-    g.apply(bi, p.layers[bi].tensors[bj].bytes, d[bi][bj], bto);
+    g.apply(bi, bj, d[bi][bj], bto);
     d[bi][bj] = bto;
   }
   return g.host_ok() && g.peak_ok();
@@ -246,16 +292,16 @@ std::size_t polish(const step_profile& p, std::uint64_t budget, decision_table& 
         const double delta = delta_ms(g, i, t, d[i][j], to);
         if (delta >= best) continue;
         const tensor_action from = d[i][j];
-        g.apply(i, t.bytes, from, to);
+        g.apply(i, j, from, to);
         const bool ok = g.host_ok() && g.peak_ok();
-        g.apply(i, t.bytes, to, from);
+        g.apply(i, j, to, from);
         if (ok) {
           best = delta;
           best_to = to;
         }
       }
       if (best_to != d[i][j]) {
-        g.apply(i, t.bytes, d[i][j], best_to);
+        g.apply(i, j, d[i][j], best_to);
         d[i][j] = best_to;
         ++changes;
       }
@@ -295,16 +341,14 @@ std::size_t polish_pairs(const step_profile& p, std::uint64_t budget, decision_t
       for (std::size_t y = x + 1; y < slots.size(); ++y) {
         const auto [i1, j1] = slots[x];
         const auto [i2, j2] = slots[y];
-        const std::uint64_t b1 = p.layers[i1].tensors[j1].bytes;
-        const std::uint64_t b2 = p.layers[i2].tensors[j2].bytes;
         for (tensor_action a1 : kActs) {
           for (tensor_action a2 : kActs) {
             const tensor_action o1 = d[i1][j1], o2 = d[i2][j2];
             if (a1 == o1 || a2 == o2) continue;  // single moves are polish()'s job
             if (!allowed(p, i1, j1, a1) || !allowed(p, i2, j2, a2)) continue;
             const double before = layer_cost(g, d, i1) + (i2 != i1 ? layer_cost(g, d, i2) : 0);
-            g.apply(i1, b1, o1, a1);
-            g.apply(i2, b2, o2, a2);
+            g.apply(i1, j1, o1, a1);
+            g.apply(i2, j2, o2, a2);
             d[i1][j1] = a1;
             d[i2][j2] = a2;
             const double after = layer_cost(g, d, i1) + (i2 != i1 ? layer_cost(g, d, i2) : 0);
@@ -314,8 +358,8 @@ std::size_t polish_pairs(const step_profile& p, std::uint64_t budget, decision_t
               improved = true;
               continue;
             }
-            g.apply(i1, b1, a1, o1);
-            g.apply(i2, b2, a2, o2);
+            g.apply(i1, j1, a1, o1);
+            g.apply(i2, j2, a2, o2);
             d[i1][j1] = o1;
             d[i2][j2] = o2;
           }

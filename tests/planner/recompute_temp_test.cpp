@@ -1,5 +1,6 @@
 // A layer's recompute temporaries in backward (Note [Backward temporaries of a recompute]
-// in plan.h): the canonical model on hand-computed cases, the simulator against it.
+// in plan.h): the canonical model on hand-computed cases, every solver against it, the
+// simulator against it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 
 #include "plan_fixtures.h"
 #include "planner/simulator/simulator.h"
+#include "planner/solvers/planner.h"
 
 using namespace stash::planner;
 using namespace stash::planner::testing;
@@ -34,12 +36,34 @@ step_profile three_layers() {
   return p;
 }
 
+plan_options with(solver_kind s) {
+  plan_options o;
+  o.solver = s;
+  o.time_limit_s = 20;
+  return o;
+}
+
 bool has(const evaluation& e, const std::string& v) {
   return std::find(e.violations.begin(), e.violations.end(), v) != e.violations.end();
 }
 
 step_profile without_terms(step_profile p) {
   for (layer_profile& l : p.layers) l.bwd_recompute_temp_bytes = 0;
+  return p;
+}
+
+// Layer 0: a0 8 MiB at 0.1 ms, recompute temporaries 10 MiB; layer 1: a1 8 MiB at 0.5 ms;
+// layer 2: a2 8 MiB, not recomputable; nothing offloads. Keep-all: backward_i = 8, 16, 24
+// MiB. At 16 MiB position 2 needs K_0 + K_1 <= 8 MiB, so a0 or a1 is recomputed. Without
+// the term a0 is the cheaper; with it backward_0 = 8 + 10 = 18 MiB > 16 MiB, so a1.
+step_profile choice_profile() {
+  step_profile p = hand_profile({1, 1, 1}, {2, 2, 2});
+  add_tensor(p, 0, "a0", 8 * MiB, 0.1);
+  add_tensor(p, 1, "a1", 8 * MiB, 0.5);
+  add_tensor(p, 2, "a2", 8 * MiB);
+  p.layers[2].tensors[0].recomputable = false;
+  for (layer_profile& l : p.layers) l.tensors[0].offloadable = false;
+  p.layers[0].bwd_recompute_temp_bytes = 10 * MiB;
   return p;
 }
 
@@ -109,6 +133,29 @@ TEST(RecomputeTemp, EvaluatePartialRecomputePaysItsShareRoundedUp) {
   EXPECT_TRUE(has(evaluate(p, d, 35 * MiB + 3 * MiB / 4 - 1), "peak:backward[1]"));
   // The forward makes none of it: forward_1 = 10 + 12 + 12 = 34 MiB either way.
   EXPECT_FALSE(has(evaluate(p, d, 34 * MiB), "peak:forward[1]"));
+}
+
+TEST(RecomputeTemp, EverySolverMovesTheRecomputeToTheLayerWithoutTemporaries) {
+  const step_profile p = choice_profile();
+  const std::uint64_t budget = 16 * MiB;
+  for (solver_kind s : {solver_kind::greedy, solver_kind::ilp, solver_kind::exact}) {
+    SCOPED_TRACE(to_string(s));
+    const step_plan old = make_plan(without_terms(p), budget, with(s));
+    EXPECT_EQ(old.decisions(), (decision_table{{R}, {K}, {K}}));
+    // What the model without the term picks breaks the budget at backward[0].
+    EXPECT_EQ(evaluate(p, old.decisions(), budget).violations,
+              std::vector<std::string>{"peak:backward[0]"});
+    const step_plan plan = make_plan(p, budget, with(s));
+    EXPECT_EQ(plan.decisions(), (decision_table{{K}, {R}, {K}}));
+    const evaluation e = evaluate(p, plan.decisions(), budget);
+    EXPECT_TRUE(e.valid);
+    EXPECT_EQ(plan.predicted.peak_bytes, e.peak_bytes);
+    EXPECT_LE(e.peak_bytes, budget);
+    EXPECT_NEAR(plan.predicted.recompute_ms, 0.5, 1e-12);
+    // The LP pays for its fractions too: a0 recomputed only as far as backward_0 allows
+    // (6.4 MiB), the rest from a1: 0.1 · 0.8 + 0.5 · 0.2 = 0.18 ms above compute (9 ms).
+    EXPECT_NEAR(plan.predicted.lower_bound_ms, 9.18, 1e-9);
+  }
 }
 
 TEST(RecomputeTemp, SimulatorHoldsThePlansShare) {
