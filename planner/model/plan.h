@@ -83,9 +83,12 @@ struct evaluation {
 // same plans. The inner solvers round the LP's recompute up as before, and repair may
 // recompute less of a layer whose own backward ends over the budget (inner_solver.h).
 // With bwd_recompute_temp_i 0 the term is 0 and no row gains a coefficient: every figure
-// is the model's without it. In a prefix profile a plan that recomputes a deep link alone
-// pays a smaller share than the prefix through it, but the replay makes the whole prefix
-// anyway; the solvers still search prefix plans only (Note [Recompute by prefix]).
+// is the model's without it. It does break one old shortcut: recompute is no longer
+// always the least-peak action (it raises its own layer's backward), so the least peak of
+// such a profile is searched for (Note [The least peak with recompute temporaries] in
+// planner.cpp). In a prefix profile a plan that recomputes a deep link alone pays a
+// smaller share than the prefix through it, but the replay makes the whole prefix anyway;
+// the solvers still search prefix plans only (Note [Recompute by prefix]).
 // Note [The loss's position]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // loss is the position between the last layer's forward and its backward: the head, the

@@ -71,8 +71,9 @@ step_plan make_plan(const step_profile& p, std::uint64_t budget_bytes,
 double lower_bound_ms(const step_profile& p, std::uint64_t budget_bytes);
 
 // The smallest budget with a valid plan. Exact when the host cap does not bind on the
-// minimum-peak decisions; otherwise a minimum-peak MIP (time-limited; *proved says whether
-// it finished).
+// minimum-peak decisions and no layer's recompute makes backward temporaries; otherwise a
+// minimum-peak MIP (time-limited; *proved says whether it finished; Note [The least peak
+// with recompute temporaries] in planner.cpp).
 std::uint64_t min_feasible_budget(const step_profile& p, bool* proved = nullptr,
                                   double time_limit_s = 30);
 

@@ -29,7 +29,9 @@ std::size_t polish_pairs(const step_profile& p, std::uint64_t budget_bytes, deci
 // The decisions with the smallest peak when the host cap does not bind: recompute every
 // tensor allowed to, offload every other tensor allowed to, keep the rest. Recompute frees
 // a tensor at every later position, offload at all but the next, keep at none, so per
-// tensor recompute >= offload >= keep for the peak.
+// tensor recompute >= offload >= keep for the peak. Not the least peak where a layer's
+// recompute makes backward temporaries (Note [Backward temporaries of a recompute] in
+// plan.h): there recompute also raises the layer's own backward.
 decision_table min_peak_greedy(const step_profile& p);
 
 }  // namespace stash::planner

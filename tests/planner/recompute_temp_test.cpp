@@ -8,6 +8,8 @@
 
 #include "plan_fixtures.h"
 #include "planner/simulator/simulator.h"
+#include "planner/solvers/exact_mip.h"
+#include "planner/solvers/outer_lp.h"
 #include "planner/solvers/planner.h"
 
 using namespace stash::planner;
@@ -45,6 +47,57 @@ plan_options with(solver_kind s) {
 
 bool has(const evaluation& e, const std::string& v) {
   return std::find(e.violations.begin(), e.violations.end(), v) != e.violations.end();
+}
+
+// Whether every layer recomputes a prefix of its chain (Note [Recompute by prefix]).
+bool prefix_plan(const step_profile& p, const decision_table& d) {
+  for (std::size_t i = 0; i < p.layers.size(); ++i) {
+    bool open = false;
+    for (std::size_t j : recompute_chain(p, i)) {
+      const bool r = d[i][j] == tensor_action::recompute;
+      if (r && open) return false;
+      open = open || !r;
+    }
+  }
+  return true;
+}
+
+// brute_force (plan_fixtures.h) over the plans the solvers search: in a prefix profile,
+// prefix plans only. With recompute temporaries a plan that recomputes a deep link alone
+// can have a smaller term than the prefix through it, which the model allows and the
+// replay does not do.
+brute_force_result searched_brute_force(const step_profile& p, std::uint64_t budget) {
+  std::vector<std::pair<std::size_t, std::size_t>> slots;
+  for (std::size_t i = 0; i < p.layers.size(); ++i)
+    for (std::size_t j = 0; j < p.layers[i].tensors.size(); ++j) slots.push_back({i, j});
+  static const tensor_action kActs[] = {tensor_action::keep, tensor_action::recompute,
+                                        tensor_action::offload};
+  decision_table d = keep_all(p);
+  brute_force_result out;
+  bool any_host = false;
+  std::vector<int> digit(slots.size(), 0);
+  for (;;) {
+    bool ok = true;
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      d[slots[k].first][slots[k].second] = kActs[digit[k]];
+      ok = ok && allowed(p, slots[k].first, slots[k].second, kActs[digit[k]]);
+    }
+    if (ok && prefix_plan(p, d)) {
+      const evaluation ev = evaluate(p, d, budget);
+      if (ev.offloaded_bytes <= p.pinnable_bytes) {
+        if (!any_host || ev.peak_bytes < out.min_peak) out.min_peak = ev.peak_bytes;
+        any_host = true;
+      }
+      if (ev.valid && (!out.any_valid || ev.step_ms < out.best_step)) {
+        out.best_step = ev.step_ms;
+        out.any_valid = true;
+      }
+    }
+    std::size_t k = 0;
+    while (k < digit.size() && ++digit[k] == 3) digit[k++] = 0;
+    if (k == digit.size()) break;
+  }
+  return out;
 }
 
 step_profile without_terms(step_profile p) {
@@ -155,6 +208,98 @@ TEST(RecomputeTemp, EverySolverMovesTheRecomputeToTheLayerWithoutTemporaries) {
     // The LP pays for its fractions too: a0 recomputed only as far as backward_0 allows
     // (6.4 MiB), the rest from a1: 0.1 · 0.8 + 0.5 · 0.2 = 0.18 ms above compute (9 ms).
     EXPECT_NEAR(plan.predicted.lower_bound_ms, 9.18, 1e-9);
+  }
+}
+
+// The least peak: recomputing a0 costs layer 0's backward 10 MiB, more than the 8 MiB it
+// frees later, so the least peak keeps it: 16 MiB (forward_1 = a0 + a1), where the greedy
+// least-peak decisions (everything recomputed) peak at backward_0 = 18 MiB.
+TEST(RecomputeTemp, TheSmallestBudgetKeepsWhatRecomputeWouldRaise) {
+  const step_profile p = choice_profile();
+  EXPECT_EQ(evaluate(p, recompute_all(p), ~0ull).peak_bytes, 18 * MiB);
+  EXPECT_EQ(min_feasible_budget(without_terms(p)), 8 * MiB);
+  bool proved = false;
+  EXPECT_EQ(min_feasible_budget(p, &proved), 16 * MiB);
+  EXPECT_TRUE(proved);
+  try {
+    make_plan(p, 16 * MiB - 1);
+    ADD_FAILURE() << "planned under the least peak";
+  } catch (const infeasible_budget& e) {
+    EXPECT_EQ(e.min_feasible_bytes(), 16 * MiB);
+  }
+}
+
+// Small random profiles with the term on most layers, half of them prefix profiles: exact
+// equals brute force (which goes through evaluate()), the smallest budget is brute
+// force's least peak, greedy and ilp are valid, and the LP is the exact MIP's relaxation
+// and a bound.
+TEST(RecomputeTemp, EqualsBruteForceOnRandomProfiles) {
+  std::mt19937 rng(2026021);
+  std::uniform_real_distribution<double> u(0, 1);
+  int feasible = 0, term_decides = 0;
+  for (int k = 0; k < 200; ++k) {
+    step_profile p = random_profile(rng, 3, 3);
+    if (k % 2) p.recompute = recompute_cost::prefix;
+    for (layer_profile& l : p.layers) {
+      if (u(rng) < 0.8) l.bwd_recompute_temp_bytes = static_cast<std::uint64_t>(u(rng) * 128 * MiB);
+    }
+    const std::uint64_t hi = evaluate(p, keep_all(p), ~0ull).peak_bytes;
+    const std::uint64_t lo = searched_brute_force(p, ~0ull).min_peak;
+    bool proved = false;
+    EXPECT_EQ(min_feasible_budget(p, &proved), lo) << "case " << k;
+    EXPECT_TRUE(proved) << "case " << k;
+    const std::uint64_t budget = lo + static_cast<std::uint64_t>(u(rng) * (hi - lo));
+    const brute_force_result bf = searched_brute_force(p, budget);
+    if (!bf.any_valid) {  // host cap: no decision fits
+      EXPECT_THROW(make_plan(p, budget, with(solver_kind::exact)), infeasible_budget);
+      continue;
+    }
+    ++feasible;
+    const step_plan plan = make_plan(p, budget, with(solver_kind::exact));
+    EXPECT_NEAR(plan.predicted.step_ms, bf.best_step, 1e-9 * bf.best_step) << "case " << k;
+    EXPECT_LE(plan.predicted.lower_bound_ms, bf.best_step * (1 + 1e-9)) << "case " << k;
+    EXPECT_TRUE(prefix_plan(p, plan.decisions())) << "case " << k;
+    for (solver_kind s : {solver_kind::greedy, solver_kind::ilp}) {
+      const step_plan q = make_plan(p, budget, with(s));
+      EXPECT_TRUE(evaluate(p, q.decisions(), budget).valid) << to_string(s) << " case " << k;
+      EXPECT_TRUE(prefix_plan(p, q.decisions())) << to_string(s) << " case " << k;
+    }
+    try {  // the plan the model without the term makes here
+      term_decides +=
+          make_plan(without_terms(p), budget, with(solver_kind::exact)).decisions() !=
+          plan.decisions();
+    } catch (const infeasible_budget&) {  // the term can only raise the least peak
+      ADD_FAILURE() << "case " << k;
+    }
+    exact_options eo;
+    eo.relax = true;
+    const step_profile priced = chain_priced(p);
+    const exact_result rel = solve_exact(priced, budget, eo);
+    const outer_lp_result lp = solve_outer_lp(priced, budget);
+    ASSERT_TRUE(lp.feasible) << "case " << k;
+    EXPECT_NEAR(lp.step_lower_bound_ms, rel.objective, 1e-7 * rel.objective) << "case " << k;
+  }
+  EXPECT_GT(feasible, 150);
+  EXPECT_GT(term_decides, 10);  // the instances do exercise the term
+}
+
+// Larger profiles, where the inner solvers round the LP and repair finishes: every plan
+// is valid under the model with the term.
+TEST(RecomputeTemp, LlamaLikePlansAreValid) {
+  step_profile p = llama_like(12, 3);
+  for (std::size_t i = 0; i < p.layers.size(); ++i)
+    p.layers[i].bwd_recompute_temp_bytes = (i % 3 + 1) * 256 * MiB;
+  const std::uint64_t hi = evaluate(p, keep_all(p), ~0ull).peak_bytes;
+  const std::uint64_t lo = min_feasible_budget(p);
+  for (int f = 0; f <= 4; ++f) {
+    const std::uint64_t budget = lo + (hi - lo) * f / 4;
+    for (solver_kind s : {solver_kind::greedy, solver_kind::ilp}) {
+      const step_plan plan = make_plan(p, budget, with(s));
+      const evaluation e = evaluate(p, plan.decisions(), budget);
+      EXPECT_TRUE(e.valid) << to_string(s) << " at " << f;
+      EXPECT_LE(e.peak_bytes, budget);
+      EXPECT_GE(plan.predicted.step_ms, plan.predicted.lower_bound_ms * (1 - 1e-9));
+    }
   }
 }
 
