@@ -185,15 +185,30 @@ def test_a_plan_that_keeps_everything_marks_one_boundary_and_loses_a_step_cleanl
             b.register_forward_hook(
                 lambda m, a, out: seen.append(getattr(out, "_stash_marked", False)))
 
+    lean = []  # (step, block) of every block run as a bare call (Note [Lean blocks])
+
     def check(h, i):
         nothing_held(h, i, 2 if where == "backward" else None)
         marked.append(seen[:])
         seen.clear()
+        if i == 0:
+            bare = h._offload._lean_forward
+
+            def counted(j, step, *rest):
+                lean.append((len(marked), j))
+                return bare(j, step, *rest)
+            h._offload._lean_forward = counted
 
     *got, h = run(data, where, "error", 2, budget="1GiB", check=check, watch=watch)
     same(got, expected)
     steps = h.report()["steps"]
     assert [s["aborted"] is not None for s in steps] == [False, False, True, False, False]
+    # The planned steps run their middle blocks bare: the lost one up to block 1, which
+    # raised there and was given back as the full path gives it back.
+    lost = [(2, 1)] if where == "block" else [(2, 1), (2, 2)]
+    assert lean == [(1, 1), (1, 2)] + lost + [(3, 1), (3, 2), (4, 1), (4, 2)], lean
+    if where == "block":
+        assert "block 1's forward raised Injected: error" in steps[2]["aborted"], steps[2]
     assert h.report()["plan"]["actions"]["keep"] > 0
     assert h.report()["plan"]["actions"]["recompute"] == h.report()["plan"]["actions"][
         "offload"] == 0

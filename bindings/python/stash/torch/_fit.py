@@ -46,8 +46,10 @@ only when it changes shape (_fit_support._optimizer_state_bytes), and a shape's 
 hashed once. A
 block that runs without hooks in a step that copies nothing has no backward boundary but
 the last block's (Note [Backward boundaries by a tensor hook] in _boundary.py says what a
-boundary costs). On the CPU peers' tiny Llama, a keep-everything plan cost 4% over plain
-training before these, about 2% after.
+boundary costs), and the middle ones run as bare calls (Note [Lean blocks] in
+_offload_hooks.py). On the CPU peers' tiny Llama, a keep-everything plan cost 4% over plain
+training before these, 1.2-1.7% after (BENCHMARKS.md): most of what is left is the step's
+start at block 0 (about 270 us) and the last block's boundary (about 180 us).
 
 Note [The loops fit lives in]
 What a training loop does besides forward, backward and step, and what fit does then:
@@ -135,6 +137,7 @@ class BudgetHandle(StepPolicy):
     who = "stash.torch.fit"
     observes_saves = True  # every new storage is recorded or sampled (Note [What it costs])
     _plain_layers: Set[int] = set()
+    _lean: Optional[List[bool]] = None
     _kv_cache = True  # block 0 of the running forward got a key/value cache (call_arguments)
 
     def __init__(self, blocks: Iterable[torch.nn.Module], budget: Union[int, str, Budget], *,
@@ -229,6 +232,16 @@ class BudgetHandle(StepPolicy):
         return not (plain and not self._offload.copies and i != self._n - 1
                     and self._mode == "plan")
 
+    def lean_blocks(self) -> Optional[Sequence[bool]]:
+        # Note [Lean blocks] in _offload_hooks.py: a planned step that tracks nothing and
+        # hands the blocks their arguments as they are sees nothing of a plain middle
+        # block (on_forward_began/ended/released mark, sample or read only in a measuring
+        # step, while tracking, or at the last block).
+        if self._lean is None or self._mode != "plan" or self._recorder.tracking \
+                or self._kv_cache:
+            return None
+        return self._lean
+
     def passes_through(self) -> bool:
         # Blocks in eval mode (an eval loop, with or without grad) run as plain forwards:
         # fit plans training steps, and an eval forward is none (Note [The loops fit lives
@@ -279,11 +292,12 @@ class BudgetHandle(StepPolicy):
                 rec.in_flight = max(rec.in_flight, in_flight + 1)
             return
         training = self.blocks[0].training
-        key = _signature(args, kwargs, training)
+        inputs = list(tensors_in((args, kwargs)))
+        key = _signature(inputs, kwargs, training)
         shapes = self._plans.shapes
         if key not in shapes:
             shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
-        self._begin_step(key, list(tensors_in((args, kwargs))))
+        self._begin_step(key, inputs)
 
     def on_step_aborted(self, step: _Step, reason: str) -> None:
         rec = self._book.running
@@ -415,6 +429,11 @@ class BudgetHandle(StepPolicy):
         self._plain_layers = ({id(a) for a in actions
                                if all(a[j] == KEEP for j in range(len(a)))}
                               if mode == "plan" else set())
+        # Note [Lean blocks] in _offload_hooks.py: a middle block kept whole in a plan that
+        # copies nothing (block 0 begins the step, the last one has its boundary).
+        lean = [0 < i < self._n - 1 and self.keeps_everything(i, a)
+                and not self._offload.copies for i, a in enumerate(actions)]
+        self._lean = lean if any(lean) else None
 
     def compiled_state(self, handle: OffloadHandle) -> Optional[CompiledState]:
         # Note [Planning the compiled graph] in _compiled.py. Asked while `handle` (this

@@ -124,7 +124,9 @@ def _autocast_state() -> List[Tuple[str, bool, str]]:
     auto = []
     for dt in ("cpu", "cuda"):
         try:
-            auto.append((dt, torch.is_autocast_enabled(dt), str(torch.get_autocast_dtype(dt))))
+            on = torch.is_autocast_enabled(dt)
+            # The dtype of an autocast that is off changes nothing (and asking costs).
+            auto.append((dt, on, str(torch.get_autocast_dtype(dt)) if on else ""))
         except (TypeError, AttributeError, RuntimeError):
             pass
     return auto
@@ -133,18 +135,21 @@ def _autocast_state() -> List[Tuple[str, bool, str]]:
 _SIGNATURES: Dict[Any, str] = {}  # _signature's digests by their parts
 
 
-def _signature(args: Any, kwargs: Dict[str, Any], training: bool) -> str:
-    """Note [Re-planning and the cache] in _fit_shape_plans.py: the shape key of a step. The
-    digest of parts seen before is looked up, not hashed again (Note [What it costs] in
-    _fit.py)."""
-    parts = tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad)
-                  for t in tensors_in((args, kwargs)))
+def _signature(inputs: Sequence[torch.Tensor], kwargs: Dict[str, Any], training: bool) -> str:
+    """Note [Re-planning and the cache] in _fit_shape_plans.py: the shape key of a step whose
+    block 0 gets the tensors `inputs` (tensors_in of its arguments) and keywords `kwargs`.
+    The digest of parts seen before is looked up, not hashed again, and the parts are what
+    a tensor answers without making an object (torch.Size is a tuple; the device as
+    get_device() and is_cuda, not a torch.device; Note [What it costs] in _fit.py)."""
+    parts = tuple((t.shape, t.dtype, t.get_device(), t.is_cuda, t.requires_grad)
+                  for t in inputs)
     auto = tuple(_autocast_state())
     names = tuple(sorted(kwargs))
     memo = (parts, auto, training, names)
     key = _SIGNATURES.get(memo)
     if key is None:
-        text = json.dumps([[(p[0], str(p[1]), str(p[2]), bool(p[3])) for p in parts],
+        text = json.dumps([[(list(p[0]), str(p[1]), str(t.device), bool(p[4]))
+                            for p, t in zip(parts, inputs)],
                            [list(a) for a in auto], training, list(names)], default=str)
         key = hashlib.sha1(text.encode()).hexdigest()[:16]
         if len(_SIGNATURES) > 4096:  # a run of ever new shapes keeps no more than this
@@ -187,14 +192,25 @@ def _first_state_tensor(opt: Any) -> Optional[torch.Tensor]:
     return None
 
 
+def _state_shape(opt: Any) -> Tuple[int, int, int, int]:
+    """What _optimizer_state_bytes compares, in a few lookups: the state dict itself, its
+    number of per-parameter dicts and the entries of its first and last."""
+    state = opt.state
+    if not state:
+        return (id(state), 0, 0, 0)
+    values = state.values()
+    return (id(state), len(state), len(next(iter(values))), len(next(reversed(values))))
+
+
 def _optimizer_state_bytes(opt: Any) -> int:
     """The optimizer's state tensors' bytes, by storage. Counted again only when the
-    state changed shape: other per-parameter dicts or other entries in them, or another
-    first tensor (load_state_dict makes new ones). torch's optimizers update their state
-    tensors in place, so between two such changes the bytes stay (Note [What it costs] in
-    _fit.py: walking every state tensor twice a step cost 50 us on a tiny Llama)."""
-    states = list(opt.state.values())
-    shape = (tuple(map(id, states)), tuple(map(len, states)))
+    state changed shape: another state dict, another number of per-parameter dicts or of
+    entries in the first or last of them, or another first tensor (load_state_dict makes
+    new ones). torch's optimizers make a parameter's whole state at its first step and
+    update it in place, so between two such changes the bytes stay (Note [What it costs] in
+    _fit.py: walking every state tensor twice a step cost 50 us on a tiny Llama, and even
+    the per-parameter dicts' lengths cost tens of microseconds after a step's compute)."""
+    shape = _state_shape(opt)
     first = _first_state_tensor(opt)
     hit = _STATE_BYTES.get(opt)
     if hit is not None and hit[0] == shape and (

@@ -193,7 +193,7 @@ class OffloadHandle(OffloadHooks):
         self._streams = streams = EngineStreams(self.device, policy)
         try:
             streams.engine = Engine(
-                streams.alloc, streams.release, streams.stream, lookahead=lookahead,
+                streams.alloc, streams.release, streams.engine_stream(), lookahead=lookahead,
                 pinned_cap_bytes=parse_bytes(pinned_cap) if pinned_cap is not None else 0,
                 max_in_flight_bytes=(parse_bytes(max_in_flight_bytes)
                                      if max_in_flight_bytes is not None else 0),

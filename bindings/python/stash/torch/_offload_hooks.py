@@ -56,6 +56,22 @@ early]) would never be freed. Detached, it shares the storage and version counte
 nothing else. The unpack hook hands a tensor back as it is. Per block: the input's storage key (_input_keys), the parameters'
 and buffers' storages once per step (resident_storages), and the backward boundary.
 
+Note [Lean blocks]
+A block whose plan keeps everything runs without saved-tensor hooks (Note [What it costs]
+in _fit.py), but its call still went through the whole wrapper: the policy's questions,
+the step's order check, the forward began/ended seams, the boundary question. After a
+block's compute the interpreter's caches are cold, and each of those calls cost 10-70x
+its hot time there: 45-50 us before and 30-35 us after every middle block of the CPU
+peers' tiny Llama (BENCHMARKS.md, "fit at keep-all's peak"). So when a step begins
+(block 0, not captured, the engine idle) the policy says once which blocks may run bare
+for the step (StepPolicy.lean_blocks: kept whole, no boundary, nothing it listens to, the
+arguments as given), and such a block's wrapper only checks that it is the step's next
+block, calls the forward, and keeps what the order checks need (the next block, the
+output's storages); an exception aborts the step as the full path does. A block out of
+order, or with grad off, takes the full path, which raises or passes it through as before.
+Measured there after (tests/benchmarks/fit_block_cost.py): 8-10 us before and 13-17 us
+after a middle block.
+
 Note [A step that ends early]
 A training loop may lose a step anywhere: a block's forward raises (an error, an
 out-of-memory error, KeyboardInterrupt), the loss raises after the blocks ran, backward
@@ -332,6 +348,9 @@ class OffloadHooks:
             blocks = self.blocks
             step = self._steps[mb] = _Step(mb, lambda: resident_storages(blocks))
             step.captured = capture is not None
+            # Note [Lean blocks]
+            if capture is None and not self._engine_active:
+                step.lean = self._policy.lean_blocks()
         elif step is None or step.next_block != i:
             expected = "block 0" if step is None else f"block {step.next_block}"
             alone = ""
@@ -378,7 +397,13 @@ class OffloadHooks:
             self._streams.join_capture(stream)
 
     def _wrap(self, i: int, forward: Callable[..., Any]) -> Callable[..., Any]:
+        steps = self._steps
+
         def wrapped(*args: Any, **kwargs: Any) -> Any:
+            step = steps.get(self._micro_batch)
+            if (step is not None and step.lean is not None and step.next_block == i
+                    and step.lean[i] and torch.is_grad_enabled()):
+                return self._lean_forward(i, step, forward, args, kwargs)
             if not torch.is_grad_enabled() or self.engine is None or self._policy.passes_through():
                 return forward(*args, **kwargs)
             args, kwargs = self._policy.call_arguments(i, args, kwargs)
@@ -386,6 +411,23 @@ class OffloadHooks:
         setattr(wrapped, "__wrapped__", forward)
         setattr(wrapped, "_stash_wrapped", True)
         return wrapped
+
+    def _lean_forward(self, i: int, step: _Step, forward: Callable[..., Any],
+                      args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """Note [Lean blocks]: block i of `step` as a bare call, in order."""
+        self._busy += 1
+        try:
+            out = forward(*args, **kwargs)
+        except BaseException as e:
+            # Note [A step that ends early], as _forward_block does.
+            if self._steps.get(step.mb) is step:
+                self._abort(step, f"block {i}'s forward raised {_named(e)}")
+            raise
+        finally:
+            self._busy -= 1
+        step.next_block = i + 1
+        step.last_output = _output_storages(out)
+        return out
 
     def _forward(self, i: int, forward: Callable[..., Any], args: Tuple[Any, ...],
                  kwargs: Dict[str, Any]) -> Any:

@@ -10,9 +10,10 @@ itself as the policy, measures, chooses each step's plan and records the step.
 - The handle asks: the layers' first actions (initial_actions), how the engine lays out a
   layer's actions (engine_layer), the action of a tensor the plan recomputes that existed
   before the block (unrecomputable_action), whether a layer runs without hooks
-  (keeps_everything) or needs its backward boundary (needs_boundary), whether the blocks
-  run as plain forwards now (passes_through), the arguments a block gets
-  (call_arguments), and the compiled-graph state (compiled_state).
+  (keeps_everything) or needs its backward boundary (needs_boundary), which blocks of a
+  step just begun may run as bare calls (lean_blocks), whether the blocks run as plain
+  forwards now (passes_through), the arguments a block gets (call_arguments), and the
+  compiled-graph state (compiled_state).
 - The handle tells (the on_* methods): a step starts or ends early, a block's forward
   began, saved a new storage, ended and let go of its saves, a block's backward began,
   the micro-batch's backward finished, a replay began, saved, ended, and a prefetch
@@ -29,8 +30,8 @@ reverse.
 
 from __future__ import annotations
 
-from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Protocol, Tuple,
-                    cast)
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Protocol, Sequence,
+                    Tuple, cast)
 
 import torch
 
@@ -109,6 +110,15 @@ class StepPolicy:
         """Whether block i's output is marked for backward (its boundary: the engine's
         backward_begin, the hooks' checks); plain: the block ran without hooks."""
         return True
+
+    def lean_blocks(self) -> Optional[Sequence[bool]]:
+        """Asked once a step has begun (block 0's forward, micro-batch by micro-batch): by
+        block, whether it may run as a bare call of its forward for the rest of this step
+        (Note [Lean blocks] in _offload_hooks.py). A True block must keep everything
+        (keeps_everything), need no boundary (needs_boundary), and the policy must want
+        none of on_forward_began/ended/released for it and pass its arguments unchanged
+        (call_arguments). None: every block takes the full path."""
+        return None
 
     def passes_through(self) -> bool:
         """Whether the blocks run as plain forwards now, with grad on (fit lets eval-mode

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Dict, Optional, Set, Tuple
+from typing import Any, Dict, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -109,3 +109,6 @@ class _Step:
         # Begun under a CUDA graph capture (Note [Steps under CUDA graphs] in
         # _offload_hooks.py): the policy's step seams do not hear of it.
         self.captured = False
+        # By block: runs as a bare call in this step (Note [Lean blocks] in
+        # _offload_hooks.py); None: every block takes the full path.
+        self.lean: Optional[Sequence[bool]] = None
