@@ -123,13 +123,15 @@ def nothing_held(h, i, lost_backward=None):
     backward that raised is given back when block 0 runs again (Note [A step that ends
     early]): only that step's end is not checked."""
     if i == lost_backward:
-        assert len(h._offload._steps) == 1 and h._offload._steps[0].backward_started
+        steps = h._offload.hooks.steps
+        assert len(steps) == 1 and steps[0].backward_started
         return
     s = h.stats()
     assert s["pinned"]["current_count"] == 0 and s["pinned"]["current_bytes"] == 0, (i, s)
     assert s["in_flight_count"] == 0, (i, s)
-    assert not h._offload._steps or all(st.backward_started is False and st.next_block == 4
-                               for st in h._offload._steps.values()), i
+    steps = h._offload.hooks.steps
+    assert not steps or all(st.backward_started is False and st.next_block == 4
+                            for st in steps.values()), i
 
 
 def same(a, b):
@@ -192,12 +194,13 @@ def test_a_plan_that_keeps_everything_marks_one_boundary_and_loses_a_step_cleanl
         marked.append(seen[:])
         seen.clear()
         if i == 0:
-            bare = h._offload._lean_forward
+            hooks = h._offload.hooks
+            bare = hooks._lean_forward
 
             def counted(j, step, *rest):
                 lean.append((len(marked), j))
                 return bare(j, step, *rest)
-            h._offload._lean_forward = counted
+            hooks._lean_forward = counted
 
     *got, h = run(data, where, "error", 2, budget="1GiB", check=check, watch=watch)
     same(got, expected)

@@ -1,7 +1,7 @@
 """stash.torch.offload over blocks that FSDP2 shards only some of: gloo, world size 1 on
 the CPU, in a spawned process as test_fit_ranks.py starts its ranks (a process group
 in the test process would outlive the test). Note [Recompute under FSDP2] in
-stash/torch/_offload.py."""
+stash/torch/_offload_replay.py."""
 
 import json
 import multiprocessing

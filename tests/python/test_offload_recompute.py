@@ -1,5 +1,6 @@
 """stash.torch.offload's selective recompute (Note [Selective recompute] in
-stash/torch/_offload.py) on torch's CPU build and the test double, as test_offload.py."""
+stash/torch/_offload_replay.py) on torch's CPU build and the test double, as
+test_offload.py."""
 
 import ctypes
 import threading
@@ -300,7 +301,7 @@ def test_replay_is_not_connected_to_the_outer_graph():
         lambda _m, inp: seen.append((inp[0].grad_fn is not None, inp[0].requires_grad)))
     unpacked = []
     with stash.torch.offload(blocks, _plan("o" + "r" * 13, "k" + "r" * 13)) as h:
-        unpack = h._unpack
+        unpack = h.hooks.unpack
 
         def spy(packed):
             t = unpack(packed)
@@ -308,7 +309,7 @@ def test_replay_is_not_connected_to_the_outer_graph():
                 unpacked.append(t)
             return t
 
-        h._unpack = spy  # looked up at each forward
+        h.hooks.unpack = spy  # looked up at each forward
         _loss(blocks, x).backward()
     assert seen == [(True, True), (False, True)]  # forward, replay
     assert len(unpacked) == 2 * 15

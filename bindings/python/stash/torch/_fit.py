@@ -6,7 +6,7 @@ Note [The measuring step]
 The first step for a shape (measure_steps of them) runs in stash's least-memory mode, so
 that a model that does not fit at keep-all can still be measured: every tensor a block
 saves that the block can produce again is recomputed in backward (the offload hooks'
-selective recompute, Note [Selective recompute] in _offload.py, with every recomputable
+selective recompute, Note [Selective recompute] in _offload_replay.py, with every recomputable
 tensor marked), and the block's hidden-state input (its first positional tensor, when it
 is on the device, at least 1 MiB and held by nothing but the block) is offloaded through
 the engine. Anything else that existed before the block (masks, rotary tables shared by

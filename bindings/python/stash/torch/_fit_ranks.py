@@ -56,7 +56,7 @@ and one layer's unreduced gradients). Not yet compared on a GPU. On the CPU test
 fit counts the parameters' local shards, gradients and optimizer state from their tensors
 (storage_of reads a DTensor's local shard); FSDP's gathered copies and buffers are not
 tensors the hooks see, so the CPU count is the shard part of the formula only. Recompute
-under FSDP2: Note [Recompute under FSDP2] in _offload.py.
+under FSDP2: Note [Recompute under FSDP2] in _offload_replay.py.
 
 Note [stash's copy streams beside FSDP's]
 stash's engine copies on streams of its own: a D2H copy waits on an event recorded on the

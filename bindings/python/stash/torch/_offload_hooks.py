@@ -1,6 +1,6 @@
 """Saved-tensor hooks of stash.torch.offload: numbering what each block saves, the pack
-and unpack hooks, the micro-batch steps and the block boundaries in backward. Mixed into
-_offload.OffloadHandle, which sets the attributes these methods use.
+and unpack hooks, the micro-batch steps and the block boundaries in backward: BlockHooks,
+a part _offload.OffloadHandle owns.
 
 Note [Offload hooks]
 Each block's forward runs under torch.autograd.graph.saved_tensors_hooks. The pack hook
@@ -13,8 +13,8 @@ profile is the tensor the hook sees. Keys are (micro-batch, block, index).
   tensor in plan order), so the C API's rule, hand over every tensor of the engine's plan
   (stash_engine_offload), holds while keep and recompute tensors cost no engine call.
   Keep tensors pass through: the hook returns the tensor (Note [The keep path]). Recompute
-  tensors get a placeholder (Note [Selective recompute] in _offload.py); their storage is
-  freed when the forward ends.
+  tensors get a placeholder (Note [Selective recompute] in _offload_replay.py); their
+  storage is freed when the forward ends.
 - The engine's block calls (forward_begin/end, backward_begin/end) run only while the plan
   copies something (_engine_active): a plan of keeps and recomputes makes no engine call
   at all. Timing (CUDA events on every engine operation, which only write_trace and
@@ -165,10 +165,9 @@ recomputing block in eager steps, on CUDA only.
 from __future__ import annotations
 
 import threading
-import warnings
 import weakref
-from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence, Set,
-                    Tuple, Union, cast)
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
+                    Union, cast)
 
 import torch
 
@@ -176,6 +175,7 @@ from .._engine import KEEP, OFFLOAD, RECOMPUTE, Engine
 from .._lib import StashError
 from ._boundary import at_backward_end, mark_backward
 from ._offload_policy import LayerActions, StepPolicy
+from ._offload_replay import BlockReplays
 from ._offload_streams import EngineStreams
 from ._recompute import ForwardState, Frame, Placeholder
 from ._saved import SaveOrder, resident_storages, storage_of, tensors_in
@@ -183,52 +183,74 @@ from ._step import (_RECOMPUTE, _Fetched, _GraphToken, _input_keys, _named, _out
                     _Packed, _Step)
 
 
-class OffloadHooks:
-    """OffloadHandle's forward wrapper, pack and unpack hooks and block boundaries (Note
-    [Offload hooks]). Uses the handle's blocks, actions, device, engine, _policy, _cuda,
-    _steps, _micro_batch, _warned, _hook_error and _hooks; the engine side is the
-    handle's EngineStreams (_streams), the recompute side OffloadHandle's.
-    What the actions are and who listens is the policy's (Note [The step policy] in
-    _offload_policy.py)."""
+class BlockHooks:
+    """The forward wrapper, pack and unpack hooks, micro-batch steps and block boundaries of
+    an OffloadHandle (Note [Offload hooks]), a part the handle owns. It owns what a step
+    is made of: the steps in flight, the micro-batch the forwards run as, the engine plan's
+    slots, the hooks' error and the CUDA RNG draws (Note [Recompute under a capture]); it
+    is handed the rest: the blocks and their actions, where they run, whether any is FSDP2,
+    the policy (what the actions are and who listens: Note [The step policy] in
+    _offload_policy.py), the engine's side (EngineStreams), the recompute side
+    (BlockReplays, Note [Selective recompute] in _offload_replay.py), counts (the handle's
+    stats()["hooks"], which it adds to) and warn_once (the handle's). The handle wraps each
+    block with wrap(), runs its actions through set_engine_plan and actions, its
+    micro-batches through micro_batch, and at close ends the steps in flight
+    (end_steps)."""
 
-    # --- forward -------------------------------------------------------------------------
-
-    # False while the plan copies nothing: the engine then has no work in a step, and the
-    # hooks make no engine call at all (Note [Offload hooks]). _set_engine_plan sets it.
-    _engine_active = True
-    # Per layer: the engine slot of each plan index that offloads (None elsewhere), or None
-    # where slot j is index j (StepPolicy.engine_layer).
-    _engine_slots: List[Optional[List[Optional[int]]]] = []
-    # Set by OffloadHandle (declared here for the type checker only).
-    _policy: StepPolicy  # Note [The step policy] in _offload_policy.py
-    blocks: List[torch.nn.Module]
-    actions: List[LayerActions]
-    device: torch.device
-    _cuda: bool
-    _fsdp: bool
-    _steps: Dict[int, _Step]  # micro-batch -> its step
-    _dropped: List[_Step]
-    _busy: int
-    _micro_batch: int
-    _warned: Set[Tuple[object, ...]]
-    _hook_error: Optional[StashError]
-    _hooks: Dict[str, int]
-    _draws_cuda_rng: Dict[int, bool]
-    _streams: EngineStreams  # the engine's side, a part of its own
-    # From OffloadHandle.
-    _recompute_kept: Callable[[int, int, int], None]
-    _cuda_rng_devices: Callable[[Tuple[Any, ...], Dict[str, Any]], List[int]]
-    _rng_buffer: Callable[[int, int], torch.Tensor]
-    _input_slots: Callable[[Tuple[Any, ...], Dict[str, Any], SaveOrder, List[object]],
-                           Tuple[Any, Any]]
-    _unpack_recomputed: Callable[[Placeholder], torch.Tensor]
+    def __init__(self, blocks: Sequence[torch.nn.Module], actions: List[LayerActions],
+                 device: torch.device, fsdp: bool, policy: StepPolicy, streams: EngineStreams,
+                 replays: BlockReplays, counts: Dict[str, int],
+                 warn_once: Callable[[Tuple[object, ...], str], None]) -> None:
+        self._blocks = blocks
+        # The actions of each block's saved tensors, by index (the handle's set_actions).
+        self.actions = actions
+        self._device = device
+        self._cuda = device.type == "cuda"
+        self._fsdp = fsdp
+        self._policy = policy  # Note [The step policy] in _offload_policy.py
+        self._streams = streams  # the engine's side, a part of the handle's
+        self._counts = counts
+        self._warn_once = warn_once
+        # The recompute side's calls, bound once (the forward and unpack hooks call them).
+        self._cuda_rng_devices = replays.cuda_rng_devices
+        self._rng_buffer = replays.rng_buffer
+        self._input_slots = replays.input_slots
+        self._unpack_recomputed = replays.unpack
+        self._recompute_kept = replays.kept_input
+        # The micro-batch the blocks' forwards run as now (the handle's micro_batch(i)).
+        self.micro_batch = 0
+        self._steps: Dict[int, _Step] = {}  # micro-batch -> its step
+        # block -> whether an eager forward drew (Note [Recompute under a capture])
+        self._draws_cuda_rng: Dict[int, bool] = {}
+        # Steps whose graph died (Note [A step that ends early]), and stash's forward code
+        # on the stack (while it is, _graph_dropped only queues).
+        self._dropped: List[_Step] = []
+        self._busy = 0
+        self._hook_error: Optional[StashError] = None
+        # False while the plan copies nothing: the engine then has no work in a step, and
+        # the hooks make no engine call at all (Note [Offload hooks]). set_engine_plan sets
+        # it.
+        self._engine_active = True
+        # Per layer: the engine slot of each plan index that offloads (None elsewhere), or
+        # None where slot j is index j (StepPolicy.engine_layer).
+        self._engine_slots: List[Optional[List[Optional[int]]]] = []
 
     @property
     def engine(self) -> Optional[Engine]:
         """stash's prefetch engine, the streams' (None once closed)."""
         return self._streams.engine
 
-    def _set_engine_plan(self, actions: Sequence[LayerActions]) -> None:
+    @property
+    def copies(self) -> bool:
+        """Whether the current actions copy anything (else a step makes no engine call)."""
+        return self._engine_active
+
+    @property
+    def steps(self) -> Mapping[int, _Step]:
+        """The steps in flight by micro-batch: forward run, backward not ended."""
+        return self._steps
+
+    def set_engine_plan(self, actions: Sequence[LayerActions]) -> None:
         """Gives the engine the plan for these per-layer actions: offload slots only, and
         no engine call in a step while none copies anything."""
         layers = [self._policy.engine_layer(a) for a in actions]
@@ -238,16 +260,21 @@ class OffloadHooks:
         # A layer that decides its actions as it goes (not exact) may copy.
         self._engine_active = any(len(plan) > 0 for plan, _ in layers)
 
-    def warn_once(self, what: Tuple[object, ...], message: str) -> None:
-        """Warns once per `what`, prefixed with the policy's name."""
-        if what not in self._warned:
-            self._warned.add(what)
-            warnings.warn(f"{self._policy.who}: {message}", stacklevel=4)
+    def end_steps(self) -> None:
+        """The handle closes: every step in flight is given back, abandoned (a backward
+        through it raises)."""
+        for step in list(self._steps.values()):
+            step.abandoned = True
+            self._end_step(step)
+
+    def forget_steps(self) -> None:
+        """After the engine closed (which gave every block back)."""
+        self._steps.clear()
 
     def _resident(self, step: _Step) -> Any:
         """The storages never listed (parameters and buffers): taken once per step, or, for
-        FSDP2 blocks, now (Note [Recompute under FSDP2] in _offload.py)."""
-        return resident_storages(self.blocks) if self._fsdp else step.resident
+        FSDP2 blocks, now (Note [Recompute under FSDP2] in _offload_replay.py)."""
+        return resident_storages(self._blocks) if self._fsdp else step.resident
 
     def _layer_actions(self, i: int) -> LayerActions:
         """The actions of block i's saved tensors, by index (a list; see _MeasureLayer)."""
@@ -292,7 +319,7 @@ class OffloadHooks:
         """Gives back what a step holds without running its backward: the engine releases
         its keys (copies in flight complete first), the hooks drop their references."""
         step.abandoned = True
-        self._hooks["aborted_micro_batches"] += 1
+        self._counts["aborted_micro_batches"] += 1
         try:
             if self.engine is not None:
                 self._end_step(step)
@@ -304,7 +331,7 @@ class OffloadHooks:
 
     def _begin_step(self, i: int, args: Tuple[Any, ...] = (),
                     kwargs: Optional[Dict[str, Any]] = None) -> _Step:
-        mb = self._micro_batch
+        mb = self.micro_batch
         capture: Optional[int] = None
         if i == 0:
             self._reap()
@@ -316,7 +343,7 @@ class OffloadHooks:
             # Note [A step that ends early]
             if step.backward_started:  # it began and never ended: it raised
                 self._abort(step, "its backward raised before it ended")
-            elif 0 < step.next_block < len(self.blocks):
+            elif 0 < step.next_block < len(self._blocks):
                 first = next(iter(tensors_in(args)), None)
                 if first is not None and storage_of(first)[0] in step.last_output:
                     raise StashError(
@@ -328,7 +355,7 @@ class OffloadHooks:
                 # still holds its graph (the exception it raised, say).
                 self._abort(step, f"its forward stopped after block {step.next_block - 1}")
             else:
-                self.warn_once(("abandon", mb), (
+                self._warn_once(("abandon", mb), (
                     f"micro-batch {mb} ran forward again before the backward of its last "
                     "forward, whose graph is still alive (the loss raised and its output is "
                     "still held, a forward in training mode with no backward, or two "
@@ -345,7 +372,7 @@ class OffloadHooks:
                 self._capture_starting(capture)
             else:
                 self._policy.on_step_starting(mb, args, kwargs or {})
-            blocks = self.blocks
+            blocks = self._blocks
             step = self._steps[mb] = _Step(mb, lambda: resident_storages(blocks))
             step.captured = capture is not None
             # Note [Lean blocks]
@@ -396,11 +423,14 @@ class OffloadHooks:
         if self._engine_active:
             self._streams.join_capture(stream)
 
-    def _wrap(self, i: int, forward: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(self, i: int, forward: Callable[..., Any]) -> Callable[..., Any]:
+        """Block i's `forward` under the hooks: a bare call where the step runs the block
+        lean (Note [Lean blocks]), the forward itself with grad off, a closed handle or a
+        policy that passes it through, else the hooked forward."""
         steps = self._steps
 
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            step = steps.get(self._micro_batch)
+            step = steps.get(self.micro_batch)
             if (step is not None and step.lean is not None and step.next_block == i
                     and step.lean[i] and torch.is_grad_enabled()):
                 return self._lean_forward(i, step, forward, args, kwargs)
@@ -530,7 +560,7 @@ class OffloadHooks:
                 if plain:
                     out = forward(*args, **kwargs)
                 else:
-                    with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
+                    with torch.autograd.graph.saved_tensors_hooks(pack, self.unpack):
                         out = forward(*args, **kwargs)
                 if exact and not plain and len(saves) != n_plan:
                     raise StashError(f"stash.torch.offload: block {i} saved {len(saves)} "
@@ -538,7 +568,7 @@ class OffloadHooks:
                                      "the plan from this model's record pass "
                                      "(stash.torch.record)")
                 if not plain:
-                    self._hooks["keep_count"] += fetched.count(None)
+                    self._counts["keep_count"] += fetched.count(None)
                 if offsets:
                     self._draws_cuda_rng[i] = self._draws_cuda_rng.get(i, False) or any(
                         torch.cuda.default_generators[d].get_offset() != o
@@ -592,9 +622,9 @@ class OffloadHooks:
                 self._recompute_kept(i, j, nbytes)
                 chosen = KEEP
             action = chosen
-        if action == OFFLOAD and (t.device != self.device or t.layout != torch.strided):
+        if action == OFFLOAD and (t.device != self._device or t.layout != torch.strided):
             # A host scalar in a CUDA model, a sparse tensor: nothing to copy.
-            self._hooks["not_on_device_count"] += 1
+            self._counts["not_on_device_count"] += 1
             self._policy.on_saved(i, j, t, nbytes, KEEP)
             return None
         self._policy.on_saved(i, j, t, nbytes, action)
@@ -605,14 +635,14 @@ class OffloadHooks:
             self._streams.hand_over(step, key, order.keys[j], nbytes, t)
             return _Fetched(step, key, j)
         if action == RECOMPUTE:
-            self._hooks["recompute_count"] += 1
-            self._hooks["recompute_bytes"] += nbytes
+            self._counts["recompute_count"] += 1
+            self._counts["recompute_bytes"] += nbytes
             return _RECOMPUTE
         return None
 
     # --- backward ------------------------------------------------------------------------
 
-    def _unpack(self, packed: Union[torch.Tensor, Placeholder, _Packed]) -> torch.Tensor:
+    def unpack(self, packed: Union[torch.Tensor, Placeholder, _Packed]) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
         if isinstance(packed, Placeholder):
@@ -667,5 +697,5 @@ class OffloadHooks:
 
     def _abandon(self, step: _Step) -> None:
         step.abandoned = True
-        self._hooks["abandoned_micro_batches"] += 1
+        self._counts["abandoned_micro_batches"] += 1
         self._end_step(step)

@@ -168,7 +168,8 @@ class StepPolicy:
         steps in flight)."""
 
     def on_replay_began(self, frame: Frame) -> None:
-        """A replay of `frame` is about to run (Note [Selective recompute] in _offload.py)."""
+        """A replay of `frame` is about to run (Note [Selective recompute] in
+        _offload_replay.py)."""
 
     def on_replay_saved(self, frame: Frame, pos: int, seen: Optional[Tuple[int, bool]],
                         t: torch.Tensor) -> None:

@@ -1,6 +1,7 @@
 """Selective recompute for stash.torch.offload: what one block's forward leaves behind for
 its recompute, and the recompute's own pack hook (Note [Selective recompute] in
-_offload.py). The handle owns the engine side: fetching offloaded inputs and counting."""
+_offload_replay.py, whose BlockReplays runs the replays: fetching offloaded inputs and
+counting)."""
 
 from __future__ import annotations
 
@@ -85,11 +86,12 @@ class ForwardState:
     recomputing block that a least-memory measuring step holds for every block, and a
     plan that keeps a block does not: the model came out 20 KB above a keep-everything
     step on the peers' tiny Llama, enough to offload a tensor at a budget of exactly the
-    keep-all peak. So the handle keeps one buffer per (micro-batch, block), made before
-    any step for micro-batch 0, and the state is copied into it: no step allocates it, on
-    either meter. A buffer is reused by the next forward of its micro-batch, which gives
-    the earlier forward back (its backward raises before any replay: Note [A step that
-    ends early] in _offload_hooks.py)."""
+    keep-all peak. So the handle's recompute side (BlockReplays, _offload_replay.py)
+    keeps one buffer per (micro-batch, block), made before any step for micro-batch 0,
+    and the state is copied into it: no step allocates it, on either meter. A buffer is
+    reused by the next forward of its micro-batch, which gives the earlier forward back
+    (its backward raises before any replay: Note [A step that ends early] in
+    _offload_hooks.py)."""
 
     __slots__ = ("cpu_rng", "cuda_rng", "autocast", "autocast_cache")
 
