@@ -423,6 +423,8 @@ class BlockHooks:
         if self._engine_active:
             self._streams.join_capture(stream)
 
+    # --- forward -------------------------------------------------------------------------
+
     def wrap(self, i: int, forward: Callable[..., Any]) -> Callable[..., Any]:
         """Block i's `forward` under the hooks: a bare call where the step runs the block
         lean (Note [Lean blocks]), the forward itself with grad off, a closed handle or a

@@ -76,7 +76,7 @@ are never listed as saved tensors (SaveOrder), whatever storage holds them.
 
 from __future__ import annotations
 
-from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple, Union, cast)
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple, Union, cast
 
 import torch
 
