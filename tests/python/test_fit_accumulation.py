@@ -223,3 +223,47 @@ def test_a_refusal_with_micro_batches_in_flight_names_a_budget_that_plans():
         steps = run(smallest)
     assert [s["mode"] for s in steps] == ["measure", "plan"]
     assert not any(s["over_budget"] for s in steps), steps
+
+
+def test_micro_batches_of_other_lengths_run_their_own_plans():
+    """Note [Micro-batches of other shapes] in stash/torch/_fit.py: accumulation over
+    micro-batches padded each to its own length (a Trainer with a padding collator) runs
+    each pass under its own shape's plan, bitwise, and every step is within the budget on
+    the meter. With every pass on the first pass's plan, a longer micro-batch after a
+    shorter one ran its step over the budget."""
+    lengths = [(64, 64), (64, 160), (160, 64), (96, 192), (192, 96), (64, 192), (128, 64)]
+    g = torch.Generator().manual_seed(5)
+    data = [[torch.randint(0, 128, (2, n), generator=g) for n in pair] for pair in lengths]
+
+    def go(budget):
+        model, blocks, opt, h = trained(budget)
+        losses = []
+        for step in data:
+            for ids in step:
+                loss = model(input_ids=ids, labels=ids).loss / 2
+                loss.backward()
+                losses.append(loss.detach().clone())
+            opt.step()
+            opt.zero_grad()
+        return losses, [p.detach().clone() for p in model.parameters()], h
+
+    expected = go(None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no OVER-the-budget warning
+        got = go("85%")
+    same(got, expected)
+    h = got[2]
+    steps = h.report()["steps"]
+    assert [s["micro_batches"] for s in steps] == [2] * len(lengths), steps
+    assert sum(s["mode"] == "measure" for s in steps) <= 2, steps
+    for s in steps:
+        assert not s["over_budget"] and s["measured_peak_bytes"] <= s["budget_bytes"], s
+    mixed = [s for s in steps if len(set(s["pass_shapes"])) > 1]
+    assert len(mixed) >= 4, steps
+    # A step of one length is judged against its own budget, one of two lengths against
+    # the larger of theirs.
+    own = {s["shape"]: s["budget_bytes"] for s in steps if len(set(s["pass_shapes"])) == 1}
+    for s in mixed:
+        budgets = [own[k] for k in s["pass_shapes"] if k in own]
+        assert s["budget_bytes"] >= max(budgets, default=0), (s, own)
+    h.close()

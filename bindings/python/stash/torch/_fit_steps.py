@@ -214,8 +214,19 @@ class StepBook:
         self.settle()
         for rec in self.records:
             if rec.finished and rec.budget_bytes is None and rec.aborted is None:
-                rec.budget_bytes = self._plans.budget_for(rec.key)
+                rec.budget_bytes = self._budget_of(rec, settled=True)
         return self.records
+
+    def _budget_of(self, rec: StepRecord, settled: bool = False) -> Optional[int]:
+        """The budget a step is judged against: its shape's, or the largest of its passes'
+        shapes' (Note [Micro-batches of other shapes] in _fit.py); None while one of them is
+        a share not resolved yet, unless settled (report(): the largest known)."""
+        keys = list(dict.fromkeys(rec.pass_keys)) or [rec.key]
+        budgets = [self._plans.budget_for(k) for k in keys]
+        known = [b for b in budgets if b is not None]
+        if not known or (len(known) < len(budgets) and not settled):
+            return None
+        return max(known)
 
     # --- marks as the step runs (Note [What it costs] in _fit.py: a planned step's are its
     # start and end, and where its backward and optimizer step end) --------------------------
@@ -355,6 +366,10 @@ class StepBook:
         rec.step_ms = self._clock.ms(rec.start, rec.end)
         plans = self._plans
         entry = plans.cache.get(rec.key)
+        keys = list(dict.fromkeys(rec.pass_keys)) or [rec.key]
+        if len(keys) > 1:
+            self._mixed_figures(rec, keys)
+            return
         if rec.mode == "plan" and entry is not None:
             rec.predicted_peak = int(entry["figures"]["predicted_peak_bytes"])
             over = entry["profile"].get("step_overhead_ms", 0.0)
@@ -370,11 +385,36 @@ class StepBook:
             plans.check_derived(rec, entry)
         elif rec.mode == "plan" and entry is not None and not entry.get("corrected"):
             plans.correct_fixed(rec, entry)
+        self._warn_over(rec)
+
+    def _mixed_figures(self, rec: StepRecord, keys: List[str]) -> None:
+        """Note [Micro-batches of other shapes] in _fit.py: a step whose passes ran plans
+        of several shapes is judged against the largest of their budgets (once each is
+        known: a share of a shape with no plan yet is resolved for report()), predicted at
+        the most of their peaks and the sum of their passes' times, and checks no plan: its
+        one peak cannot be laid to one shape (a derived plan is checked at its next step
+        of one shape)."""
+        plans = self._plans
+        entries = [plans.cache.get(k) for k in keys]
+        rec.predicted_peak = rec.predicted_step = None
+        if rec.mode == "plan" and all(e is not None and "figures" in e for e in entries):
+            figures = {k: e["figures"] for k, e in zip(keys, entries) if e is not None}
+            rec.predicted_peak = max(int(f["predicted_peak_bytes"]) for f in figures.values())
+            over = {k: float(e["profile"].get("step_overhead_ms", 0.0))
+                    for k, e in zip(keys, entries) if e is not None}
+            rec.predicted_step = over[keys[0]] + sum(
+                float(figures[k]["predicted_step_ms"]) - over[k] for k in rec.pass_keys)
+        if rec.mode == "measure":
+            self._record_profile(rec)
+        rec.budget_bytes = self._budget_of(rec)
+        self._warn_over(rec)
+
+    def _warn_over(self, rec: StepRecord) -> None:
         if rec.over_budget:
             warnings.warn(
                 f"stash.torch.fit: step {rec.index} ({rec.mode}) peaked at "
                 f"{_gib(rec.peak_bytes)}, OVER the budget of {_gib(rec.budget_bytes or 0)}",
-                stacklevel=3)
+                stacklevel=4)
 
     def _record_profile(self, rec: StepRecord) -> None:
         """A finished measuring step as the shape's profile (kept in the cache)."""

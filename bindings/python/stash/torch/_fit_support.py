@@ -302,6 +302,9 @@ class StepRecord:
     bwd: Dict[SpanKey, Span] = field(default_factory=dict)
     replay: Dict[SpanKey, ReplaySpan] = field(default_factory=dict)
     passes: int = 1          # forwards of block 0 (micro-batches)
+    # The shape key of each pass, the first the step's (Note [Micro-batches of other
+    # shapes] in _fit.py)
+    pass_keys: List[str] = field(default_factory=list)
     in_flight: int = 1       # most micro-batches between forward and backward at once
     backwards: int = 0       # backward passes through the blocks that ended
     live_peak: int = 0       # CPU: most tracked activation bytes at once
