@@ -107,8 +107,9 @@ class CompiledMoves:
     """A fit handle's engine, as the compiled graph's ops and ticks drive it (Note
     [Offload in the compiled graph]), made by OffloadHandle.compiled_moves. hand_over,
     fetch, set_plan: the handle's (_offload_streams.EngineStreams,
-    _offload_hooks.OffloadHooks); engine: the handle's engine now (None once closed);
-    host_wait: on the CPU, the host waits for the compute stream (a no-op on CUDA)."""
+    _offload_hooks.BlockHooks.set_engine_plan); engine: the handle's engine now (None
+    once closed); host_wait: on the CPU, the host waits for the compute stream (a no-op
+    on CUDA)."""
 
     def __init__(self, handle_id: int, n: int, *,
                  hand_over: Callable[[_Step, Tuple[int, int, int], int, int, torch.Tensor],

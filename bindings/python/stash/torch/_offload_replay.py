@@ -51,8 +51,9 @@ non-reentrant checkpoint (2.x, with early stop), on torch 1.13 and 2.x alike.
   updates state in forward (BatchNorm's running statistics, a call counter) updates it
   again; one whose saves depend on that state fails the check above.
 - CUDA: the replay runs on the stream autograd runs the unpacking node on, as the rest
-  of the block's backward; fetched inputs are acquired for that stream (_fetch). A held
-  input modified in place since the forward (its version counter moved) is refused:
+  of the block's backward; fetched inputs are acquired for that stream
+  (EngineStreams.fetch). A held input modified in place since the forward (its version
+  counter moved) is refused:
   the replay would not see the values the forward saw.
 - Why not torch's selective activation checkpointing (2.4+): it caches the tensors its
   policy keeps outside saved-tensor hooks, so they could not be offloaded, and its policy
