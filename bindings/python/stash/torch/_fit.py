@@ -80,12 +80,12 @@ Gradient accumulation over batches padded each to its own longest sequence (a Hu
 Face Trainer with a padding collator and gradient_accumulation_steps) gives one optimizer
 step passes of different shapes. Each pass after the first, where no micro-batch holds
 tensors (not in flight), runs its own shape's plan: cached, or derived from the measured
-shapes with the gradients alive (ShapePlans.choose); where there is none it runs the plan
-of the pass before (a later pass cannot be a measuring step). Before this every pass ran
-the first's plan: a Qwen3 in a Trainer at "70%" ran 4 of its 6 steps over the budget, one
-by 36%, when a longer micro-batch followed a shorter one. A pass with no plan (its shape
-not measured, none to derive it from) runs at least memory on the skeleton of the pass
-before, as a derived plan runs (its layers _DerivedLayer). Such a step is judged against
+shapes with the gradients alive (ShapePlans.choose). Before this every pass ran the
+first's plan: a Qwen3 in a Trainer at "70%" ran 4 of its 6 steps over the budget, one by
+36%, when a longer micro-batch followed a shorter one. A pass with no plan (its shape not
+measured, none to derive it from; a later pass cannot be a measuring step) runs at least
+memory on the skeleton of the pass before, as a derived plan runs (its layers
+_DerivedLayer). Such a step is judged against
 the largest of its passes' budgets (a share of a shape with no plan yet is resolved when
 it has one, for report()) and checks no plan (_fit_steps.StepBook._mixed_figures); on the
 CPU its peak is the c10 meter's over the whole step, as for any step. Across ranks a
