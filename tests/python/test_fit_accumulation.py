@@ -23,31 +23,35 @@ from test_fit import batches as llama_batches  # noqa: E402
 from test_fit_loops import LINK, Injected, batches, same, trained  # noqa: E402
 
 
+def accumulated(steps, budget):
+    """test_fit_loops' Mistral trained with AdamW, one optimizer step per list of
+    micro-batches in `steps` (each backward of its loss / 2), under fit at `budget` (None:
+    plain training): the losses, the final parameters and the handle."""
+    model, blocks, opt, h = trained(budget)
+    losses = []
+    for step in steps:
+        for ids in step:
+            loss = model(input_ids=ids, labels=ids).loss / 2
+            loss.backward()
+            losses.append(loss.detach().clone())
+        opt.step()
+        opt.zero_grad()
+    return losses, [p.detach().clone() for p in model.parameters()], h
+
+
 def test_accumulation_by_hand_is_priced_per_forward():
     """Two forwards and backwards of micro-batch 0 per optimizer step, no micro_batch():
     bitwise, both counted in the step (micro_batches 2), and the predicted step is that of
     two passes, not three (each forward's spans are its own). The bug this guards against
     counted one pass as overhead and predicted 1.6-1.8x the measured step here."""
     data = batches(16, seq=128)
-
-    def go(budget):
-        model, blocks, opt, h = trained(budget)
-        losses = []
-        for k in range(0, len(data), 2):
-            for ids in data[k:k + 2]:
-                loss = model(input_ids=ids, labels=ids).loss / 2
-                loss.backward()
-                losses.append(loss.detach().clone())
-            opt.step()
-            opt.zero_grad()
-        return losses, [p.detach().clone() for p in model.parameters()], h
-
-    expected = go(None)
+    pairs = [data[k:k + 2] for k in range(0, len(data), 2)]
+    expected = accumulated(pairs, None)
     # The time outside the blocks is checked against one pass below: on a loaded VM a
     # spike in one step's loss or optimizer can pass it (seen with ctest -j2), where the
     # bug this guards against passes it every time. So up to three runs.
     for attempt in range(3):
-        got = go("85%")
+        got = accumulated(pairs, "85%")
         profile = got[2].profile
         one_pass = sum(layer["fwd_ms"] + layer["bwd_ms"] for layer in profile["layers"])
         if profile["step_overhead_ms"] < one_pass or attempt == 2:
@@ -235,22 +239,10 @@ def test_micro_batches_of_other_lengths_run_their_own_plans():
     g = torch.Generator().manual_seed(5)
     data = [[torch.randint(0, 128, (2, n), generator=g) for n in pair] for pair in lengths]
 
-    def go(budget):
-        model, blocks, opt, h = trained(budget)
-        losses = []
-        for step in data:
-            for ids in step:
-                loss = model(input_ids=ids, labels=ids).loss / 2
-                loss.backward()
-                losses.append(loss.detach().clone())
-            opt.step()
-            opt.zero_grad()
-        return losses, [p.detach().clone() for p in model.parameters()], h
-
-    expected = go(None)
+    expected = accumulated(data, None)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no OVER-the-budget warning
-        got = go("85%")
+        got = accumulated(data, "85%")
     same(got, expected)
     h = got[2]
     steps = h.report()["steps"]

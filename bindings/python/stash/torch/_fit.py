@@ -254,9 +254,8 @@ class BudgetHandle(StepPolicy):
         # hands the blocks their arguments as they are sees nothing of a plain middle
         # block (on_forward_began/ended/released mark, sample or read only in a measuring
         # step, while tracking, or at the last block).
-        if self._lean is None or self._mode != "plan" or self._recorder.tracking \
-                or self._kv_cache:
-            return None
+        if self._lean is None or self._recorder.tracking or self._kv_cache:
+            return None  # _lean is None outside a plan (_switch)
         return self._lean
 
     def passes_through(self) -> bool:
@@ -307,15 +306,13 @@ class BudgetHandle(StepPolicy):
             rec.passes += 1
             if in_flight:  # Note [Micro-batches in flight] in _fit_plan.py
                 rec.in_flight = max(rec.in_flight, in_flight + 1)
-                rec.pass_keys.append(rec.pass_keys[-1] if rec.pass_keys else rec.key)
+                # It runs the step's plan, and counts as the shape of the pass before.
+                rec.pass_keys.append(rec.pass_keys[-1])
                 return
             self._pass_begins(rec, args, kwargs)
             return
         key, inputs = self._shape_key(args, kwargs)
         self._begin_step(key, inputs)
-        rec = self._book.running
-        if rec is not None:
-            rec.pass_keys.append(key)
 
     def _shape_key(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]
                    ) -> Tuple[str, List[torch.Tensor]]:

@@ -67,7 +67,7 @@ def step_entry(s: StepRecord) -> Dict[str, Any]:
     """One step of report()."""
     return {"step": s.index, "mode": s.mode, "shape": s.key,
             # Note [Micro-batches of other shapes] in _fit.py: each pass's shape
-            "pass_shapes": list(s.pass_keys) or [s.key],
+            "pass_shapes": list(s.pass_keys),
             "measured_peak_bytes": s.peak_bytes, "measured_peak_at": s.peak_at,
             "predicted_peak_bytes": s.predicted_peak, "budget_bytes": s.budget_bytes,
             "step_ms": s.step_ms, "predicted_step_ms": s.predicted_step,

@@ -152,7 +152,7 @@ class StepBook:
             meter.reset()
         # The step starts after its planning: that time belongs to no step (report()'s
         # planning_ms says how much it was).
-        rec = StepRecord(len(self.records), mode, key, self._clock.mark())
+        rec = StepRecord(len(self.records), mode, key, self._clock.mark(), pass_keys=[key])
         entry = self._plans.entry
         if mode == "plan" and entry is not None:
             rec.plan_source = ("derived" if entry.get("derived") else
@@ -221,8 +221,7 @@ class StepBook:
         """The budget a step is judged against: its shape's, or the largest of its passes'
         shapes' (Note [Micro-batches of other shapes] in _fit.py); None while one of them is
         a share not resolved yet, unless settled (report(): the largest known)."""
-        keys = list(dict.fromkeys(rec.pass_keys)) or [rec.key]
-        budgets = [self._plans.budget_for(k) for k in keys]
+        budgets = [self._plans.budget_for(k) for k in rec.shapes]
         known = [b for b in budgets if b is not None]
         if not known or (len(known) < len(budgets) and not settled):
             return None
@@ -366,7 +365,7 @@ class StepBook:
         rec.step_ms = self._clock.ms(rec.start, rec.end)
         plans = self._plans
         entry = plans.cache.get(rec.key)
-        keys = list(dict.fromkeys(rec.pass_keys)) or [rec.key]
+        keys = rec.shapes
         if len(keys) > 1:
             self._mixed_figures(rec, keys)
             return

@@ -303,7 +303,7 @@ class StepRecord:
     replay: Dict[SpanKey, ReplaySpan] = field(default_factory=dict)
     passes: int = 1          # forwards of block 0 (micro-batches)
     # The shape key of each pass, the first the step's (Note [Micro-batches of other
-    # shapes] in _fit.py)
+    # shapes] in _fit.py); StepBook.begin sets the first.
     pass_keys: List[str] = field(default_factory=list)
     in_flight: int = 1       # most micro-batches between forward and backward at once
     backwards: int = 0       # backward passes through the blocks that ended
@@ -363,6 +363,11 @@ class StepRecord:
     aborted: Optional[str] = None
     planning_ms: float = 0.0
     cupti: Optional[Dict[str, Any]] = None
+
+    @property
+    def shapes(self) -> List[str]:
+        """The shape keys its passes ran, each once, in order."""
+        return list(dict.fromkeys(self.pass_keys)) or [self.key]
 
     @property
     def over_budget(self) -> bool:

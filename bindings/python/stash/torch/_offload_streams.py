@@ -166,10 +166,9 @@ class EngineStreams:
         and only a caller that has it can capture it (through the test double): from here
         on capturing_stream asks the double at every step (Note [Lean blocks] in
         _offload_hooks.py: that query cost 33 us a step on the CPU peers' tiny Llama)."""
-        if self._compute is not None:
-            return int(self._compute.cuda_stream)
-        self._cpu_stream_known = True
-        return self._cpu_stream
+        if self._compute is None:
+            self._cpu_stream_known = True
+        return self.engine_stream()
 
     def engine_stream(self) -> Optional[int]:
         """The compute stream, for the engine stash makes (which captures nothing)."""
