@@ -309,6 +309,7 @@ class BudgetHandle(StepPolicy):
                 # It runs the step's plan, and counts as the shape of the pass before.
                 rec.pass_keys.append(rec.pass_keys[-1])
                 return
+            self._book.pass_begins(rec)  # Note [A later pass on the CPU meter]
             self._pass_begins(rec, args, kwargs)
             return
         key, inputs = self._shape_key(args, kwargs)

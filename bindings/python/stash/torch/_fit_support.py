@@ -178,6 +178,22 @@ def _tensor_bytes(ts: Iterable[object]) -> int:
     return n
 
 
+def _storages(ts: Iterable[object]) -> List[Tuple[Any, int]]:
+    """The tensors' storages, each once: (a weak reference, its bytes); a storage that
+    takes no weak reference is left out."""
+    seen: Set[int] = set()
+    out: List[Tuple[Any, int]] = []
+    for t in ts:
+        if isinstance(t, torch.Tensor):
+            k, b = storage_of(t)
+            if k not in seen:
+                seen.add(k)
+                ref = _weak(t)
+                if ref is not None:
+                    out.append((ref, b))
+    return out
+
+
 # By optimizer: the shape of its state when last counted (Note [What it costs] in _fit.py),
 # a weak reference to its first state tensor, and the bytes.
 _STATE_BYTES: "weakref.WeakKeyDictionary[Any, Tuple[Any, Any, int]]" = \
@@ -344,6 +360,9 @@ class StepRecord:
     # Block 0's inputs' bytes, in meter_base (Note [Block 0's inputs in the CPU meter's
     # samples] in _fit_measure.py).
     meter_inputs: int = 0
+    # Their storages by weak reference, with their bytes (Note [A later pass on the CPU
+    # meter] in _fit_steps.py).
+    meter_input_refs: List[Tuple[Any, int]] = field(default_factory=list)
     meter_running: int = 0   # the most it read at a sample so far
     counted: int = 0         # fit's count of what is not an activation (_fixed_counted)
     # The most the meter read above fit's count, by the position the step was in:
