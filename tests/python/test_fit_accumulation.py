@@ -263,3 +263,34 @@ def test_micro_batches_of_other_lengths_run_their_own_plans():
         budgets = [own[k] for k in s["pass_shapes"] if k in own]
         assert s["budget_bytes"] >= max(budgets, default=0), (s, own)
     h.close()
+
+
+def test_a_later_micro_batch_whose_length_cannot_fit_runs_at_least_memory():
+    """Note [Micro-batches of other shapes] in stash/torch/_fit.py: a micro-batch after the
+    first whose length no plan fits at the budget (derived from the lengths measured so
+    far) is not refused in the middle of its step, whose earlier micro-batch ran: it runs
+    at least memory, the step's record and a warning say why, and training goes on under
+    fit, bitwise. A step that begins with that length is refused, before it runs."""
+    lengths = [(160, 160), (64, 64), (64, 256), (64, 64)]
+    g = torch.Generator().manual_seed(5)
+    data = [[torch.randint(0, 128, (2, n), generator=g) for n in pair] for pair in lengths]
+    expected = accumulated(data, None)
+    model, _, opt, h = trained("55%")
+    losses = []
+    with pytest.warns(UserWarning, match=r"step 2, pass 2: a new input shape \(512 tokens\) "
+                      r"does not fit"):
+        for step in data:
+            for ids in step:
+                loss = model(input_ids=ids, labels=ids).loss / 2
+                loss.backward()
+                losses.append(loss.detach().clone())
+            opt.step()
+            opt.zero_grad()
+    same((losses, [p.detach().clone() for p in model.parameters()], h), expected)
+    steps = h.report()["steps"]
+    assert [s["mode"] for s in steps] == ["measure", "measure", "plan", "plan"], steps
+    assert steps[2]["check"].endswith("It ran at least memory."), steps[2]
+    ids = data[2][1]
+    with pytest.raises(stash.StashError, match=r"\(512 tokens\) does not fit"):
+        model(input_ids=ids, labels=ids)
+    h.close()

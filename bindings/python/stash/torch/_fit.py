@@ -85,7 +85,11 @@ first's plan: a Qwen3 in a Trainer at "70%" ran 4 of its 6 steps over the budget
 36%, when a longer micro-batch followed a shorter one. A pass with no plan (its shape not
 measured, none to derive it from; a later pass cannot be a measuring step) runs at least
 memory on the skeleton of the pass before, as a derived plan runs (its layers
-_DerivedLayer). Such a step is judged against
+_DerivedLayer). So does a pass whose shape no plan fits at the budget: refused there, in
+the middle of a step whose earlier passes ran, it stopped training (a Qwen2 under bf16
+autocast at "60%", lengths 24-200 in threes); the refusal is the record's check and a
+warning, and a step that begins with that shape is refused before it runs
+(ShapePlans.choose_for_pass). Such a step is judged against
 the largest of its passes' budgets (a share of a shape with no plan yet is resolved when
 it has one, for report()) and checks no plan (_fit_steps.StepBook._mixed_figures); on the
 CPU its peak is the c10 meter's over the whole step, as for any step. Across ranks a
@@ -98,6 +102,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Literal,
                     NoReturn, Optional, Sequence, Set, Tuple, Union)
 
@@ -336,12 +341,19 @@ class BudgetHandle(StepPolicy):
         if rec.mode != "plan" or key == self._plans.key or self._ranks is not None:
             return
         before = (self._plans.key, self._plans.entry)
-        entry = self._plans.choose(key)  # gradients are alive: the plan counts them
+        # Gradients are alive: the plan counts them.
+        entry, refused = self._plans.choose_for_pass(key)
         if entry is not None:
             self._switch(entry["actions"], "plan")
             return
-        # No plan for it without a measuring step, which a later pass cannot be: it runs
-        # at least memory, on the skeleton of the pass before (as a derived plan runs).
+        # No plan for it without a measuring step, which a later pass cannot be, or none at
+        # its budget (refused where a step of that shape begins, not here: the step's
+        # earlier passes ran): it runs at least memory, on the skeleton of the pass before
+        # (as a derived plan runs).
+        if refused is not None:
+            why = refused.split(" The blocks are restored")[0].removeprefix("stash.torch.fit: ")
+            rec.check = f"pass {rec.passes}: {why} It ran at least memory."
+            warnings.warn(f"stash.torch.fit: step {rec.index}, {rec.check}", stacklevel=6)
         self._plans.key, self._plans.entry = before
         if before[1] is not None and "profile" in before[1]:
             least: List[LayerActions] = [

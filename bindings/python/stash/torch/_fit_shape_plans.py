@@ -46,6 +46,14 @@ from ._fit_ranks import (Ranks, cached_plan_agreed, combine_measured, publish_pl
 from ._fit_support import StepRecord, _actions_of, _DerivedLayer, _gib
 
 
+class _PassRefused(Exception):
+    """A later pass's shape refused (ShapePlans.choose_for_pass)."""
+
+    def __init__(self, error: StashError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class ShapePlans:
     """Every shape's entry (cache), the current shape's (key, entry), and the planning
     decisions between steps."""
@@ -99,6 +107,23 @@ class ShapePlans:
         if entry is not None:
             self.entry = entry
         return entry
+
+    def choose_for_pass(self, key: str) -> Tuple[Optional[Entry], Optional[str]]:
+        """choose() for a later pass of a running step (Note [Micro-batches of other shapes]
+        in _fit.py), with the gradients alive: (its entry, None), or (None, why) where its
+        shape has no plan: to be measured (why None) or refused at its budget (why: the
+        refusal), which mid-step closes nothing and raises nothing."""
+        fail = self._fail
+
+        def refuse(e: StashError) -> NoReturn:
+            raise _PassRefused(e)
+        self._fail = refuse
+        try:
+            return self.choose(key), None
+        except _PassRefused as r:
+            return None, str(r.error)
+        finally:
+            self._fail = fail
 
     def _wants_view(self, entry: Entry) -> bool:
         """Whether the current step plans this entry on its view without gradients."""
