@@ -46,6 +46,11 @@ from ._fit_ranks import (Ranks, cached_plan_agreed, combine_measured, publish_pl
 from ._fit_support import StepRecord, _actions_of, _DerivedLayer, _gib
 
 
+# Note [What the budget counts] in _fit_steps.py: the plan made with a correction peaks
+# where other temporaries live, so a shape's run is checked until one peaks within.
+MAX_CORRECTIONS = 3
+
+
 class _PassRefused(Exception):
     """A later pass's shape refused (ShapePlans.choose_for_pass)."""
 
@@ -302,14 +307,17 @@ class ShapePlans:
         return entry
 
     def correct_fixed(self, rec: StepRecord, entry: Dict[str, Any]) -> None:
-        """Note [What the budget counts] in _fit_steps.py: a measured plan's first run
-        peaking above its prediction on the meter puts the difference into the shape's fixed
-        bytes, once; the next step plans again with them."""
-        entry["corrected"] = True
+        """Note [What the budget counts] in _fit_steps.py: a measured plan's run peaking
+        above its prediction on the meter puts the difference into the shape's fixed bytes;
+        the next step plans again with them. Checked until a run peaks within its
+        prediction, at most MAX_CORRECTIONS times."""
         over = rec.peak_bytes - int(entry["figures"]["predicted_peak_bytes"])
+        done = len(entry.get("corrections", []))
+        if over <= 0 or done + 1 >= MAX_CORRECTIONS:
+            entry["corrected"] = True
         # Any number of passes: the fixed bytes hold every gradient already, so a step of
         # several micro-batches peaks as one does, plus what the plan leaves alive.
-        if over > 0 and "profile" in entry:
+        if over > 0 and "profile" in entry and done < MAX_CORRECTIONS:
             shift_fixed(entry["profile"], over)
             entry.setdefault("corrections", []).append(over)
             self.cache.store_profile(rec.key, entry["profile"])
