@@ -230,7 +230,7 @@ def test_a_refusal_with_micro_batches_in_flight_names_a_budget_that_plans():
 
 
 def test_micro_batches_of_other_lengths_run_their_own_plans():
-    """Note [Micro-batches of other shapes] in stash/torch/_fit.py: accumulation over
+    """Note [Micro-batches of other shapes] in stash/torch/_fit_passes.py: accumulation over
     micro-batches padded each to its own length (a Trainer with a padding collator) runs
     each pass under its own shape's plan, bitwise, and every step is within the budget on
     the meter. With every pass on the first pass's plan, a longer micro-batch after a
@@ -266,7 +266,7 @@ def test_micro_batches_of_other_lengths_run_their_own_plans():
 
 
 def test_a_later_micro_batch_whose_length_cannot_fit_runs_at_least_memory():
-    """Note [Micro-batches of other shapes] in stash/torch/_fit.py: a micro-batch after the
+    """Note [Micro-batches of other shapes] in stash/torch/_fit_passes.py: a micro-batch after the
     first whose length no plan fits at the budget (derived from the lengths measured so
     far) is not refused in the middle of its step, whose earlier micro-batch ran: it runs
     at least memory, the step's record and a warning say why, and training goes on under

@@ -74,53 +74,29 @@ What a training loop does besides forward, backward and step, and what fit does 
   budget that could be a share (Note [What a share budget means] in _fit_options.py). A
   refusal's smallest feasible budget is one the same run accepts: at least the measuring
   step's own peak.
-
-Note [Micro-batches of other shapes]
-Gradient accumulation over batches padded each to its own longest sequence (a Hugging
-Face Trainer with a padding collator and gradient_accumulation_steps) gives one optimizer
-step passes of different shapes. Each pass after the first, where no micro-batch holds
-tensors (not in flight), runs its own shape's plan: cached, or derived from the measured
-shapes with the gradients alive (ShapePlans.choose). Before this every pass ran the
-first's plan: a Qwen3 in a Trainer at "70%" ran 4 of its 6 steps over the budget, one by
-36%, when a longer micro-batch followed a shorter one. A pass with no plan (its shape not
-measured, none to derive it from; a later pass cannot be a measuring step) runs at least
-memory on the skeleton of the pass before, as a derived plan runs (its layers
-_DerivedLayer). So does a pass whose shape no plan fits at the budget: refused there, in
-the middle of a step whose earlier passes ran, it stopped training (a Qwen2 under bf16
-autocast at "60%", lengths 24-200 in threes); the refusal is the record's check and a
-warning, and a step that begins with that shape is refused before it runs
-(ShapePlans.choose_for_pass). Such a step is judged against
-the largest of its passes' budgets (a share of a shape with no plan yet is resolved when
-it has one, for report()) and checks no plan (_fit_steps.StepBook._mixed_figures); on the
-CPU its peak is the c10 meter's over the whole step, as for any step. Across ranks a
-later pass keeps the step's plan, as before: choosing a plan there is agreed by every
-rank, whose micro-batches need not have the same lengths (not built).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
-import warnings
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Literal,
-                    NoReturn, Optional, Sequence, Set, Tuple, Union)
+                    NoReturn, Optional, Sequence, Tuple, Union)
 
 import torch
 
-from .._engine import KEEP, OFFLOAD, RECOMPUTE, Engine
+from .._engine import KEEP, OFFLOAD, Engine
 from .._lib import StashError
 from .._link import cached_link
 from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _allocator_state, _checked_blocks,
                            _Clock, _gib, _is_kv_cache, _MeasureLayer, _model_digest,
-                           _optimizer_state_bytes, _optimizer_state_estimate, _signature,
-                           _tensor_bytes, _DerivedLayer, StepRecord)
+                           _optimizer_state_bytes, _optimizer_state_estimate, _tensor_bytes)
 from ._fit_options import Budget, FitOptions
 from ._fit_shape_plans import ShapePlans
-from ._fit_shapes import shape_family, shape_tokens
 from ._fit_bytes import TrainingBytes
 from ._fit_cache import ShapeCache
 from ._fit_cuda_meter import CudaMeter
+from ._fit_passes import StepStarts
 from ._fit_plan import link_section, warn_closed
 from ._fit_measure import MeasuringRecorder
 from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
@@ -133,7 +109,7 @@ from ._compiled_fit import fit_compiled_state
 from ._cpu_meter import window as cpu_window
 from . import _record
 from ._recompute import Frame, Replay
-from ._saved import SaveOrder, storage_of, tensors_in
+from ._saved import SaveOrder, storage_of
 from ._step import _Step
 
 if TYPE_CHECKING:
@@ -158,8 +134,6 @@ class BudgetHandle(StepPolicy):
 
     who = "stash.torch.fit"
     observes_saves = True  # every new storage is recorded or sampled (Note [What it costs])
-    _plain_layers: Set[int] = set()
-    _lean: Optional[List[bool]] = None
     _kv_cache = True  # block 0 of the running forward got a key/value cache (call_arguments)
 
     def __init__(self, blocks: Iterable[torch.nn.Module], budget: Union[int, str, Budget], *,
@@ -179,13 +153,13 @@ class BudgetHandle(StepPolicy):
                 f"stash.torch.fit: budget {_gib(nbytes)} is below the blocks' "
                 f"parameters and gradients alone ({_gib(params + grads)}); no plan can meet it")
         # State before the OffloadHandle, which asks initial_actions and compiled_state.
-        self._mode = "measure"
         self._bytes = TrainingBytes(blocks, optimizer)  # what is not an activation
         # Note [Agreeing on a plan across ranks]: None outside torch.distributed.
         self._ranks = Ranks.current(options.dist_timeout_s)
         self._plans = ShapePlans(
             ShapeCache(options.cache_dir, self._digest, self.budget, options.solver),
             self.budget, options, self._ranks, self._fail, self._bytes.fixed_counted)
+        self._starts = StepStarts(blocks, optimizer, self._plans, self._bytes, self._ranks)
         self._offload = OffloadHandle(blocks, None, policy=self, **options.engine_kwargs())
         self._cuda = self._offload.cuda
         # Note [The CPU allocator's meter] in _meter.py: None on CUDA, or where it cannot be
@@ -198,6 +172,7 @@ class BudgetHandle(StepPolicy):
                               recorder=self._recorder, training=self._bytes, plans=self._plans,
                               copies=self._offload, cuda_meter=self._cuda_meter,
                               counting=self._counting, describe=self._describe)
+        self._starts.attach(self._offload, self._book, self._recorder)
         self._opt_hook: Optional[Tuple[RemovableHandle, RemovableHandle]] = None
         self.link_cached = False
         try:
@@ -226,13 +201,13 @@ class BudgetHandle(StepPolicy):
     def unrecomputable_action(self, i: int, j: int, t: torch.Tensor, nbytes: int,
                               first_input: Any) -> Optional[int]:
         rec = self._book.running
-        if self._mode != "measure" and rec is not None and rec.checking:
+        if self._starts.mode != "measure" and rec is not None and rec.checking:
             # Note [A derived plan's first run] in _fit_shape_plans.py: the skeleton was not
             # this shape's.
             rec.check = (f"block {i} tensor {j} is not recomputable in this shape (the "
                          "derived skeleton differs)")
             return KEEP
-        if self._mode != "measure":
+        if self._starts.mode != "measure":
             return None  # the hooks keep it, counted, with a warning
         # Note [The measuring step]: the hidden-state input is offloaded, the rest kept.
         if (first_input is not None and first_input == storage_of(t)[0]
@@ -243,8 +218,7 @@ class BudgetHandle(StepPolicy):
 
     def keeps_everything(self, i: int, actions: LayerActions) -> bool:
         # Note [What it costs]: a measured plan's layer that keeps every tensor.
-        return (self._mode == "plan" and getattr(actions, "exact", True)
-                and id(actions) in self._plain_layers)
+        return self._starts.keeps_everything(actions)
 
     def needs_boundary(self, i: int, plain: bool) -> bool:
         # Note [What it costs]: in a planned step that copies nothing, a block run without
@@ -252,16 +226,17 @@ class BudgetHandle(StepPolicy):
         # the last block's: it starts the step's backward, queues its end and holds the
         # step's token (Note [A step that ends early] in _offload_hooks.py).
         return not (plain and not self._offload.copies and i != self._n - 1
-                    and self._mode == "plan")
+                    and self._starts.mode == "plan")
 
     def lean_blocks(self) -> Optional[Sequence[bool]]:
         # Note [Lean blocks] in _offload_hooks.py: a planned step that tracks nothing and
         # hands the blocks their arguments as they are sees nothing of a plain middle
         # block (on_forward_began/ended/released mark, sample or read only in a measuring
         # step, while tracking, or at the last block).
-        if self._lean is None or self._recorder.tracking or self._kv_cache:
-            return None  # _lean is None outside a plan (_switch)
-        return self._lean
+        lean = self._starts.lean  # None outside a plan
+        if lean is None or self._recorder.tracking or self._kv_cache:
+            return None
+        return lean
 
     def passes_through(self) -> bool:
         # Blocks in eval mode (an eval loop, with or without grad) run as plain forwards:
@@ -290,77 +265,8 @@ class BudgetHandle(StepPolicy):
 
     def on_step_starting(self, mb: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]
                          ) -> None:
-        rec = self._book.running
-        in_flight = self._offload.steps_in_flight
-        if (rec is not None and not rec.finished and rec.aborted is None
-                and rec.optimizer_began and rec.end is None):
-            # Note [A step that ends early]: its optimizer step raised.
-            self._book.abort(rec, "optimizer.step() raised")
-        if (rec is not None and not rec.finished and rec.aborted is None and mb == 0
-                and rec.backward_done and not in_flight and rec.end is None
-                and rec.made_gradients and not self._bytes.any_gradient()):
-            # Note [The loops fit lives in]: the loop dropped the step's gradients; the
-            # step ends where its backward did, and this forward begins the next one.
-            rec.end = rec.bwd_end
-        # A further forward of the running step: another micro-batch, a forward of micro-
-        # batch 0 before the others' backwards, or (with the optimizer known) any forward
-        # before its step(). The plan can change only where no micro-batch holds tensors.
-        if rec is not None and not rec.finished and rec.aborted is None and (
-                mb != 0 or not rec.backward_done or in_flight
-                or (self.optimizer is not None and rec.end is None)):
-            rec.passes += 1
-            if in_flight:  # Note [Micro-batches in flight] in _fit_plan.py
-                rec.in_flight = max(rec.in_flight, in_flight + 1)
-                # It runs the step's plan, and counts as the shape of the pass before.
-                rec.pass_keys.append(rec.pass_keys[-1])
-                return
-            self._book.pass_begins(rec)  # Note [A later pass on the CPU meter]
-            self._pass_begins(rec, args, kwargs)
-            return
-        key, inputs = self._shape_key(args, kwargs)
-        self._begin_step(key, inputs)
-
-    def _shape_key(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]
-                   ) -> Tuple[str, List[torch.Tensor]]:
-        """Block 0's shape key (Note [Re-planning and the cache] in _fit_shape_plans.py)
-        and its tensor arguments."""
-        training = self.blocks[0].training
-        inputs = list(tensors_in((args, kwargs)))
-        key = _signature(inputs, kwargs, training)
-        shapes = self._plans.shapes
-        if key not in shapes:
-            shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
-        return key, inputs
-
-    def _pass_begins(self, rec: StepRecord, args: Tuple[Any, ...],
-                     kwargs: Dict[str, Any]) -> None:
-        """Note [Micro-batches of other shapes]: a further pass of the running step, with
-        no micro-batch holding tensors: it runs its own shape's plan."""
-        key, _ = self._shape_key(args, kwargs)
-        rec.pass_keys.append(key)
-        if rec.mode != "plan" or key == self._plans.key or self._ranks is not None:
-            return
-        before = (self._plans.key, self._plans.entry)
-        # Gradients are alive: the plan counts them.
-        entry, refused = self._plans.choose_for_pass(key)
-        if entry is not None:
-            self._switch(entry["actions"], "plan")
-            return
-        # No plan for it without a measuring step, which a later pass cannot be, or none at
-        # its budget (refused where a step of that shape begins, not here: the step's
-        # earlier passes ran): it runs at least memory, on the skeleton of the pass before
-        # (as a derived plan runs).
-        if refused is not None:
-            why = refused.split(" The blocks are restored")[0].removeprefix("stash.torch.fit: ")
-            rec.check = f"pass {rec.passes}: {why} It ran at least memory."
-            warnings.warn(f"stash.torch.fit: step {rec.index}, {rec.check}", stacklevel=6)
-        self._plans.key, self._plans.entry = before
-        if before[1] is not None and "profile" in before[1]:
-            least: List[LayerActions] = [
-                _DerivedLayer([RECOMPUTE if t["recomputable"] and not t.get("must_keep")
-                               else KEEP for t in layer["tensors"]])
-                for layer in before[1]["profile"]["layers"]]
-            self._switch(least, "plan")
+        # Note [Micro-batches of other shapes] in _fit_passes.py
+        self._starts.starting(mb, args, kwargs)
 
     def on_step_aborted(self, step: _Step, reason: str) -> None:
         rec = self._book.running
@@ -376,7 +282,7 @@ class BudgetHandle(StepPolicy):
             return
         if rec.checking and rec.passes == 1:
             rec.saved_counts[i] = max(rec.saved_counts.get(i, 0), j + 1)
-        if self._mode == "measure":
+        if self._starts.mode == "measure":
             self._recorder.saved(i, j, t, nbytes, action,
                                  first_micro_batch=self._offload.micro_batch_index == 0)
         if self._recorder.tracking:
@@ -386,7 +292,7 @@ class BudgetHandle(StepPolicy):
     def on_forward_ended(self, i: int, step: _Step, order: Optional[SaveOrder]) -> None:
         rec = self._book.running
         self._book.forward_ended(i, step.serial)
-        if (rec is not None and rec.mode == "measure" and self._mode == "measure"
+        if (rec is not None and rec.mode == "measure" and self._starts.mode == "measure"
                 and self._offload.micro_batch_index == 0):
             assert order is not None  # a measuring step hooks every block
             self._recorder.forward_ended(i, order.entries)
@@ -436,28 +342,6 @@ class BudgetHandle(StepPolicy):
             self._recorder.track(buf, nbytes)
             self._book.sample("prefetch")
 
-    def _begin_step(self, key: str, inputs: Sequence[torch.Tensor]) -> None:
-        """A new step begins (block 0, micro-batch 0): close the previous one, choose the
-        step's mode and plan, and begin its record."""
-        finish_ms = self._book.end_running()
-        t0 = time.perf_counter()
-        grads = self._bytes.gradients_alive()
-        mode = self._choose(key, without_gradients=grads == 0)
-        setup_ms = (time.perf_counter() - t0) * 1e3  # planning (and a first link measurement)
-        self._book.begin(key, mode, inputs, grads, planning_ms=setup_ms + finish_ms)
-
-    # --- measuring -> profile -> plan -------------------------------------------------------
-
-    def _choose(self, key: str, without_gradients: bool = False) -> str:
-        """The mode of a step with this shape key (_fit_shape_plans.ShapePlans.choose)."""
-        entry = self._plans.choose(key, without_gradients)
-        if entry is not None:
-            self._switch(entry["actions"], "plan")
-            return "plan"
-        self._recorder.measure(key)
-        self._switch([_MeasureLayer() for _ in self.blocks], "measure")
-        return "measure"
-
     @property
     def budget_bytes(self) -> Optional[int]:
         """The budget in bytes of the current shape: as given, or a share resolved once the
@@ -481,22 +365,6 @@ class BudgetHandle(StepPolicy):
             self._ranks.local_world if self._ranks is not None else 1))
         self.link_cached = link.pop("cached", False)
         return link
-
-    def _switch(self, actions: List[LayerActions], mode: str) -> None:
-        if mode == self._mode and actions is self._offload.actions:
-            return
-        # Note [What it costs]: a plan that copies nothing leaves the engine idle
-        # (set_actions), and a layer that keeps everything runs without hooks.
-        self._offload.set_actions(actions)
-        self._mode = mode
-        self._plain_layers = ({id(a) for a in actions
-                               if all(a[j] == KEEP for j in range(len(a)))}
-                              if mode == "plan" else set())
-        # Note [Lean blocks] in _offload_hooks.py: a middle block kept whole in a plan that
-        # copies nothing (block 0 begins the step, the last one has its boundary).
-        lean = [0 < i < self._n - 1 and self.keeps_everything(i, a)
-                and not self._offload.copies for i, a in enumerate(actions)]
-        self._lean = lean if any(lean) else None
 
     def compiled_state(self, handle: OffloadHandle) -> Optional[CompiledState]:
         # Note [Planning the compiled graph] in _compiled.py. Asked while `handle` (this
@@ -738,7 +606,8 @@ def fit(blocks: Iterable[torch.nn.Module], budget: Union[int, str], *,
     least-memory mode itself does not meet (with the measured peak and the smallest
     feasible budget); the blocks are restored then."""
     options = FitOptions(solver=solver,
-                         cache_dir=os.fspath(cache_dir) if cache_dir is not None else None, measure_steps=measure_steps,
+                         cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+                         measure_steps=measure_steps,
                          lookahead=lookahead, max_in_flight_bytes=max_in_flight_bytes,
                          pinned_cap=pinned_cap, max_micro_batches=max_micro_batches,
                          device=device, link=link, timing=timing,

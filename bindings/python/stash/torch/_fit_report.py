@@ -66,7 +66,7 @@ def format_report(r: Dict[str, Any]) -> str:
 def step_entry(s: StepRecord) -> Dict[str, Any]:
     """One step of report()."""
     return {"step": s.index, "mode": s.mode, "shape": s.key,
-            # Note [Micro-batches of other shapes] in _fit.py: each pass's shape
+            # Note [Micro-batches of other shapes] in _fit_passes.py: each pass's shape
             "pass_shapes": list(s.pass_keys),
             "measured_peak_bytes": s.peak_bytes, "measured_peak_at": s.peak_at,
             "predicted_peak_bytes": s.predicted_peak, "budget_bytes": s.budget_bytes,

@@ -115,7 +115,7 @@ class ShapePlans:
 
     def choose_for_pass(self, key: str) -> Tuple[Optional[Entry], Optional[str]]:
         """choose() for a later pass of a running step (Note [Micro-batches of other shapes]
-        in _fit.py), with the gradients alive: (its entry, None), or (None, why) where its
+        in _fit_passes.py), with the gradients alive: (its entry, None), or (None, why) where its
         shape has no plan: to be measured (why None) or refused at its budget (why: the
         refusal), which mid-step closes nothing and raises nothing."""
         fail = self._fail

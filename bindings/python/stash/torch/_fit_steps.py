@@ -253,7 +253,7 @@ class StepBook:
 
     def _budget_of(self, rec: StepRecord, settled: bool = False) -> Optional[int]:
         """The budget a step is judged against: its shape's, or the largest of its passes'
-        shapes' (Note [Micro-batches of other shapes] in _fit.py); None while one of them is
+        shapes' (Note [Micro-batches of other shapes] in _fit_passes.py); None while one of them is
         a share not resolved yet, unless settled (report(): the largest known)."""
         budgets = [self._plans.budget_for(k) for k in rec.shapes]
         known = [b for b in budgets if b is not None]
@@ -421,7 +421,7 @@ class StepBook:
         self._warn_over(rec)
 
     def _mixed_figures(self, rec: StepRecord, keys: List[str]) -> None:
-        """Note [Micro-batches of other shapes] in _fit.py: a step whose passes ran plans
+        """Note [Micro-batches of other shapes] in _fit_passes.py: a step whose passes ran plans
         of several shapes is judged against the largest of their budgets (once each is
         known: a share of a shape with no plan yet is resolved for report()), predicted at
         the most of their peaks and the sum of their passes' times, and checks no plan: its

@@ -319,7 +319,7 @@ class StepRecord:
     replay: Dict[SpanKey, ReplaySpan] = field(default_factory=dict)
     passes: int = 1          # forwards of block 0 (micro-batches)
     # The shape key of each pass, the first the step's (Note [Micro-batches of other
-    # shapes] in _fit.py); StepBook.begin sets the first.
+    # shapes] in _fit_passes.py); StepBook.begin sets the first.
     pass_keys: List[str] = field(default_factory=list)
     in_flight: int = 1       # most micro-batches between forward and backward at once
     backwards: int = 0       # backward passes through the blocks that ended

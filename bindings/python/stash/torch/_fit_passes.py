@@ -1,0 +1,195 @@
+"""stash.torch.fit's step starts: whether block 0's forward begins a step or a further pass
+of the running one (Note [The loops fit lives in] in _fit.py), the shape it runs, and the
+actions the blocks then run under (the mode, the layers kept whole, the blocks run lean).
+
+Note [Micro-batches of other shapes]
+Gradient accumulation over batches padded each to its own longest sequence (a Hugging
+Face Trainer with a padding collator and gradient_accumulation_steps) gives one optimizer
+step passes of different shapes. Each pass after the first, where no micro-batch holds
+tensors (not in flight), runs its own shape's plan: cached, or derived from the measured
+shapes with the gradients alive (ShapePlans.choose). Before this every pass ran the
+first's plan: a Qwen3 in a Trainer at "70%" ran 4 of its 6 steps over the budget, one by
+36%, when a longer micro-batch followed a shorter one. A pass with no plan (its shape not
+measured, none to derive it from; a later pass cannot be a measuring step) runs at least
+memory on the skeleton of the pass before, as a derived plan runs (its layers
+_DerivedLayer). So does a pass whose shape no plan fits at the budget: refused there, in
+the middle of a step whose earlier passes ran, it stopped training (a Qwen2 under bf16
+autocast at "60%", lengths 24-200 in threes); the refusal is the record's check and a
+warning, and a step that begins with that shape is refused before it runs
+(ShapePlans.choose_for_pass). Such a step is judged against
+the largest of its passes' budgets (a share of a shape with no plan yet is resolved when
+it has one, for report()) and checks no plan (_fit_steps.StepBook._mixed_figures); on the
+CPU its peak is the c10 meter's over the whole step, as for any step. Across ranks a
+later pass keeps the step's plan, as before: choosing a plan there is agreed by every
+rank, whose micro-batches need not have the same lengths (not built).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import torch
+
+from .._engine import KEEP, RECOMPUTE
+from ._fit_bytes import TrainingBytes
+from ._fit_measure import MeasuringRecorder
+from ._fit_ranks import Ranks
+from ._fit_shape_plans import ShapePlans
+from ._fit_shapes import shape_family, shape_tokens
+from ._fit_steps import StepBook
+from ._fit_support import StepRecord, _DerivedLayer, _MeasureLayer, _signature
+from ._offload import OffloadHandle
+from ._offload_policy import LayerActions
+from ._saved import tensors_in
+
+
+class StepStarts:
+    """The start of each step and pass, and the actions the blocks run under from there.
+    Made before the OffloadHandle, whose policy asks keeps_everything and the mode while it
+    is made; handed the handle and the step book once they exist (attach)."""
+
+    def __init__(self, blocks: List[torch.nn.Module],
+                 optimizer: Optional[torch.optim.Optimizer], plans: ShapePlans,
+                 training: TrainingBytes, ranks: Optional[Ranks]) -> None:
+        self.blocks = blocks
+        self.optimizer = optimizer
+        self._n = len(blocks)
+        self._plans = plans
+        self._bytes = training
+        self._ranks = ranks
+        self.mode = "measure"
+        self.plain_layers: Set[int] = set()  # ids of a plan's layers that keep everything
+        self.lean: Optional[List[bool]] = None  # Note [Lean blocks]; None outside a plan
+        self._offload: Optional[OffloadHandle] = None
+        self._book: Optional[StepBook] = None
+        self._recorder: Optional[MeasuringRecorder] = None
+
+    def attach(self, offload: OffloadHandle, book: StepBook,
+               recorder: MeasuringRecorder) -> None:
+        self._offload, self._book, self._recorder = offload, book, recorder
+
+    def keeps_everything(self, actions: LayerActions) -> bool:
+        """Note [What it costs] in _fit.py: a measured plan's layer that keeps every
+        tensor."""
+        return (self.mode == "plan" and getattr(actions, "exact", True)
+                and id(actions) in self.plain_layers)
+
+    def starting(self, mb: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        """Block 0's forward of micro-batch `mb` begins (the step policy's
+        on_step_starting)."""
+        book, offload = self._book, self._offload
+        assert book is not None and offload is not None  # attached before any forward
+        rec = book.running
+        in_flight = offload.steps_in_flight
+        if (rec is not None and not rec.finished and rec.aborted is None
+                and rec.optimizer_began and rec.end is None):
+            # Note [A step that ends early] in _offload_hooks.py: its optimizer step raised.
+            book.abort(rec, "optimizer.step() raised")
+        if (rec is not None and not rec.finished and rec.aborted is None and mb == 0
+                and rec.backward_done and not in_flight and rec.end is None
+                and rec.made_gradients and not self._bytes.any_gradient()):
+            # Note [The loops fit lives in] in _fit.py: the loop dropped the step's gradients; the
+            # step ends where its backward did, and this forward begins the next one.
+            rec.end = rec.bwd_end
+        # A further forward of the running step: another micro-batch, a forward of micro-
+        # batch 0 before the others' backwards, or (with the optimizer known) any forward
+        # before its step(). The plan can change only where no micro-batch holds tensors.
+        if rec is not None and not rec.finished and rec.aborted is None and (
+                mb != 0 or not rec.backward_done or in_flight
+                or (self.optimizer is not None and rec.end is None)):
+            rec.passes += 1
+            if in_flight:  # Note [Micro-batches in flight] in _fit_plan.py
+                rec.in_flight = max(rec.in_flight, in_flight + 1)
+                # It runs the step's plan, and counts as the shape of the pass before.
+                rec.pass_keys.append(rec.pass_keys[-1])
+                return
+            book.pass_begins(rec)  # Note [A later pass on the CPU meter] in _fit_steps.py
+            self._pass_begins(rec, args, kwargs)
+            return
+        key, inputs = self._shape_key(args, kwargs)
+        self._begin_step(key, inputs)
+
+    def _shape_key(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+                   ) -> Tuple[str, List[torch.Tensor]]:
+        """Block 0's shape key (Note [Re-planning and the cache] in _fit_shape_plans.py)
+        and its tensor arguments."""
+        training = self.blocks[0].training
+        inputs = list(tensors_in((args, kwargs)))
+        key = _signature(inputs, kwargs, training)
+        shapes = self._plans.shapes
+        if key not in shapes:
+            shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
+        return key, inputs
+
+    def _pass_begins(self, rec: StepRecord, args: Tuple[Any, ...],
+                     kwargs: Dict[str, Any]) -> None:
+        """Note [Micro-batches of other shapes]: a further pass of the running step, with
+        no micro-batch holding tensors: it runs its own shape's plan."""
+        key, _ = self._shape_key(args, kwargs)
+        rec.pass_keys.append(key)
+        if rec.mode != "plan" or key == self._plans.key or self._ranks is not None:
+            return
+        before = (self._plans.key, self._plans.entry)
+        # Gradients are alive: the plan counts them.
+        entry, refused = self._plans.choose_for_pass(key)
+        if entry is not None:
+            self._switch(entry["actions"], "plan")
+            return
+        # No plan for it without a measuring step, which a later pass cannot be, or none at
+        # its budget (refused where a step of that shape begins, not here: the step's
+        # earlier passes ran): it runs at least memory, on the skeleton of the pass before
+        # (as a derived plan runs).
+        if refused is not None:
+            why = refused.split(" The blocks are restored")[0].removeprefix("stash.torch.fit: ")
+            rec.check = f"pass {rec.passes}: {why} It ran at least memory."
+            warnings.warn(f"stash.torch.fit: step {rec.index}, {rec.check}", stacklevel=7)
+        self._plans.key, self._plans.entry = before
+        if before[1] is not None and "profile" in before[1]:
+            least: List[LayerActions] = [
+                _DerivedLayer([RECOMPUTE if t["recomputable"] and not t.get("must_keep")
+                               else KEEP for t in layer["tensors"]])
+                for layer in before[1]["profile"]["layers"]]
+            self._switch(least, "plan")
+
+    def _begin_step(self, key: str, inputs: Sequence[torch.Tensor]) -> None:
+        """A new step begins (block 0, micro-batch 0): close the previous one, choose the
+        step's mode and plan, and begin its record."""
+        book, recorder = self._book, self._recorder
+        assert book is not None and recorder is not None
+        finish_ms = book.end_running()
+        t0 = time.perf_counter()
+        grads = self._bytes.gradients_alive()
+        mode = self._choose(key, without_gradients=grads == 0)
+        setup_ms = (time.perf_counter() - t0) * 1e3  # planning (and a first link measurement)
+        book.begin(key, mode, inputs, grads, planning_ms=setup_ms + finish_ms)
+
+    def _choose(self, key: str, without_gradients: bool) -> str:
+        """The mode of a step with this shape key (_fit_shape_plans.ShapePlans.choose)."""
+        entry = self._plans.choose(key, without_gradients)
+        if entry is not None:
+            self._switch(entry["actions"], "plan")
+            return "plan"
+        assert self._recorder is not None
+        self._recorder.measure(key)
+        self._switch([_MeasureLayer() for _ in self.blocks], "measure")
+        return "measure"
+
+    def _switch(self, actions: List[LayerActions], mode: str) -> None:
+        offload = self._offload
+        assert offload is not None
+        if mode == self.mode and actions is offload.actions:
+            return
+        # Note [What it costs] in _fit.py: a plan that copies nothing leaves the engine idle
+        # (set_actions), and a layer that keeps everything runs without hooks.
+        offload.set_actions(actions)
+        self.mode = mode
+        self.plain_layers = ({id(a) for a in actions
+                               if all(a[j] == KEEP for j in range(len(a)))}
+                              if mode == "plan" else set())
+        # Note [Lean blocks] in _offload_hooks.py: a middle block kept whole in a plan that
+        # copies nothing (block 0 begins the step, the last one has its boundary).
+        lean = [0 < i < self._n - 1 and self.keeps_everything(a)
+                and not offload.copies for i, a in enumerate(actions)]
+        self.lean = lean if any(lean) else None
