@@ -47,8 +47,12 @@ three times (_fit_shape_plans.MAX_CORRECTIONS): the plan made with one correctio
 where other temporaries live. Under bf16 autocast on the CPU a Mistral's plan of three
 192-token micro-batches at "70%" peaked 0.7 MB over its prediction, then 25 KB over it and
 its budget on every later step with one correction, and within from its third run with
-two. Why the measuring step misses them under autocast is not known yet (fp32 predicts
-to the byte).
+two; fp32 predicts to the byte. The cause is not fixed: that plan's run peaked in the
+head and loss (16.08 MB against 15.33 predicted there), where autocast's cache still holds
+the bf16 copy of every block's weights (1.18 MB on that Mistral). The blocks save those
+copies; the least-memory measuring step recomputes them, and its samples count them as
+tracked saved storages, alive, so neither the fixed bytes nor (for a recomputed tensor)
+the plan's model holds them.
 "70%" is a share of the keep-all peak the canonical model gives for the measured profile
 (Note [What a share budget means] in _fit_options.py).
 
