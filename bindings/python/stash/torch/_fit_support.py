@@ -5,6 +5,7 @@ _fit_steps.py and _fit_shape_plans.py)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -403,10 +404,17 @@ class _LayerRecord:
 
 def _weak(t: torch.Tensor) -> Any:
     try:
-        from torch.multiprocessing.reductions import StorageWeakRef
-        return StorageWeakRef(t.untyped_storage())  # type: ignore[no-untyped-call]
+        return _storage_weak_ref()(t.untyped_storage())
     except Exception:  # noqa: BLE001 -- a tensor without a storage (e.g. a subclass)
         return None
+
+
+@functools.lru_cache(maxsize=None)
+def _storage_weak_ref() -> Any:
+    """torch's StorageWeakRef, imported once (with the import statement in each call a weak
+    reference took 2.3 us here, 1.0 us without)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    return StorageWeakRef
 
 
 def _allocator_state() -> ModuleType:
