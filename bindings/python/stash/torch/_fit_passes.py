@@ -87,12 +87,15 @@ class StepStarts:
                 and rec.optimizer_began and rec.end is None):
             # Note [A step that ends early] in _offload_hooks.py: its optimizer step raised.
             book.abort(rec, "optimizer.step() raised")
+        grads: Optional[int] = None  # the gradient bytes alive, where known already
         if (rec is not None and not rec.finished and rec.aborted is None and mb == 0
                 and rec.backward_done and not in_flight and rec.end is None
                 and rec.made_gradients and not self._bytes.any_gradient()):
-            # Note [The loops fit lives in] in _fit.py: the loop dropped the step's gradients; the
-            # step ends where its backward did, and this forward begins the next one.
+            # Note [The loops fit lives in] in _fit.py: the loop dropped the step's
+            # gradients; the step ends where its backward did, and this forward begins the
+            # next one (with none alive: not walked again).
             rec.end = rec.bwd_end
+            grads = 0
         # A further forward of the running step: another micro-batch, a forward of micro-
         # batch 0 before the others' backwards, or (with the optimizer known) any forward
         # before its step(). The plan can change only where no micro-batch holds tensors.
@@ -109,7 +112,7 @@ class StepStarts:
             self._pass_begins(rec, args, kwargs)
             return
         key, inputs = self._shape_key(args, kwargs)
-        self._begin_step(key, inputs)
+        self._begin_step(key, inputs, grads)
 
     def _shape_key(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]
                    ) -> Tuple[str, List[torch.Tensor]]:
@@ -153,14 +156,16 @@ class StepStarts:
                 for layer in before[1]["profile"]["layers"]]
             self._switch(least, "plan")
 
-    def _begin_step(self, key: str, inputs: Sequence[torch.Tensor]) -> None:
+    def _begin_step(self, key: str, inputs: Sequence[torch.Tensor],
+                    grads: Optional[int]) -> None:
         """A new step begins (block 0, micro-batch 0): close the previous one, choose the
         step's mode and plan, and begin its record."""
         book, recorder = self._book, self._recorder
         assert book is not None and recorder is not None
         finish_ms = book.end_running()
         t0 = time.perf_counter()
-        grads = self._bytes.gradients_alive()
+        if grads is None:
+            grads = self._bytes.gradients_alive()
         mode = self._choose(key, without_gradients=grads == 0)
         setup_ms = (time.perf_counter() - t0) * 1e3  # planning (and a first link measurement)
         book.begin(key, mode, inputs, grads, planning_ms=setup_ms + finish_ms)
