@@ -16,10 +16,11 @@ _DerivedLayer). So does a pass whose shape no plan fits at the budget: refused t
 the middle of a step whose earlier passes ran, it stopped training (a Qwen2 under bf16
 autocast at "60%", lengths 24-200 in threes); the refusal is the record's check and a
 warning, and a step that begins with that shape is refused before it runs
-(ShapePlans.choose_for_pass). Such a step is judged against
-the largest of its passes' budgets (a share of a shape with no plan yet is resolved when
-it has one, for report()) and checks no plan (_fit_steps.StepBook._mixed_figures); on the
-CPU its peak is the c10 meter's over the whole step, as for any step. Across ranks a
+(ShapePlans.choose_for_pass). Such a step is judged against the largest of its passes'
+budgets (a share of a shape with no plan yet is resolved when it has one, for report())
+and checks no plan (_fit_steps.StepBook._mixed_figures); on the CPU its peak is the c10
+meter's over the whole step, as for any step (Note [A later pass on the CPU meter] in
+_fit_steps.py). Across ranks a
 later pass keeps the step's plan, as before: choosing a plan there is agreed by every
 rank, whose micro-batches need not have the same lengths (not built).
 """

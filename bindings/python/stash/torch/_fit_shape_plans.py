@@ -313,7 +313,7 @@ class ShapePlans:
         prediction, at most MAX_CORRECTIONS times."""
         over = rec.peak_bytes - int(entry["figures"]["predicted_peak_bytes"])
         done = len(entry.get("corrections", []))
-        if over <= 0 or done + 1 >= MAX_CORRECTIONS:
+        if over <= 0 or "profile" not in entry or done + 1 >= MAX_CORRECTIONS:
             entry["corrected"] = True
         # Any number of passes: the fixed bytes hold every gradient already, so a step of
         # several micro-batches peaks as one does, plus what the plan leaves alive.
