@@ -129,8 +129,9 @@ class BudgetHandle(StepPolicy):
     _offload_policy.py): the hooks carry out the actions this handle chooses per step and
     tell it what the step does; the on_* methods and the questions above them are that
     seam's, called by the hooks, not by the training loop. They decide where a step begins
-    and ends and how it runs; the StepBook (_fit_steps.py) keeps each step's record and
-    figures, which report() gives."""
+    and ends and how it runs: StepStarts (_fit_passes.py) where a step or a further pass
+    begins and the actions its blocks run under; the StepBook (_fit_steps.py) keeps each
+    step's record and figures, which report() gives."""
 
     who = "stash.torch.fit"
     observes_saves = True  # every new storage is recorded or sampled (Note [What it costs])
