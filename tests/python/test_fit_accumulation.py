@@ -23,11 +23,9 @@ from test_fit import batches as llama_batches  # noqa: E402
 from test_fit_loops import LINK, Injected, batches, same, trained  # noqa: E402
 
 
-def accumulated(steps, budget):
-    """test_fit_loops' Mistral trained with AdamW, one optimizer step per list of
-    micro-batches in `steps` (each backward of its loss / 2), under fit at `budget` (None:
-    plain training): the losses, the final parameters and the handle."""
-    model, blocks, opt, h = trained(budget)
+def accumulate(model, opt, steps):
+    """One optimizer step of `opt` per list of micro-batches in `steps`, each backward of
+    its loss / 2: the losses."""
     losses = []
     for step in steps:
         for ids in step:
@@ -36,6 +34,14 @@ def accumulated(steps, budget):
             losses.append(loss.detach().clone())
         opt.step()
         opt.zero_grad()
+    return losses
+
+
+def accumulated(steps, budget):
+    """test_fit_loops' Mistral trained with AdamW by accumulate(), under fit at `budget`
+    (None: plain training): the losses, the final parameters and the handle."""
+    model, blocks, opt, h = trained(budget)
+    losses = accumulate(model, opt, steps)
     return losses, [p.detach().clone() for p in model.parameters()], h
 
 
@@ -276,16 +282,9 @@ def test_a_later_micro_batch_whose_length_cannot_fit_runs_at_least_memory():
     data = [[torch.randint(0, 128, (2, n), generator=g) for n in pair] for pair in lengths]
     expected = accumulated(data, None)
     model, _, opt, h = trained("55%")
-    losses = []
     with pytest.warns(UserWarning, match=r"step 2, pass 2: a new input shape \(512 tokens\) "
                       r"does not fit"):
-        for step in data:
-            for ids in step:
-                loss = model(input_ids=ids, labels=ids).loss / 2
-                loss.backward()
-                losses.append(loss.detach().clone())
-            opt.step()
-            opt.zero_grad()
+        losses = accumulate(model, opt, data)
     same((losses, [p.detach().clone() for p in model.parameters()], h), expected)
     steps = h.report()["steps"]
     assert [s["mode"] for s in steps] == ["measure", "measure", "plan", "plan"], steps
