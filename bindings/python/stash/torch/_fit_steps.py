@@ -215,7 +215,8 @@ class StepBook:
         counted in the meter's base, leave it once they are gone."""
         if self._counting is None or rec.meter_base is None or not rec.meter_input_refs:
             return
-        gone = sum(n for ref, n in rec.meter_input_refs if ref.expired())
+        alive = [(r, n) for r, n in rec.meter_input_refs if r is None or not r.expired()]
+        gone = rec.meter_inputs - sum(n for _, n in alive)  # a storage with no reference stays
         if not gone:
             return
         self.sample("pass begins")  # a measuring step's figures up to here, by position
@@ -223,7 +224,7 @@ class StepBook:
         self._counting.reset_peak()
         rec.meter_base -= gone
         rec.meter_inputs -= gone
-        rec.meter_input_refs = [(r, n) for r, n in rec.meter_input_refs if not r.expired()]
+        rec.meter_input_refs = alive
 
     def abort(self, rec: StepRecord, reason: str) -> None:
         """Note [A step that ends early] in _offload_hooks.py: the record keeps why; a

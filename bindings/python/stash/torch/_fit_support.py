@@ -180,8 +180,8 @@ def _tensor_bytes(ts: Iterable[object]) -> int:
 
 
 def _storages(ts: Iterable[object]) -> List[Tuple[Any, int]]:
-    """The tensors' storages, each once: (a weak reference, its bytes); a storage that
-    takes no weak reference is left out."""
+    """The tensors' storages, each once: (a weak reference, None for a storage that takes
+    none, and its bytes); the bytes sum to _tensor_bytes(ts)."""
     seen: Set[int] = set()
     out: List[Tuple[Any, int]] = []
     for t in ts:
@@ -189,9 +189,7 @@ def _storages(ts: Iterable[object]) -> List[Tuple[Any, int]]:
             k, b = storage_of(t)
             if k not in seen:
                 seen.add(k)
-                ref = _weak(t)
-                if ref is not None:
-                    out.append((ref, b))
+                out.append((_weak(t), b))
     return out
 
 
@@ -361,8 +359,8 @@ class StepRecord:
     # Block 0's inputs' bytes, in meter_base (Note [Block 0's inputs in the CPU meter's
     # samples] in _fit_measure.py).
     meter_inputs: int = 0
-    # Their storages by weak reference, with their bytes (Note [A later pass on the CPU
-    # meter] in _fit_steps.py).
+    # Their storages by weak reference (None: one that takes none), with their bytes (Note
+    # [A later pass on the CPU meter] in _fit_steps.py).
     meter_input_refs: List[Tuple[Any, int]] = field(default_factory=list)
     meter_running: int = 0   # the most it read at a sample so far
     counted: int = 0         # fit's count of what is not an activation (_fixed_counted)
