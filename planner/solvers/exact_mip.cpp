@@ -195,7 +195,7 @@ exact_result solve_exact(const step_profile& p, std::uint64_t budget_bytes,
     if (!usable) x0.clear();
   }
 
-  const mip_outcome res = mip.solve_mip(opt.time_limit_s, opt.mip_gap, x0);
+  const mip_outcome res = mip.solve_mip(opt.time_limit_s, opt.mip_gap, x0, opt.node_limit);
   out.lp_relaxation = to_user(res.lp_relaxation);
   if (res.status == solve_status::infeasible) {
     out.infeasible = true;

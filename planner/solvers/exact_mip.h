@@ -17,6 +17,7 @@ struct exact_options {
   double mip_gap = 0;  // relative; 0 asks for proved optimality
   exact_objective objective = exact_objective::step_time;
   bool relax = false;  // solve only the LP relaxation (no integrality)
+  long node_limit = 0;  // > 0: stop after this many subproblems (deterministic)
 };
 
 struct exact_result {

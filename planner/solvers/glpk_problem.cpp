@@ -54,11 +54,22 @@ struct mip_callback_state {
   const std::vector<double>* start = nullptr;
   bool offered = false;
   double best_bound = -DBL_MAX;
+  long node_limit = 0;  // 0: none
 };
 
-// Offers the caller's start once, and keeps the best node bound for the gap report.
+// Offers the caller's start once, keeps the best node bound for the gap report, and
+// stops the search after node_limit subproblems (Note [A search that ends the same way] in
+// planner.cpp).
 void mip_callback(glp_tree* tree, void* info) {
   auto* st = static_cast<mip_callback_state*>(info);
+  if (st->node_limit > 0) {
+    int active = 0, current = 0, total = 0;
+    glp_ios_tree_size(tree, &active, &current, &total);
+    if (total > st->node_limit) {
+      glp_ios_terminate(tree);
+      return;
+    }
+  }
   switch (glp_ios_reason(tree)) {
     case GLP_IHEUR:
       if (st->start != nullptr && !st->offered) {
@@ -201,7 +212,7 @@ solve_status glpk_problem::solve_lp() {
 }
 
 mip_outcome glpk_problem::solve_mip(double time_limit_s, double mip_gap,
-                                    const std::vector<double>& start) {
+                                    const std::vector<double>& start, long node_limit) {
   mip_outcome out;
   const solve_status lp = solve_lp();
   last_was_mip_ = true;
@@ -221,6 +232,7 @@ mip_outcome glpk_problem::solve_mip(double time_limit_s, double mip_gap,
   }
   mip_callback_state st;
   st.start = start.empty() ? nullptr : &start;
+  st.node_limit = node_limit;
   glp_iocp parm;
   glp_init_iocp(&parm);
   parm.msg_lev = GLP_MSG_OFF;

@@ -152,11 +152,33 @@ bool has_recompute_temps(const step_profile& p) {
 // bisection in which repair, asked for a budget under the current peak, recomputes less
 // where the term binds; the best decisions it reaches start the minimum-peak MIP. The
 // bisection lands within a few parts in 10^4 of the MIP's LP bound on llama-like profiles,
-// and GLPK closes that last gap slowly (not in 30 s at 240 tensors), so the MIP gets at
-// most kLeastPeakMipSeconds here: small profiles are proved, large ones get a budget that
-// works, marked as not proved. Without the term the greedy always reaches the bound, and
+// and GLPK closes that last gap slowly (not in 30 s at 240 tensors), so the MIP gets a
+// bounded search here (Note [A search that ends the same way]): small profiles are
+// proved, large ones get a budget that works, marked as not proved. Without the term the greedy always reaches the bound, and
 // this is the search as it was.
-constexpr double kLeastPeakMipSeconds = 2;
+constexpr double kLeastPeakMipSeconds = 10;
+
+// Note [A search that ends the same way]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// min_feasible_budget tells a user (and fit) the smallest budget that plans; make_plan at
+// that budget must then plan. Both run find_least_peak on the same (chain-priced) profile,
+// so they agree only if the search ends the same way each time. A wall-clock limit does
+// not: under load the MIP of a llama-like profile stopped at other nodes, min_feasible
+// budget named 23,092,605,370 B and make_plan, searching again, reached only 23,098,639,572
+// and refused the budget it had been told (CI, session 23). The search is bounded by
+// subproblems instead, which GLPK visits in the same order every time: about
+// kLeastPeakNodeWork / tensors^2 of them (a node's LP grows with the tensors; 240 tensors
+// get 1,500 nodes, about 0.6 s here, 640 get 211, about 0.4 s). The clock stays as a
+// guard that a normal search never reaches.
+constexpr double kLeastPeakNodeWork = 8.64e7;
+constexpr long kLeastPeakMinNodes = 64;
+
+long least_peak_nodes(const step_profile& p) {
+  double tensors = 0;
+  for (const auto& l : p.layers) tensors += static_cast<double>(l.tensors.size());
+  const double n = kLeastPeakNodeWork / std::max(1.0, tensors * tensors);
+  return std::max(kLeastPeakMinNodes, static_cast<long>(std::min(n, 1e6)));
+}
 
 std::uint64_t peak_floor(const step_profile& p, const decision_table& greedy) {
   std::uint64_t floor = p.optimizer_bytes, kept = 0, prev_off = 0;
@@ -223,6 +245,7 @@ least_peak find_least_peak(const step_profile& p, double time_limit_s) {
   exact_options opt;
   opt.objective = exact_objective::peak;
   opt.time_limit_s = time_limit_s;
+  opt.node_limit = least_peak_nodes(p);
   exact_result r = solve_exact(p, 0, opt, &start);
   if (r.found) {
     const evaluation e = evaluate(p, r.decisions, UINT64_MAX);
@@ -238,7 +261,8 @@ least_peak find_least_peak(const step_profile& p, double time_limit_s) {
 }  // namespace
 
 std::uint64_t min_feasible_budget(const step_profile& p, bool* proved, double time_limit_s) {
-  const least_peak least = find_least_peak(p, time_limit_s);
+  // The profile make_plan searches (Note [A search that ends the same way]).
+  const least_peak least = find_least_peak(chain_priced(p), time_limit_s);
   if (proved) *proved = least.proved;
   return least.bytes;
 }
