@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 
 from test_fit import assert_bitwise, llama  # noqa: E402
 from test_fit import batches as llama_batches  # noqa: E402
-from test_fit_loops import LINK, Injected, batches, same, trained  # noqa: E402
+from test_fit_loops import LINK, VOCAB, Injected, batches, same, trained  # noqa: E402
 
 
 def accumulate(model, opt, steps):
@@ -295,26 +295,41 @@ def test_a_later_micro_batch_whose_length_cannot_fit_runs_at_least_memory():
     h.close()
 
 
-def test_a_plan_under_autocast_is_corrected_until_it_peaks_within():
-    """Note [What the budget counts] in stash/torch/_fit_steps.py: under bf16 autocast a
-    plan's run peaks above its prediction by temporaries the least-memory measuring step
-    does not show, and the plan made with that correction peaks where others live; the
-    shape's fixed bytes are corrected until a run peaks within its prediction (at most
-    MAX_CORRECTIONS times). With one correction, every step of this run after it was 25 KB
-    over its budget."""
-    model, _, opt, h = trained("70%")
-    data = batches(3, seq=192)
-    for _ in range(7):
-        for ids in data:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss / 3
-            loss.backward()
-        opt.step()
-        opt.zero_grad()
-    steps = h.report()["steps"]
-    h.close()
-    assert [s["mode"] for s in steps] == ["measure"] + ["plan"] * 6, steps
-    settled = steps[1 + stash.torch._fit_shape_plans.MAX_CORRECTIONS:]
-    for s in settled:
-        assert s["measured_peak_bytes"] <= s["predicted_peak_bytes"], steps
-        assert not s["over_budget"], steps
+def test_plans_under_autocast_peak_within_their_predictions():
+    """Note [Saved tensors someone else holds] in stash/torch/_fit_measure.py: autocast's
+    cache holds the bf16 copy of every weight a block casts until the autocast region
+    ends, after the loss, so recomputing those copies frees nothing until then. The
+    measuring step finds them alive after the last block's forward and the profile keeps
+    them (must_keep); the plans count them where they live. Every planned step peaks
+    within its prediction and its budget, at one length (the first plan ran 0.75 MB over
+    its prediction, and three corrections of the shape's fixed bytes were needed) and with
+    three micro-batches of random lengths a step (plans derived from the measured shapes,
+    which no step checks: 6 of 8 such steps of a Qwen2 ran 1.6-2.6% over their budgets).
+    There the copies keep their bytes in a derived shape, and a plan derived before the
+    second shape was measured is derived again after it (step 4 here ran such a plan 1.2%
+    over its budget)."""
+    g = torch.Generator().manual_seed(1)
+    same_length = [batches(3, seq=192)] * 4
+    lengths = [[torch.randint(0, VOCAB, (2, int(torch.randint(24, 200, (1,), generator=g))),
+                              generator=g) for _ in range(3)] for _ in range(6)]
+    for steps_in, budget in ((same_length, "70%"), (lengths, "85%")):
+        model, _, opt, h = trained(budget)
+        for data in steps_in:
+            for ids in data:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(input_ids=ids, labels=ids).loss / 3
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+        held = [t for layer in h.profile["layers"] for t in layer["tensors"]
+                if t["name"].startswith("held.")]
+        steps = h.report()["steps"]
+        h.close()
+        assert held and all(t["must_keep"] for t in held), h.profile
+        planned = [s for s in steps if s["mode"] == "plan"]
+        assert len(planned) >= 3, steps
+        for s in planned:
+            # (A step whose passes run plans of several shapes predicts none of its own.)
+            if s["predicted_peak_bytes"] is not None:
+                assert s["measured_peak_bytes"] <= s["predicted_peak_bytes"], steps
+            assert not s["over_budget"], steps

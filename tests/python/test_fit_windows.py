@@ -15,7 +15,7 @@ import torch
 import stash
 import stash.torch
 from stash._planner import evaluate
-from stash.torch._fit_measure import fixed_bytes_cuda
+from stash.torch._fit_measure import fixed_bytes_cuda, made_from_parameters
 from stash.torch._fit_shapes import derive_profile
 from stash.torch._fit_support import _plan_doc
 
@@ -81,6 +81,36 @@ def test_a_derived_shape_scales_only_what_lies_above_the_constant_bytes(measured
     counted = 10 << 20
     low = derive_profile([(t, p, counted) for t, p, _ in bases], 96)["fixed_bytes"]
     assert low < constant + per_token * 96 - (1 << 20)
+
+
+def test_a_parameters_copy_is_told_from_what_grows_with_the_tokens():
+    """Note [Saved tensors someone else holds] in _fit_measure.py: a weight's bf16 copy and
+    its transpose are copies of a parameter; an embedding's output (whose backward lists
+    only its weight), a product with an input, a leaf input's copy are not."""
+    lin = torch.nn.Linear(8, 8)
+    emb = torch.nn.Embedding(16, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    assert made_from_parameters(lin.weight.to(torch.bfloat16))
+    assert made_from_parameters(lin.weight.t().to(torch.bfloat16).contiguous().view(-1))
+    assert not made_from_parameters(emb(torch.tensor([1, 2, 3])))
+    assert not made_from_parameters(lin(x))
+    assert not made_from_parameters(x.to(torch.bfloat16))
+    assert not made_from_parameters(lin.weight * 2)
+
+
+def test_a_derived_shape_keeps_the_bytes_of_a_parameters_copy(measured):
+    """A tensor the measurement lists as constant keeps its bytes in every derived
+    shape, from one base as from two; the rest scale with the tokens."""
+    doc, _ = measured
+    base = json.loads(json.dumps(doc))
+    base["measurement"]["constant_tensors"] = [[0, 1]]
+    one = derive_profile([(128, base, 0)], 64)
+    assert one["layers"][0]["tensors"][1]["bytes"] == base["layers"][0]["tensors"][1]["bytes"]
+    other = base["layers"][0]["tensors"][2]["bytes"]
+    assert one["layers"][0]["tensors"][2]["bytes"] == pytest.approx(other / 2, abs=1)
+    base["measurement"]["constant_tensors"] = []
+    assert derive_profile([(128, base, 0)], 64)["layers"][0]["tensors"][1]["bytes"] == (
+        pytest.approx(doc["layers"][0]["tensors"][1]["bytes"] / 2, abs=1))
 
 
 def test_the_cuda_meter_reads_a_measuring_step_in_windows(monkeypatch):

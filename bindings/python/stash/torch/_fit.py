@@ -309,6 +309,10 @@ class BudgetHandle(StepPolicy):
         # Note [What the budget counts] in _fit_steps.py: a window of its own from here, so
         # that what the step holds after the block's recompute storages went (the loss's
         # temporaries, after the last block) is measured against what is tracked then.
+        rec = self._book.running
+        if (rec is not None and rec.mode == "measure" and self._starts.mode == "measure"
+                and self._offload.micro_batch_index == 0):
+            self._recorder.forward_released(i)
         if self._recorder.tracking:
             self._book.sample(f"forward[{i}] released")
 

@@ -19,6 +19,26 @@ the peers' tiny Llama every position came out 0.59 MB short (what a plan's first
 still peaked above its prediction after Note [Fetched buffers die with their last view]
 in _offload_hooks.py), and the unsaved ones 2 KB.
 
+Note [Saved tensors someone else holds]
+Recomputing a saved tensor frees memory only if nothing else holds its storage. Under
+autocast something does: the autocast cache keeps the bf16 copy of every weight a block
+casts until the autocast region ends, after the loss, and a KV cache or a caller keeping
+hidden states does the same. The measuring step recomputes every recomputable tensor, so
+after the last block's forward (its saves let go) a dropped storage still alive is held by
+someone else: the profile keeps it (must_keep, named held.j), and every plan counts it
+where it lives, from its block's forward through the loss. Recomputing it freed nothing
+before the loss, and the plans, which counted it freed, ran over: a Qwen2 under bf16
+autocast with three micro-batches of random lengths a step ran 6 of 8 planned steps
+1.6-2.6% over the budget at "85%", and a Mistral at one length peaked 0.75 MB above its
+first plan's prediction (corrected three times before a run peaked within). Counting such
+a tensor as alive at the loss whatever its action, instead, inflated the keep-all peak the
+budget's shares are of by the tensors counted twice (21.90 -> 24.23 MB): kept, it is counted
+once. What keeping costs is its bytes between the loss and its block's backward, where
+recomputing would free them; the copies are a block's weights in bf16 (1.2 MB of the
+Qwen2's 21.9). A weight's copy is also the same size for every shape: a tensor autograd
+made from parameters alone keeps its bytes in a derived profile (made_from_parameters;
+the measurement's constant_tensors), where scaling it with the tokens under-counted it.
+
 Note [Recompute cost as the replay pays it]
 stash recomputes a block's tensors by re-running its forward from its inputs up to the
 last tensor it needs (a prefix of the forward in save order). The planner prices
@@ -78,6 +98,7 @@ class MeasuringRecorder:
         self._tracked: Dict[Any, Tuple[Any, int]] = {}      # storage -> (weakref, bytes)
         self._held: Dict[Any, Tuple[Any, int, int]] = {}    # storage -> (weakref, layer, j)
         self._offloaded_inputs: List[Tuple[int, int, Any]] = []  # (layer, j, weakref)
+        self._dropped: List[Tuple[int, int, Any]] = []  # recomputed: (layer, j, weakref)
 
     def measure(self, key: str) -> None:
         """A measuring step of shape `key`: its layers' records start afresh unless they
@@ -95,6 +116,7 @@ class MeasuringRecorder:
         self._tracked = {}
         self._held = {}
         self._offloaded_inputs = []
+        self._dropped = []
 
     def drop_layers(self) -> None:
         """A lost measuring step: the shape is measured again from scratch."""
@@ -120,9 +142,12 @@ class MeasuringRecorder:
             if len(layer.entries) <= j:
                 layer.entries.append({"bytes": int(nbytes), "holder": self.holder(i, t),
                                       "recomputable": action == RECOMPUTE,
-                                      "action": action})
+                                      "action": action,
+                                      "from_parameters": made_from_parameters(t)})
                 if action == OFFLOAD:
                     self._offloaded_inputs.append((i, j, _weak(t)))
+                elif action == RECOMPUTE:
+                    self._dropped.append((i, j, _weak(t)))
         held = self._held.get(key)
         if held is None or held[0] is None or held[0].expired():
             self._held[key] = (_weak(t), i, j)
@@ -145,6 +170,19 @@ class MeasuringRecorder:
                 if li <= self.n - 3 and ref is not None and not ref.expired():
                     self.layers[li].entries[j]["held_outside"] = True
             self._offloaded_inputs = []
+
+    def forward_released(self, i: int) -> None:
+        """Block i's forward let go of what it saved, in a measuring step's first
+        micro-batch: after the last block's, a storage the step dropped to recompute that
+        is still alive is held by someone else (Note [Saved tensors someone else holds])."""
+        if i != self.n - 1:
+            return
+        for li, j, ref in self._dropped:
+            e = self.layers[li].entries[j] if j < len(self.layers[li].entries) else None
+            if (e is not None and e["recomputable"] and ref is not None
+                    and not ref.expired()):
+                e["held_outside"] = True
+        self._dropped = []
 
     def track(self, t: torch.Tensor, nbytes: int) -> None:
         """Counts a storage the step holds (while tracking), until it is freed."""
@@ -208,6 +246,33 @@ class MeasuringRecorder:
         return [[names[e["action"]] for e in layer.entries] for layer in self.layers]
 
 
+# Autograd nodes that make a tensor of their one input's elements: a chain of them from a
+# parameter is a copy of it, whatever the shape of the step.
+_COPY_NODES = frozenset({"ToCopyBackward0", "TBackward0", "TransposeBackward0",
+                         "PermuteBackward0", "ViewBackward0", "UnsafeViewBackward0",
+                         "ReshapeAliasBackward0", "CloneBackward0", "AliasBackward0"})
+
+
+def made_from_parameters(t: torch.Tensor, limit: int = 8) -> bool:
+    """Whether t is a parameter's copy (autocast's bf16 copy of a weight, a transposed
+    weight): autograd made it through at most `limit` nodes of _COPY_NODES, each with one
+    input, from a parameter. Its bytes do not change with the shape (Note [Saved tensors
+    someone else holds]). Any other node says no: an embedding's backward lists only its
+    weight, and its output grows with the tokens."""
+    fn = t.grad_fn
+    for _ in range(limit):
+        if fn is None:
+            return False
+        variable = getattr(fn, "variable", None)  # AccumulateGrad: a leaf
+        if variable is not None:
+            return isinstance(variable, torch.nn.Parameter)
+        nexts = fn.next_functions
+        if type(fn).__name__ not in _COPY_NODES or len(nexts) != 1:
+            return False
+        fn = nexts[0][0]
+    return False
+
+
 def measured_profile(rec: StepRecord, layers: Sequence[_LayerRecord],
                      blocks: Sequence[torch.nn.Module], clock: _Clock, *,
                      device: Dict[str, Any], link: Dict[str, Any], host: Dict[str, Any],
@@ -224,6 +289,9 @@ def measured_profile(rec: StepRecord, layers: Sequence[_LayerRecord],
     # would free nothing while they hold it.
     first_holders = {e["holder"] for layer in layers for e in layer.entries
                      if e["holder"] is not None}
+    # Note [Saved tensors someone else holds]: what a derived profile keeps at its bytes.
+    constant = [[i, j] for i, layer in enumerate(layers) for j, e in enumerate(layer.entries)
+                if e.get("from_parameters") and e["holder"] is None]
     for i, layer in enumerate(layers):
         fwd = [clock.ms(v.begin, v.end) for (_, l), v in rec.fwd.items()
                if l == i and v.begin is not None]
@@ -254,7 +322,12 @@ def measured_profile(rec: StepRecord, layers: Sequence[_LayerRecord],
         for j, e in enumerate(layer.entries):
             again = e["holder"] is not None        # listed by an earlier block
             keep = again or (i, j) in first_holders or e.get("held_outside", False)
-            name = "input" if e.get("is_input") and "input" not in seen_names else f"saved.{j}"
+            if e.get("is_input") and "input" not in seen_names:
+                name = "input"
+            elif e.get("held_outside") and e["recomputable"]:
+                name = f"held.{j}"  # Note [Saved tensors someone else holds]
+            else:
+                name = f"saved.{j}"
             seen_names.add(name)
             tensors.append({
                 "name": name,
@@ -285,7 +358,8 @@ def measured_profile(rec: StepRecord, layers: Sequence[_LayerRecord],
         "step_overhead_ms": overhead,
         "recompute_cost": "prefix",  # Note [Recompute cost as the replay pays it]
         "layers": out,
-        "measurement": {"timing": timing, "passes": rec.passes, "in_flight": rec.in_flight, "cupti": cupti(cupti_fwd),
+        "measurement": {"timing": timing, "passes": rec.passes, "in_flight": rec.in_flight,
+                        "cupti": cupti(cupti_fwd), "constant_tensors": constant,
                         "notes": ["fit: least-memory measuring step"]},
     }
 

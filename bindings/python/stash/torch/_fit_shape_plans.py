@@ -137,6 +137,12 @@ class ShapePlans:
     def measured(self, key: str, entry: Entry) -> None:
         """A measuring step of shape `key` ended with this entry (its profile)."""
         self.measured_for[key] = self.measured_for.get(key, 0) + 1
+        # Note [A profile derived from the measured shapes] in _fit_shapes.py: a new base
+        # makes the family's derived plans stale.
+        family = self.shapes.get(key, (None,))[0]
+        for k in [k for k, e in self.cache.items()
+                  if e.get("derived") and self.shapes.get(k, (None,))[0] == family]:
+            del self.cache[k]
         self.cache[key] = entry
         self.entry = entry
         self.cache.store_profile(key, entry["profile"])

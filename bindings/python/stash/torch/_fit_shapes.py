@@ -17,13 +17,18 @@ measured shapes is planned from a derived profile instead:
   attention score matrix (tokens^2 when only the length moves) or a table that does not
   scale (e = 0) is followed; e is held to [0, 3] for bytes and to [1, 3] for times (a
   block's compute grows at least with its tokens: a smaller exponent fitted to two steps
-  is the first step's warm-up, not the model). A second shape at least 1.5x the first
+  is the first step's warm-up, not the model). A tensor autograd made from parameters
+  alone (autocast's copy of a weight) keeps its bytes (Note [Saved tensors someone else
+  holds] in _fit_measure.py). A second shape at least 1.5x the first
   one's tokens (or at most 1/1.5 of them) is therefore measured rather than derived, so
   that the times, whose fixed costs one shape cannot tell from the rest, get exponents:
   at most two measuring steps for a family;
 - only measured shapes are bases, never derived ones, and only those whose skeleton (per
   layer: the tensors, their order and their flags) is the skeleton of the one nearest in
-  tokens; the derived profile has that skeleton.
+  tokens; the derived profile has that skeleton. A shape measured later makes the
+  family's derived plans stale: they are derived again, from every base, when their
+  shape next comes (a 312-token plan derived from one base kept it after a second one
+  was measured, and ran 1.2% over its budget three steps later).
 A derived plan is checked on its first run (Note [A derived plan's first run] in
 _fit_shape_plans.py): the blocks must save what the skeleton lists and the step must peak
 within the budget; otherwise the shape is measured the next time it comes. Under
@@ -90,7 +95,7 @@ def _power(points: Sequence[Tuple[float, float]], tokens: float,
         return 0.0
     if len({t for t, _ in positive}) < 2:
         t0, v0 = min(positive, key=lambda p: abs(math.log(p[0] / tokens)))
-        return v0 * tokens / t0
+        return float(v0 * (tokens / t0) ** min(max(1.0, exponents[0]), exponents[1]))
     xs = [math.log(t) for t, _ in positive]
     ys = [math.log(v) for _, v in positive]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
@@ -119,11 +124,17 @@ def derive_profile(bases: Sequence[Tuple[int, Dict[str, Any], int]],
         return _power([(float(t), float(get(p, counted))) for t, p, counted in bases], tokens,
                       exponents)
 
+    # Note [Saved tensors someone else holds] in _fit_measure.py: made from parameters
+    # alone in the nearest shape, the same bytes in every shape.
+    constant = {(int(i), int(j)) for i, j in
+                doc.get("measurement", {}).get("constant_tensors", [])}
     for i, layer in enumerate(doc["layers"]):
         layer["fwd_ms"] = power(lambda p, _: p["layers"][i]["fwd_ms"], _TIME_EXPONENTS)
         layer["bwd_ms"] = power(lambda p, _: p["layers"][i]["bwd_ms"], _TIME_EXPONENTS)
         layer["bwd_temp_bytes"] = int(power(lambda p, _: p["layers"][i]["bwd_temp_bytes"]))
         for j, t in enumerate(layer["tensors"]):
+            if (i, j) in constant:
+                continue
             t["bytes"] = int(round(power(lambda p, _: p["layers"][i]["tensors"][j]["bytes"])))
             t["recompute_ms"] = power(lambda p, _: p["layers"][i]["tensors"][j]["recompute_ms"],
                                       _TIME_EXPONENTS)
