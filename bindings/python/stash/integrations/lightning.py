@@ -30,7 +30,7 @@ Lightning calls optimizer.step(closure=...) with the training step, its backward
 on_before_optimizer_step hooks and gradient clipping inside the closure, which step()
 evaluates first thing. fit ends a step's passes at step(), and a forward inside
 step(closure) is the step's own (Note [A step that ends early] in
-stash/torch/_offload_hooks.py): so accumulate_grad_batches=N is N forwards and backwards
+stash/torch/_offload_steps.py): so accumulate_grad_batches=N is N forwards and backwards
 per optimizer step, which fit prices as one step of N passes, with nothing of the
 callback's in between.
 

@@ -225,7 +225,7 @@ class BudgetHandle(StepPolicy):
         # Note [What it costs]: in a planned step that copies nothing, a block run without
         # hooks needs no boundary (no per-block marks, nothing to prefetch or check), but
         # the last block's: it starts the step's backward, queues its end and holds the
-        # step's token (Note [A step that ends early] in _offload_hooks.py).
+        # step's token (Note [A step that ends early] in _offload_steps.py).
         return not (plain and not self._offload.copies and i != self._n - 1
                     and self._starts.mode == "plan")
 

@@ -86,7 +86,7 @@ class StepStarts:
         in_flight = offload.steps_in_flight
         if (rec is not None and not rec.finished and rec.aborted is None
                 and rec.optimizer_began and rec.end is None):
-            # Note [A step that ends early] in _offload_hooks.py: its optimizer step raised.
+            # Note [A step that ends early] in _offload_steps.py: its optimizer step raised.
             book.abort(rec, "optimizer.step() raised")
         grads: Optional[int] = None  # the gradient bytes alive, where known already
         if (rec is not None and not rec.finished and rec.aborted is None and mb == 0

@@ -227,7 +227,7 @@ class StepBook:
         rec.meter_input_refs = alive
 
     def abort(self, rec: StepRecord, reason: str) -> None:
-        """Note [A step that ends early] in _offload_hooks.py: the record keeps why; a
+        """Note [A step that ends early] in _offload_steps.py: the record keeps why; a
         measuring step's partial layers are dropped, so the shape is measured again from
         scratch."""
         rec.aborted = reason

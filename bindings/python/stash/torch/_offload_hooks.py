@@ -1,6 +1,6 @@
 """Saved-tensor hooks of stash.torch.offload: numbering what each block saves, the pack
-and unpack hooks, the micro-batch steps and the block boundaries in backward: BlockHooks,
-a part _offload.OffloadHandle owns.
+and unpack hooks and the block boundaries in backward: BlockHooks, a part
+_offload.OffloadHandle owns, with the steps in flight its StepTable's (_offload_steps.py).
 
 Note [Offload hooks]
 Each block's forward runs under torch.autograd.graph.saved_tensors_hooks. The pack hook
@@ -72,35 +72,6 @@ order, or with grad off, takes the full path, which raises or passes it through 
 Measured there after (tests/benchmarks/fit_block_cost.py): 8-10 us before and 13-17 us
 after a middle block.
 
-Note [A step that ends early]
-A training loop may lose a step anywhere: a block's forward raises (an error, an
-out-of-memory error, KeyboardInterrupt), the loss raises after the blocks ran, backward
-raises halfway, or a forward is simply never backwarded (an eval forward with grad on).
-The loop catches it and goes on; the handle must be ready for the next step with nothing
-of the lost one held: no engine key, no pinned block, no prefetch buffer. Three signals,
-each certain, and none of them a guess about the loop:
-- a block's forward raised: the wrapper sees it, and gives the step back at once;
-- a backward through the micro-batch began and did not end (torch runs the callback queued
-  at its end only when it succeeds) when block 0 of the same micro-batch runs again: that
-  backward raised, and the step is given back then (not sooner: while a backward runs,
-  nothing tells a backward that raised from one still running on autograd's threads);
-- the forward's autograd graph died without a backward. The step's token is referenced
-  only by the graph's backward boundaries once the first of them exists (before that, by
-  the step: a forward whose blocks' outputs need no grad has no graph to watch); a weak
-  reference's callback gives the step back when the token dies (at the end of the loop's except
-  clause, typically), or, when it fires inside stash's own forward code or on another
-  thread, queues it for the next block 0 (or close()). A graph still alive when the next
-  forward of its micro-batch begins is the case that keeps its warning (use
-  handle.micro_batch), since its backward may still come. A forward that stopped between
-  two blocks while its caller still holds the graph is given back when block 0 runs
-  again on other input; block 0 run again on the last block's own output is a block
-  called twice in one forward, refused as before.
-Giving a step back releases its keys in the engine (copies in flight finish first, as at
-any release) and marks it abandoned, so a late backward through it raises a StashError
-rather than reading freed memory. stash.torch.fit hears of it (its policy's
-on_step_aborted): the step's record says why it ended, a measuring step leaves no profile
-and is measured again.
-
 Note [Fetched buffers die with their last view]
 A fetched buffer is held by its _Fetched, which the saved views (_Packed) share; autograd
 drops each saved view as its node runs, so the buffer goes with the last node that saved
@@ -164,7 +135,6 @@ recomputing block in eager steps, on CUDA only.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union, cast)
@@ -176,17 +146,18 @@ from .._lib import StashError
 from ._boundary import at_backward_end, mark_backward
 from ._offload_policy import LayerActions, StepPolicy
 from ._offload_replay import BlockReplays
+from ._offload_steps import StepTable
 from ._offload_streams import EngineStreams
 from ._recompute import ForwardState, Frame, Placeholder
-from ._saved import SaveOrder, resident_storages, storage_of, tensors_in
+from ._saved import SaveOrder, resident_storages
 from ._step import (_RECOMPUTE, _Fetched, _GraphToken, _input_keys, _named, _output_storages,
                     _Packed, _Step)
 
 
 class BlockHooks:
-    """The forward wrapper, pack and unpack hooks, micro-batch steps and block boundaries of
-    an OffloadHandle (Note [Offload hooks]), a part the handle owns. It owns what a step
-    is made of: the steps in flight, the micro-batch the forwards run as, the engine plan's
+    """The forward wrapper, pack and unpack hooks and block boundaries of an OffloadHandle
+    (Note [Offload hooks]), a part the handle owns. It owns what a step is made of: the
+    steps in flight (its StepTable), the micro-batch the forwards run as, the engine plan's
     slots, the hooks' error and the CUDA RNG draws (Note [Recompute under a capture]); it
     is handed the rest: the blocks and their actions, where they run, whether any is FSDP2,
     the policy (what the actions are and who listens: Note [The step policy] in
@@ -194,8 +165,7 @@ class BlockHooks:
     (BlockReplays, Note [Selective recompute] in _offload_replay.py), counts (the handle's
     stats()["hooks"], which it adds to) and warn_once (the handle's). The handle wraps each
     block with wrap(), runs its actions through set_engine_plan and actions, its
-    micro-batches through micro_batch, and at close ends the steps in flight
-    (end_steps)."""
+    micro-batches through micro_batch, and at close ends the steps in flight (end_steps)."""
 
     def __init__(self, blocks: Sequence[torch.nn.Module], actions: List[LayerActions],
                  device: torch.device, fsdp: bool, policy: StepPolicy, streams: EngineStreams,
@@ -219,13 +189,13 @@ class BlockHooks:
         self._recompute_kept = replays.kept_input
         # The micro-batch the blocks' forwards run as now (the handle's micro_batch(i)).
         self.micro_batch = 0
-        self._steps: Dict[int, _Step] = {}  # micro-batch -> its step
+        # The steps in flight and how they begin and end (Note [A step that ends early] in
+        # _offload_steps.py); its dict, bound once.
+        self._table = StepTable(blocks, streams, policy, counts, warn_once,
+                                self._capture_starting)
+        self._steps = self._table.steps
         # block -> whether an eager forward drew (Note [Recompute under a capture])
         self._draws_cuda_rng: Dict[int, bool] = {}
-        # Steps whose graph died (Note [A step that ends early]), and stash's forward code
-        # on the stack (while it is, _graph_dropped only queues).
-        self._dropped: List[_Step] = []
-        self._busy = 0
         self._hook_error: Optional[StashError] = None
         # False while the plan copies nothing: the engine then has no work in a step, and
         # the hooks make no engine call at all (Note [Offload hooks]). set_engine_plan sets
@@ -258,18 +228,17 @@ class BlockHooks:
         self.engine.set_plan([plan for plan, _ in layers])
         self._engine_slots = [slots for _, slots in layers]
         # A layer that decides its actions as it goes (not exact) may copy.
-        self._engine_active = any(len(plan) > 0 for plan, _ in layers)
+        self._engine_active = self._table.engine_active = any(len(plan) > 0
+                                                              for plan, _ in layers)
 
     def end_steps(self) -> None:
         """The handle closes: every step in flight is given back, abandoned (a backward
         through it raises)."""
-        for step in list(self._steps.values()):
-            step.abandoned = True
-            self._end_step(step)
+        self._table.end_all()
 
     def forget_steps(self) -> None:
         """After the engine closed (which gave every block back)."""
-        self._steps.clear()
+        self._table.forget()
 
     def _resident(self, step: _Step) -> Any:
         """The storages never listed (parameters and buffers): taken once per step, or, for
@@ -279,121 +248,6 @@ class BlockHooks:
     def _layer_actions(self, i: int) -> LayerActions:
         """The actions of block i's saved tensors, by index (a list; see _MeasureLayer)."""
         return self.actions[i]
-
-    # --- a step that ends early (Note [A step that ends early]) ---------------------------
-
-    def _graph_holds_token(self, step: _Step) -> None:
-        """A backward boundary holds the step's token now: from here only the graph does
-        (Note [A step that ends early])."""
-        token = step.token
-        if token is not None:
-            def dropped(_: object, step: _Step = step) -> None:
-                self._graph_dropped(step)
-            step.token_ref = weakref.ref(token, dropped)
-            step.token = None
-
-    def _graph_dropped(self, step: _Step) -> None:
-        """The weak reference's callback. It runs where the graph's last reference went:
-        in the loop (the end of an except clause, a rebound variable), or inside whatever
-        the garbage collector interrupted. It gives the step back at once only outside
-        stash's own forward code and on the step's own thread; otherwise it queues it for
-        the next block 0 or close()."""
-        self._dropped.append(step)
-        if self._busy == 0 and threading.get_ident() == step.thread:
-            self._reap()
-
-    def _reap(self) -> None:
-        """Gives back the steps whose graph died without a backward."""
-        self._busy += 1
-        try:
-            while self._dropped:
-                step = self._dropped.pop()
-                if self._steps.get(step.mb) is step and not step.backward_started:
-                    self._abort(step, "its forward's graph was freed without a backward (an "
-                                      "exception after or between the blocks, or a forward "
-                                      "never backwarded)")
-        finally:
-            self._busy -= 1
-
-    def _abort(self, step: _Step, reason: str) -> None:
-        """Gives back what a step holds without running its backward: the engine releases
-        its keys (copies in flight complete first), the hooks drop their references."""
-        step.abandoned = True
-        self._counts["aborted_micro_batches"] += 1
-        try:
-            if self.engine is not None:
-                self._end_step(step)
-        finally:
-            if self._steps.get(step.mb) is step:
-                del self._steps[step.mb]
-            if not step.captured:  # Note [Steps under CUDA graphs]
-                self._policy.on_step_aborted(step, reason)
-
-    def _begin_step(self, i: int, args: Tuple[Any, ...] = (),
-                    kwargs: Optional[Dict[str, Any]] = None) -> _Step:
-        mb = self.micro_batch
-        capture: Optional[int] = None
-        if i == 0:
-            self._reap()
-            # Note [Steps under CUDA graphs]
-            self._streams.settle_capture()
-            capture = self._streams.capturing_stream()
-        step = self._steps.get(mb)
-        if i == 0 and step is not None:
-            # Note [A step that ends early]
-            if step.backward_started:  # it began and never ended: it raised
-                self._abort(step, "its backward raised before it ended")
-            elif 0 < step.next_block < len(self._blocks):
-                first = next(iter(tensors_in(args)), None)
-                if first is not None and storage_of(first)[0] in step.last_output:
-                    raise StashError(
-                        f"stash.torch: block 0 ran again in micro-batch {mb} on the output "
-                        f"of block {step.next_block - 1}, before block {step.next_block} ran: "
-                        "a block called twice in one forward (shared weights) is not "
-                        "supported; each block must run once per forward, in order")
-                # A new forward: the last one stopped between two blocks and its caller
-                # still holds its graph (the exception it raised, say).
-                self._abort(step, f"its forward stopped after block {step.next_block - 1}")
-            else:
-                self._warn_once(("abandon", mb), (
-                    f"micro-batch {mb} ran forward again before the backward of its last "
-                    "forward, whose graph is still alive (the loss raised and its output is "
-                    "still held, a forward in training mode with no backward, or two "
-                    "forwards before their backwards): the earlier forward's tensors are "
-                    "given back and its backward, should it come, raises. Use "
-                    "handle.micro_batch(i) to run several forwards before their backwards."))
-                self._abandon(step)
-                self._policy.on_step_aborted(step, (
-                    "a later forward replaced it before its backward (the loop dropped it: "
-                    "an exception between its forward and backward, or a forward in "
-                    "training mode with no backward)"))
-        if i == 0:
-            if capture is not None:
-                self._capture_starting(capture)
-            else:
-                self._policy.on_step_starting(mb, args, kwargs or {})
-            blocks = self._blocks
-            step = self._steps[mb] = _Step(mb, lambda: resident_storages(blocks))
-            step.captured = capture is not None
-            # Note [Lean blocks]
-            if capture is None and not self._engine_active:
-                step.lean = self._policy.lean_blocks()
-        elif step is None or step.next_block != i:
-            expected = "block 0" if step is None else f"block {step.next_block}"
-            alone = ""
-            if self._streams.capturing_stream() is not None:
-                alone = (" (here under a CUDA graph capture that began at this block: a graph "
-                         "of single blocks, as torch.cuda.make_graphed_callables makes, cannot "
-                         "hold stash's schedule, which spans the blocks; capture the whole "
-                         "training step with torch.cuda.graph instead)")
-            elif step is None and i > 0:
-                alone = (" (torch.cuda.make_graphed_callables runs and captures each block on "
-                         "its own: stash's schedule spans the blocks, so capture the whole "
-                         "training step with torch.cuda.graph instead)")
-            raise StashError(f"stash.torch.offload: block {i} ran in micro-batch {mb} where "
-                             f"{expected} was expected; the blocks must run in order, once "
-                             f"each per micro-batch{alone}")
-        return step
 
     def _capture_starting(self, stream: int) -> None:
         """Block 0 of a step captured on `stream` (Note [Steps under CUDA graphs]): refuses
@@ -447,31 +301,31 @@ class BlockHooks:
     def _lean_forward(self, i: int, step: _Step, forward: Callable[..., Any],
                       args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         """Note [Lean blocks]: block i of `step` as a bare call, in order."""
-        self._busy += 1
+        self._table.busy += 1
         try:
             out = forward(*args, **kwargs)
         except BaseException as e:
-            # Note [A step that ends early], as _forward_block does.
+            # Note [A step that ends early] in _offload_steps.py, as _forward_block does.
             if self._steps.get(step.mb) is step:
-                self._abort(step, f"block {i}'s forward raised {_named(e)}")
+                self._table.abort(step, f"block {i}'s forward raised {_named(e)}")
             raise
         finally:
-            self._busy -= 1
+            self._table.busy -= 1
         step.next_block = i + 1
         step.last_output = _output_storages(out)
         return out
 
     def _forward(self, i: int, forward: Callable[..., Any], args: Tuple[Any, ...],
                  kwargs: Dict[str, Any]) -> Any:
-        self._busy += 1
+        self._table.busy += 1
         try:
             return self._forward_block(i, forward, args, kwargs)
         finally:
-            self._busy -= 1
+            self._table.busy -= 1
 
     def _forward_block(self, i: int, forward: Callable[..., Any], args: Tuple[Any, ...],
                        kwargs: Dict[str, Any]) -> Any:
-        step = self._begin_step(i, args, kwargs)
+        step = self._table.begin(i, self.micro_batch, args, kwargs)
         mb, engine = step.mb, self.engine
         assert engine is not None  # the wrapper runs the hooks only while the handle is open
         self._policy.on_forward_began(i, step)
@@ -592,17 +446,18 @@ class BlockHooks:
                 # long as any of the block's saved tensors; the list must not.
                 fetched.clear()
         except BaseException as e:
-            # Note [A step that ends early]: whatever raised (the block, a hook, an
-            # interrupt, an out-of-memory error), the step is given back now.
+            # Note [A step that ends early] in _offload_steps.py: whatever raised (the
+            # block, a hook, an interrupt, an out-of-memory error), the step is given back
+            # now.
             if self._steps.get(mb) is step:
-                self._abort(step, f"block {i}'s forward raised {_named(e)}")
+                self._table.abort(step, f"block {i}'s forward raised {_named(e)}")
             raise
         step.next_block = i + 1
         step.last_output = _output_storages(out)
         self._policy.on_forward_released(i, step)
         if not self._policy.needs_boundary(i, plain):
             return out
-        # The boundaries hold the token (Note [A step that ends early]).
+        # The boundaries hold the token (Note [A step that ends early] in _offload_steps.py).
         token = (step.token if step.token is not None
                  else cast("weakref.ref[_GraphToken]", step.token_ref)())
 
@@ -610,7 +465,7 @@ class BlockHooks:
             self._backward_boundary(step, i)
         return mark_backward(out, boundary,
                              on_marked=(None if step.token is None
-                                        else lambda: self._graph_holds_token(step)))
+                                        else lambda: self._table.graph_holds_token(step)))
 
     def _first_save(self, i: int, j: int, t: torch.Tensor, action: int, step: _Step,
                     order: SaveOrder, slots: Optional[List[Optional[int]]],
@@ -668,7 +523,7 @@ class BlockHooks:
                              "offloaded tensors of its forward are gone")
         if not step.backward_started:
             step.backward_started = True
-            at_backward_end(lambda: self._finish_backward(step))
+            at_backward_end(lambda: self._table.finish_backward(step))
         if step.backward_open is not None and self._engine_active:
             self.engine.backward_end(step.mb, step.backward_open)
         self._policy.on_backward_began(step, i)
@@ -676,28 +531,3 @@ class BlockHooks:
             self.engine.backward_begin(step.mb, i)
         step.backward_open = i
 
-    def _finish_backward(self, step: _Step) -> None:
-        if step.abandoned or self.engine is None:
-            return
-        if step.backward_open is not None and step.backward_open != 0 and self._engine_active:
-            self.engine.backward_end(step.mb, step.backward_open)
-        self._end_step(step)
-        if not step.captured:  # Note [Steps under CUDA graphs]
-            self._policy.on_backward_finished(step)
-
-    def _end_step(self, step: _Step) -> None:
-        """Gives back what the engine still holds for the step and ends it."""
-        engine = self.engine
-        assert engine is not None  # its callers check
-        for key in sorted(step.live):
-            engine.release(key)
-        step.live.clear()
-        if self._engine_active:
-            engine.backward_end(step.mb, 0)
-        if self._steps.get(step.mb) is step:
-            del self._steps[step.mb]
-
-    def _abandon(self, step: _Step) -> None:
-        step.abandoned = True
-        self._counts["abandoned_micro_batches"] += 1
-        self._end_step(step)

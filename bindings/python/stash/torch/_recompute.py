@@ -91,7 +91,7 @@ class ForwardState:
     and the state is copied into it: no step allocates it, on either meter. A buffer is
     reused by the next forward of its micro-batch, which gives the earlier forward back
     (its backward raises before any replay: Note [A step that ends early] in
-    _offload_hooks.py)."""
+    _offload_steps.py)."""
 
     __slots__ = ("cpu_rng", "cuda_rng", "autocast", "autocast_cache")
 

@@ -1,6 +1,6 @@
 """One micro-batch's step as the offload hooks keep it: the keys the engine holds for it
 (_Step), an offloaded storage and its saved views (_Fetched, _Packed), the token its graph
-holds (Note [A step that ends early] in _offload_hooks.py), and the storage keys of a
+holds (Note [A step that ends early] in _offload_steps.py), and the storage keys of a
 block's inputs and outputs. Shared by the eager hooks and the compiled graph's ops
 (_compiled_offload.py)."""
 
@@ -72,7 +72,7 @@ class _Packed:
 class _GraphToken:
     """Held by the autograd graph of one micro-batch's forward (its backward boundaries),
     so that its death says the graph is gone (Note [A step that ends early] in
-    _offload_hooks.py)."""
+    _offload_steps.py)."""
 
     __slots__ = ("__weakref__",)
 
