@@ -16,6 +16,8 @@ import stash
 import stash.torch
 from stash._planner import evaluate
 from stash.torch._fit_measure import fixed_bytes_cuda, made_from_parameters
+from stash.torch._fit_options import Budget
+from stash.torch._fit_plan import plan_derived
 from stash.torch._fit_shapes import derive_profile
 from stash.torch._fit_support import _plan_doc
 
@@ -111,6 +113,20 @@ def test_a_derived_shape_keeps_the_bytes_of_a_parameters_copy(measured):
     base["measurement"]["constant_tensors"] = []
     assert derive_profile([(128, base, 0)], 64)["layers"][0]["tensors"][1]["bytes"] == (
         pytest.approx(doc["layers"][0]["tensors"][1]["bytes"] / 2, abs=1))
+
+
+def test_a_derived_plan_leaves_its_margin_free(measured):
+    """Note [What a derived plan leaves free] in _fit_shape_plans.py: planned at the
+    budget less the margin, judged against the budget."""
+    doc, _ = measured
+    bases = [(128, json.loads(json.dumps(doc)), 0)]
+    _, _, at = plan_derived(bases, 128, Budget.parse("95%"), "greedy")
+    _, _, free = plan_derived(bases, 128, Budget.parse("95%"), "greedy", margin=0.1)
+    assert free["budget_bytes"] == at["budget_bytes"]
+    assert free["predicted_peak_bytes"] <= 0.9 * at["budget_bytes"] < at["predicted_peak_bytes"]
+    # Where no plan fits the budget less the margin, the plan at the budget stands.
+    _, _, none = plan_derived(bases, 128, Budget.parse("95%"), "greedy", margin=0.9)
+    assert none["predicted_peak_bytes"] == at["predicted_peak_bytes"]
 
 
 def test_the_cuda_meter_reads_a_measuring_step_in_windows(monkeypatch):

@@ -26,7 +26,7 @@ plan whose first run failed its check) is measured, and its measurement decides.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from .._lib import StashError
 from .._planner import STASH_ERROR_INFEASIBLE_BUDGET, InfeasibleBudget, evaluate, make_plan
@@ -160,12 +160,14 @@ def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str
 
 
 def plan_derived(bases: Sequence[Tuple[int, Doc, int]], tokens: int, budget: Budget,
-                 solver: str, without_gradients: bool = False
+                 solver: str, without_gradients: bool = False, margin: float = 0.0
                  ) -> Optional[Tuple[Doc, Doc, Dict[str, Any]]]:
     """(profile, plan, figures) for a shape of `tokens` never measured, from the measured
     shapes of its family (Note [A profile derived from the measured shapes]); None when
     there is nothing to derive from (the shape is then measured: the measurement, not a
-    derivation, refuses a budget).
+    derivation, refuses a budget). margin: the share of the budget the plan leaves free
+    (Note [What a derived plan leaves free] in _fit_shape_plans.py); the figures' budget
+    stays the budget.
     InfeasibleBudget when the derived profile has no plan."""
     measured = {b[0] for b in bases}
     if len(measured) == 1 and max(tokens / min(measured), min(measured) / tokens) >= 1.5:
@@ -177,6 +179,14 @@ def plan_derived(bases: Sequence[Tuple[int, Doc, int]], tokens: int, budget: Bud
         return None
     on = replay_priced(view(doc, without_gradients))  # Note [Gradients by position]
     plan, figures = _make_plan(on, budget.planner_text, solver)
+    whole = int(figures["budget_bytes"])
+    target = int(whole * (1.0 - margin))
+    if margin > 0 and int(figures["predicted_peak_bytes"]) > target:
+        try:
+            plan, figures = _make_plan(on, target, solver)
+            figures = dict(figures, budget_bytes=whole)
+        except InfeasibleBudget:
+            pass  # the plan at the budget itself stands
     return doc, plan, figures
 
 

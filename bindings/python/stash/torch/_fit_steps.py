@@ -407,6 +407,7 @@ class StepBook:
         keys = rec.shapes
         if len(keys) > 1:
             self._mixed_figures(rec, keys)
+            plans.learn_derived(rec)  # Note [What a derived plan leaves free]
             return
         if rec.mode == "plan" and entry is not None:
             rec.predicted_peak = int(entry["figures"]["predicted_peak_bytes"])
@@ -419,6 +420,7 @@ class StepBook:
         if rec.mode == "measure":
             self._record_profile(rec)
         rec.budget_bytes = plans.budget_for(rec.key)
+        plans.learn_derived(rec)  # Note [What a derived plan leaves free]
         if rec.checking and entry is not None:
             plans.check_derived(rec, entry)
         elif rec.mode == "plan" and entry is not None and not entry.get("corrected"):
