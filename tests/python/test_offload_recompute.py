@@ -188,6 +188,54 @@ def test_recompute_under_cpu_autocast():
     assert s["hooks"]["recompute_forwards"] == 2 * 2
 
 
+class _QKV(torch.nn.Module):
+    """Three projections of the raw input, as OLMo2's attention makes them (no norm
+    first): under autocast each casts the input again."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(D, D) for _ in range(3))
+
+    def forward(self, x):  # float32 in and out (the sum promotes)
+        return x + torch.relu(self.q(x)) * self.k(x) + self.v(x)
+
+
+def test_a_replay_casts_a_non_leaf_input_as_the_forward_did():
+    """Note [A replay's inputs under autocast] in _offload_replay.py: a block's input made
+    by the block before is no leaf, so autocast casts it anew at each projection; its
+    replay gets it back as no leaf too. fit's measuring step recomputes every block; with
+    the input restored as a leaf it saved one cached copy three times and refused the
+    block ("now tensor 1 again (a view of it)")."""
+    def train(budget):
+        torch.manual_seed(0)
+        stem = torch.nn.Linear(D, D)
+        blocks = torch.nn.ModuleList([_QKV() for _ in range(3)])
+        params = list(stem.parameters()) + list(blocks.parameters())
+        opt = torch.optim.SGD(params, lr=0.05)
+        h = stash.torch.fit(blocks, budget, optimizer=opt) if budget else None
+        losses = []
+        for x in _batches(3):
+            y = stem(x)  # float32, as a decoder's residual stream
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                for b in blocks:
+                    y = b(y)
+            loss = y.float().square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        modes = [s["mode"] for s in h.report()["steps"]] if h else None
+        if h:
+            h.close()
+        return losses, [p.detach().clone() for p in params], modes
+
+    expected = train(None)
+    got = train("100%")  # (the measuring step recomputes every block at any budget)
+    assert got[2] == ["measure", "plan", "plan"], got[2]
+    assert all(torch.equal(a, b) for a, b in zip(expected[0], got[0]))
+    assert all(torch.equal(a, b) for a, b in zip(expected[1], got[1]))
+
+
 def test_gradient_accumulation_with_partial_recompute():
     x0, x1 = _batches(2, requires_grad=True)
     plan = PARTIAL["across_blocks"]

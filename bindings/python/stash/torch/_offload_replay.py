@@ -73,6 +73,17 @@ FSDP's post-backward frees them as usual). Which storages are parameters is read
 FSDP2 block's forward or replay begins, not once per step: the gathered storages of one
 forward are freed and their addresses reused by the next block's activations. Parameters
 are never listed as saved tensors (SaveOrder), whatever storage holds them.
+
+Note [A replay's inputs under autocast]
+Autocast caches the cast of a tensor that is a leaf and requires grad (a weight), so
+every use in the region shares one copy; the cast of anything else is made again at each
+use. A block's hidden-state input is no leaf in the forward (the block before made it),
+but detached for the replay it is: under bf16 autocast an OLMo2 block, whose q, k and v
+projections each cast that input (no norm before them), saved three copies in its forward
+and one copy three times in its replay, and the replay refused it ("now tensor 1 again
+(a view of it)") in the measuring step. So an input that was not a leaf comes back as a
+view of its detached self: not a leaf, with the same storage (the same index), and its
+graph ends there.
 """
 
 from __future__ import annotations
@@ -225,4 +236,8 @@ class BlockReplays:
                     f"{frame.step.mb}) was modified in place after the block's forward; its "
                     "recompute would not see the values the forward saw")
             t = slot.t
-        return t.detach().requires_grad_(slot.requires_grad)
+        out = t.detach().requires_grad_(slot.requires_grad)
+        if slot.requires_grad and not slot.leaf:
+            # Note [A replay's inputs under autocast]: not a leaf, as in the forward.
+            return out.view_as(out)
+        return out

@@ -157,11 +157,12 @@ class HeldInput:
     block at all (a mask shared by every block), or not copyable. Held detached, so the
     frame keeps the storage but not the graph that produced it."""
 
-    __slots__ = ("t", "requires_grad", "version")
+    __slots__ = ("t", "requires_grad", "leaf", "version")
 
     def __init__(self, t: torch.Tensor) -> None:
         self.t = t.detach()  # shares t's storage and version counter
         self.requires_grad = t.requires_grad
+        self.leaf = t.is_leaf  # Note [A replay's inputs under autocast] in _offload_replay.py
         self.version = t._version
 
 
@@ -169,13 +170,14 @@ class FetchedInput:
     """A block input whose storage the plan offloads: rebuilt over the fetched buffer,
     with the input's own dtype, shape, strides and offset (it may be a view)."""
 
-    __slots__ = ("fetched", "dtype", "size", "stride", "offset", "requires_grad")
+    __slots__ = ("fetched", "dtype", "size", "stride", "offset", "requires_grad", "leaf")
 
     def __init__(self, fetched: Any, t: torch.Tensor) -> None:
         self.fetched = fetched
         self.dtype, self.size, self.stride = t.dtype, t.size(), t.stride()
         self.offset = t.storage_offset()
         self.requires_grad = t.requires_grad
+        self.leaf = t.is_leaf  # Note [A replay's inputs under autocast] in _offload_replay.py
 
 
 class Placeholder:
