@@ -22,22 +22,22 @@ in _offload_hooks.py), and the unsaved ones 2 KB.
 Note [Saved tensors someone else holds]
 Recomputing a saved tensor frees memory only if nothing else holds its storage. Under
 autocast something does: the autocast cache keeps the bf16 copy of every weight a block
-casts until the autocast region ends, after the loss, and a KV cache or a caller keeping
-hidden states does the same. The measuring step recomputes every recomputable tensor, so
-after the last block's forward (its saves let go) a dropped storage still alive is held by
-someone else: the profile keeps it (must_keep, named held.j), and every plan counts it
-where it lives, from its block's forward through the loss. Recomputing it freed nothing
-before the loss, and the plans, which counted it freed, ran over: a Qwen2 under bf16
-autocast with three micro-batches of random lengths a step ran 6 of 8 planned steps
-1.6-2.6% over the budget at "85%", and a Mistral at one length peaked 0.75 MB above its
-first plan's prediction (corrected three times before a run peaked within). Counting such
-a tensor as alive at the loss whatever its action, instead, inflated the keep-all peak the
-budget's shares are of by the tensors counted twice (21.90 -> 24.23 MB): kept, it is counted
-once. What keeping costs is its bytes between the loss and its block's backward, where
-recomputing would free them; the copies are a block's weights in bf16 (1.2 MB of the
-Qwen2's 21.9). A weight's copy is also the same size for every shape: a tensor autograd
-made from parameters alone keeps its bytes in a derived profile (made_from_parameters;
-the measurement's constant_tensors), where scaling it with the tokens under-counted it.
+casts until the autocast region ends, after the loss. The measuring step recomputes every
+recomputable tensor, so after the last block's forward (its saves let go) a dropped
+storage still alive is held by someone else: the profile keeps it (must_keep, named
+held.j), and every plan counts it where it lives, from its block's forward through the
+loss. Recomputing it freed nothing before the loss, and the plans, which counted it freed,
+ran over: a Qwen2 under bf16 autocast with three micro-batches of random lengths a step
+ran 6 of 8 planned steps 1.6-2.6% over the budget at "85%", and a Mistral at one length
+peaked 0.75 MB above its first plan's prediction (corrected three times before a run
+peaked within). Counting such a tensor as alive at the loss whatever its action, instead,
+inflated the keep-all peak the budget's shares are of by the tensors counted twice (21.90
+-> 24.23 MB): kept, it is counted once. What keeping costs is its bytes between the loss
+and its block's backward, where recomputing would free them; the copies are a block's
+weights in bf16 (1.2 MB of the Qwen2's 21.9). A weight's copy is also the same size for
+every shape: a tensor autograd made from parameters alone keeps its bytes in a derived
+profile (made_from_parameters; the measurement's constant_tensors), where scaling it with
+the tokens under-counted it.
 
 Note [Recompute cost as the replay pays it]
 stash recomputes a block's tensors by re-running its forward from its inputs up to the

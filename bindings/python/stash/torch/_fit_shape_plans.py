@@ -24,10 +24,13 @@ step whose passes ran derived plans of several shapes checks none of them (Note
 [Micro-batches of other shapes] in _fit_passes.py), and a shape seldom comes twice in
 such a loop, so neither its check nor a correction of its own would help. The family
 learns instead: a planned step whose plans were all derived and that peaked above its
-prediction sets the family's margin to that excess (the most seen), drops the family's
-derived plans, and every plan derived from then on leaves that share of the budget free
-(a plan made at the budget less the margin; the budget the step is judged against stays
-the budget). Where no plan fits the smaller figure, the plan at the budget stands.
+prediction sets the family's margin to that excess (the most seen) and marks the
+family's derived plans stale (each is derived again when its shape next comes; until
+then it keeps the budget the steps that ran it are judged against), and every plan
+derived from then on leaves that share of the budget free (a plan made at the budget
+less the margin; the budget the step is judged against stays the budget). Where no plan
+fits the smaller figure, the plan at the budget stands. A new measured shape marks them
+stale too (Note [A profile derived from the measured shapes] in _fit_shapes.py).
 
 Note [A derived plan's first run]
 A plan made from a derived profile (Note [A profile derived from the measured shapes] in

@@ -238,6 +238,8 @@ class BlockReplays:
             t = slot.t
         out = t.detach().requires_grad_(slot.requires_grad)
         if slot.requires_grad and not slot.leaf:
-            # Note [A replay's inputs under autocast]: not a leaf, as in the forward.
-            return out.view_as(out)
+            # Note [A replay's inputs under autocast]: not a leaf, as in the forward (made
+            # with grad on: backward runs without, and a view made so would need none).
+            with torch.enable_grad():
+                return out.view_as(out)
         return out
