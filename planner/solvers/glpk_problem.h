@@ -58,7 +58,8 @@ class glpk_problem {
   // heuristic start can be given in the original column space), then glp_intopt.
   // `start`, if non-empty, is a full integer-feasible column vector offered to the
   // search as its first incumbent. `node_limit` > 0 ends the search after that many
-  // subproblems, whatever the clock says (Note [A search that ends the same way] in planner.cpp).
+  // subproblems, whatever the clock says (Note [A search that ends the same way] in
+  // planner.cpp).
   mip_outcome solve_mip(double time_limit_s, double mip_gap, const std::vector<double>& start,
                         long node_limit = 0);
 

@@ -154,8 +154,8 @@ bool has_recompute_temps(const step_profile& p) {
 // bisection lands within a few parts in 10^4 of the MIP's LP bound on llama-like profiles,
 // and GLPK closes that last gap slowly (not in 30 s at 240 tensors), so the MIP gets a
 // bounded search here (Note [A search that ends the same way]): small profiles are
-// proved, large ones get a budget that works, marked as not proved. Without the term the greedy always reaches the bound, and
-// this is the search as it was.
+// proved, large ones get a budget that works, marked as not proved. Without the term the
+// greedy always reaches the bound, and this is the search as it was.
 constexpr double kLeastPeakMipSeconds = 10;
 
 // Note [A search that ends the same way]
