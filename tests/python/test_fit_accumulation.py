@@ -301,8 +301,9 @@ def test_plans_under_autocast_peak_within_their_predictions():
     ends, after the loss, so recomputing those copies frees nothing until then. The
     measuring step finds them alive after the last block's forward and the profile keeps
     them (must_keep); the plans count them where they live. Every planned step peaks
-    within its prediction and its budget, at one length (the first plan ran 0.75 MB over
-    its prediction, and three corrections of the shape's fixed bytes were needed) and with
+    within 0.5% of its prediction and within its budget (below, the one exception), at
+    one length (the first plan ran 0.75 MB, 4.9%, over its prediction, and three
+    corrections of the shape's fixed bytes were needed) and with
     three micro-batches of random lengths a step (plans derived from the measured shapes,
     which no step checks: 6 of 8 such steps of a Qwen2 ran 1.6-2.6% over their budgets).
     There the copies keep their bytes in a derived shape, and a plan derived before the
@@ -328,8 +329,21 @@ def test_plans_under_autocast_peak_within_their_predictions():
         assert held and all(t["must_keep"] for t in held), h.profile
         planned = [s for s in steps if s["mode"] == "plan"]
         assert len(planned) >= 3, steps
+        learned = 0.0
         for s in planned:
             # (A step whose passes run plans of several shapes predicts none of its own.)
-            if s["predicted_peak_bytes"] is not None:
-                assert s["measured_peak_bytes"] <= s["predicted_peak_bytes"], steps
-            assert not s["over_budget"], steps
+            if s["predicted_peak_bytes"] is None:
+                assert not s["over_budget"], steps
+                continue
+            # A derived profile is a model: its plans may run a little above their
+            # prediction (0.25% at most in BENCHMARKS.md's runs, none in this one as
+            # recorded; which plan the measured times choose moves from run to run), and
+            # a step over its budget is then the first to show its family that error
+            # (Note [What a derived plan leaves free] in _fit_shape_plans.py). Before the
+            # fix the first plan here ran 4.9% above its prediction.
+            excess = s["measured_peak_bytes"] / s["predicted_peak_bytes"] - 1
+            assert excess <= 0.005, (s, steps)
+            assert not s["over_budget"] or (s["plan_source"] == "derived"
+                                            and excess > learned), (s, steps)
+            if s["plan_source"] == "derived":
+                learned = max(learned, excess)
