@@ -168,7 +168,7 @@ constexpr double kLeastPeakMipSeconds = 10;
 // and refused the budget it had been told (CI, session 23). The search is bounded by
 // subproblems instead, which GLPK visits in the same order every time: about
 // kLeastPeakNodeWork / tensors^2 of them (a node's LP grows with the tensors; 240 tensors
-// get 1,500 nodes, about 0.6 s here, 640 get 211, about 0.4 s). The clock stays as a
+// get 1,500 nodes, about 0.6 s here, 640 get 210). The clock stays as a
 // guard that a normal search never reaches.
 constexpr double kLeastPeakNodeWork = 8.64e7;
 constexpr long kLeastPeakMinNodes = 64;
