@@ -97,8 +97,8 @@ class MeasuringRecorder:
         self._state_bytes = state_bytes
         self._tracked: Dict[Any, Tuple[Any, int]] = {}      # storage -> (weakref, bytes)
         self._held: Dict[Any, Tuple[Any, int, int]] = {}    # storage -> (weakref, layer, j)
-        self._offloaded_inputs: List[Tuple[int, int, Any]] = []  # (layer, j, weakref)
-        self._dropped: List[Tuple[int, int, Any]] = []  # recomputed: (layer, j, weakref)
+        # Storages the step lets go, offloaded or recomputed: (layer, j, weakref)
+        self._let_go: List[Tuple[int, int, Any]] = []
 
     def measure(self, key: str) -> None:
         """A measuring step of shape `key`: its layers' records start afresh unless they
@@ -115,8 +115,7 @@ class MeasuringRecorder:
         """What the last step held is given back (a new step, or a lost one)."""
         self._tracked = {}
         self._held = {}
-        self._offloaded_inputs = []
-        self._dropped = []
+        self._let_go = []
 
     def drop_layers(self) -> None:
         """A lost measuring step: the shape is measured again from scratch."""
@@ -144,10 +143,8 @@ class MeasuringRecorder:
                                       "recomputable": action == RECOMPUTE,
                                       "action": action,
                                       "from_parameters": made_from_parameters(t)})
-                if action == OFFLOAD:
-                    self._offloaded_inputs.append((i, j, _weak(t)))
-                elif action == RECOMPUTE:
-                    self._dropped.append((i, j, _weak(t)))
+                if action in (OFFLOAD, RECOMPUTE):
+                    self._let_go.append((i, j, _weak(t)))
         held = self._held.get(key)
         if held is None or held[0] is None or held[0].expired():
             self._held[key] = (_weak(t), i, j)
@@ -161,28 +158,23 @@ class MeasuringRecorder:
             if j < len(entries):
                 entries[j]["recomputable"] = bool(e["recomputable"])
                 entries[j]["is_input"] = bool(e["is_input"])
-        if i == self.n - 1:
-            # An input offloaded two or more blocks back has been handed back by now
-            # (forward_begin(i+2)); if it still lives, the caller holds it (a Hugging Face
-            # model keeps inputs_embeds through its forward): offloading it frees nothing,
-            # so the profile keeps it (must_keep).
-            for li, j, ref in self._offloaded_inputs:
-                if li <= self.n - 3 and ref is not None and not ref.expired():
-                    self.layers[li].entries[j]["held_outside"] = True
-            self._offloaded_inputs = []
 
     def forward_released(self, i: int) -> None:
         """Block i's forward let go of what it saved, in a measuring step's first
-        micro-batch: after the last block's, a storage the step dropped to recompute that
-        is still alive is held by someone else (Note [Saved tensors someone else holds])."""
+        micro-batch: after the last block's, a storage the step let go that is still alive
+        is held by someone else, and the profile keeps it (must_keep): a tensor dropped to
+        recompute (Note [Saved tensors someone else holds]), or an input offloaded two or
+        more blocks back, handed back by now (forward_begin(i+2)), which the caller holds
+        (a Hugging Face model keeps inputs_embeds through its forward)."""
         if i != self.n - 1:
             return
-        for li, j, ref in self._dropped:
-            e = self.layers[li].entries[j] if j < len(self.layers[li].entries) else None
-            if (e is not None and e["recomputable"] and ref is not None
-                    and not ref.expired()):
+        for li, j, ref in self._let_go:
+            if ref is None or ref.expired() or j >= len(self.layers[li].entries):
+                continue
+            e = self.layers[li].entries[j]
+            if (e["recomputable"] if e["action"] == RECOMPUTE else li <= self.n - 3):
                 e["held_outside"] = True
-        self._dropped = []
+        self._let_go = []
 
     def track(self, t: torch.Tensor, nbytes: int) -> None:
         """Counts a storage the step holds (while tracking), until it is freed."""

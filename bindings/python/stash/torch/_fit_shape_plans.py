@@ -95,7 +95,7 @@ class ShapePlans:
         self.underivable: Set[str] = set()  # keys whose derived plan failed its check
         # family -> the share of the budget its derived plans leave free (Note [What a
         # derived plan leaves free])
-        self.derived_margin: Dict[str, float] = {}
+        self.derived_margin: Dict[Optional[str], float] = {}
         # Whether the step being chosen began without gradients (Note [Gradients by
         # position] in _fit_gradients.py).
         self.without_gradients = False
@@ -291,7 +291,7 @@ class ShapePlans:
                  if k != key and self.shapes.get(k, (None,))[0] == family
                  and not e.get("derived") and "profile" in e and self.shapes[k][1]]
         without = self.without_gradients
-        margin = self.derived_margin.get(str(family), 0.0)
+        margin = self.derived_margin.get(family, 0.0)
         refusal: Optional[BudgetRefused] = None
         try:
             made = plan_derived(bases, tokens, self.budget, self.options.solver, without,
@@ -366,11 +366,11 @@ class ShapePlans:
         if not entries or not all(e is not None and e.get("derived") for e in entries):
             return
         excess = rec.peak_bytes / rec.predicted_peak - 1.0
-        family = str(self.shapes.get(rec.key, (None,))[0])
+        family = self.shapes.get(rec.key, (None,))[0]
         if excess <= self.derived_margin.get(family, 0.0):
             return
         self.derived_margin[family] = excess
-        self._stale_derived(self.shapes.get(rec.key, (None,))[0])
+        self._stale_derived(family)
 
     def _stale_derived(self, family: Optional[str]) -> None:
         """The family's derived plans are derived again when their shape next comes (a new
