@@ -421,7 +421,7 @@ def test_link_is_measured_once_and_cached(tmp_path, monkeypatch):
 
 def test_the_optimizer_state_is_counted_again_when_it_changes():
     """_optimizer_state_bytes skips the walk over every state tensor while the state keeps
-    its shape (Note [What it costs] in _fit.py), and counts again when it does not."""
+    its shape (Note [What it costs] in _fit_passes.py), and counts again when it does not."""
     from stash.torch._fit_support import _optimizer_state_bytes
 
     a, b = torch.nn.Parameter(torch.ones(64)), torch.nn.Parameter(torch.ones(32))

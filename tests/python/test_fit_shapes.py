@@ -4,6 +4,8 @@ share budget judged per shape, a new length on every step planned from the measu
 and a derived plan that fails its check measured next time. The models and batches are
 test_fit_loops.py's (Hugging Face Mistral from a small config, on the CPU test double)."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn as nn
@@ -18,13 +20,14 @@ from test_fit_loops import (LINK, VOCAB, batches, mistral, same, stack_steps,  #
                             trained)
 
 
-def train_on(data, budget):
+def train_on(data, budget, **options):
     """A fresh Mistral trained on `data` (test_fit.train's AdamW steps) under fit at
-    `budget` (None: plain training): the losses, the final parameters and the handle."""
+    `budget` (None: plain training) with fit's other `options`: the losses, the final
+    parameters and the handle."""
     model, blocks = mistral()
 
     def fit(opt):
-        return stash.torch.fit(blocks, budget, optimizer=opt, link=LINK)
+        return stash.torch.fit(blocks, budget, optimizer=opt, link=LINK, **options)
     return train(model, data, fit if budget else None)
 
 
@@ -47,6 +50,14 @@ def test_a_share_budget_is_judged_per_shape():
 
 
 LENGTHS = [32, 128, 48, 96, 40, 112, 56, 80, 64, 120, 36, 100, 72, 88, 44, 104, 60, 124]
+
+
+@functools.lru_cache(maxsize=1)
+def _lengths_run():
+    """The batches of LENGTHS and their plain training (shared by the tests below)."""
+    g = torch.Generator().manual_seed(3)
+    data = [torch.randint(0, VOCAB, (2, s), generator=g) for s in LENGTHS]
+    return data, train_on(data, None)
 
 
 def test_a_short_shape_a_share_cannot_hold_runs_at_a_longer_shapes_bytes():
@@ -73,9 +84,7 @@ def test_a_new_length_every_step_is_planned_from_the_measured_ones():
     """Note [A profile derived from the measured shapes]: 18 lengths from 32 to 128 (4x),
     every one new: two measuring steps, every other step planned from a derived profile
     whose first run passes its check, every step within its shape's budget, bitwise."""
-    g = torch.Generator().manual_seed(3)
-    data = [torch.randint(0, VOCAB, (2, s), generator=g) for s in LENGTHS]
-    expected = train_on(data, None)
+    data, expected = _lengths_run()
     got = train_on(data, "90%")
     same(got, expected)
     steps = got[2].report()["steps"]
@@ -88,6 +97,43 @@ def test_a_new_length_every_step_is_planned_from_the_measured_ones():
     # conservative: the untracked bytes at worst, scaled with the tokens).
     assert all(s["measured_peak_bytes"] <= s["predicted_peak_bytes"] for s in derived), derived
     got[2].close()
+
+
+def test_lengths_rounded_up_to_buckets_share_their_buckets_plans():
+    """Note [Lengths rounded up to a bucket] in _fit_shapes.py: the same 18 lengths with
+    buckets=32: the two measured shapes run their own plans, every other length its
+    bucket's (64, 96 or 128), derived once each and checked on its first run; every step
+    within its budget and at most its plan's prediction on the meter, bitwise."""
+    data, expected = _lengths_run()
+    got = train_on(data, "90%", buckets=32)
+    same(got, expected)
+    steps = got[2].report()["steps"]
+    got[2].close()
+    assert [s["mode"] for s in steps].count("measure") == 2, steps
+    planned = [(s, int(ids.shape[1])) for s, ids in zip(steps, data) if s["mode"] == "plan"]
+    by_bucket = {}
+    for s, length in planned:
+        by_bucket.setdefault(-(-length // 32) * 32, set()).add(s["shape"])
+    assert sorted(by_bucket) == [64, 96, 128], by_bucket
+    assert all(len(keys) == 1 for keys in by_bucket.values()), by_bucket
+    assert len(set.union(*by_bucket.values())) == 3
+    assert all(s["plan_source"] == "derived" for s, _ in planned), steps
+    assert [s["check"] for s, _ in planned].count("passed") == 3, steps
+    assert all(s["budget_bytes"] and not s["over_budget"] for s in steps), steps
+    assert all(s["measured_peak_bytes"] <= s["predicted_peak_bytes"] for s, _ in planned)
+
+
+def test_buckets_are_lengths():
+    """fit(buckets=): a multiple or a list of lengths; anything else is named."""
+    from stash.torch._fit_shapes import bucket_length
+    assert [bucket_length(n, 64) for n in (1, 64, 65, 300)] == [64, 64, 128, 320]
+    assert [bucket_length(n, (128, 512)) for n in (1, 128, 129, 512, 513)] == [
+        128, 128, 512, 512, None]
+    blocks = nn.ModuleList([nn.Linear(4, 4)])
+    for bad in (0, -64, "64", [], [64, 0], 64.0, True):
+        with pytest.raises(stash.StashError, match="buckets must be"):
+            stash.torch.fit(blocks, "1GiB", link=LINK, buckets=bad)
+    stash.torch.fit(blocks, "1GiB", link=LINK, buckets=[512, 128]).close()
 
 
 class _Lengthy(nn.Module):

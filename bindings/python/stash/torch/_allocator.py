@@ -1,7 +1,7 @@
 """stash's device pool as PyTorch's CUDA allocator (libstash_torch.so, stash_torch.h)."""
 
 import ctypes
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Union
 
 from .._lib import PoolStats, StashError, find_library, load, parse_bytes
 

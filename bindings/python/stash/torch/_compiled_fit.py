@@ -14,15 +14,58 @@ from .._planner import InfeasibleBudget
 from ._compile_plan import (calibrated_fixed_bytes, calibrated_loss_bytes,
                             calibrated_temporaries, compiled_profile, plan_actions_of)
 from ._compiled import CompiledState
+from ._cpu_meter import Window
 from ._fit_plan import BudgetRefused, derived_refusal, plan_measured, warn_closed
 
-__all__ = ["fit_compiled_state"]
+__all__ = ["compiled_meter", "fit_compiled_state"]
+
+Meter = Tuple[Callable[[torch.Tensor], int], Callable[[], int]]
+
+
+def compiled_meter(device: torch.device, counting: Callable[[], Optional[Window]],
+                   alive: Callable[[Sequence[torch.Tensor]], int]
+                   ) -> Tuple[Meter, Optional[Callable[[], int]]]:
+    """fit's meter as a compiled step reads it: (open, peak) and, on the CPU, segment.
+    open(x) starts a window at the compiled forward's input x and returns the bytes the
+    window's readings are above (0 on CUDA: max_memory_allocated reads all of it); peak()
+    is the most since. counting: the CPU window, asked when the meter is read (fit makes
+    it after the OffloadHandle that asks for this meter); None: fit's own count, which a
+    compiled step cannot see (peak 0)."""
+    cuda = device.type == "cuda"
+
+    def meter_open(x: torch.Tensor) -> int:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+            return 0
+        window = counting()
+        if window is not None:
+            window.reopen()
+        return alive([x])
+
+    def meter_peak() -> int:
+        if cuda:
+            return int(torch.cuda.max_memory_allocated(device))
+        window = counting()
+        return window.peak() if window is not None else 0
+
+    def meter_segment() -> int:
+        # Note [Backward temporaries of a compiled block] in _compiled.py: the peak since
+        # the last call or the window's start, on meter_open's scale; the peak starts
+        # again from now.
+        window = counting()
+        if window is None:
+            return 0
+        peak = window.peak()
+        window.reset_peak()
+        return peak
+
+    return (meter_open, meter_peak), (None if cuda else meter_segment)
 
 
 def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver: str,
                        describe: Callable[[], Tuple[Dict[str, Any], Dict[str, Any],
                                                     Dict[str, Any]]],
-                       meter: Tuple[Callable[[torch.Tensor], int], Callable[[], int]],
+                       meter: Meter,
                        counted: Callable[[], int], missing: Callable[[], int],
                        gradients: Callable[[], int], grouped: bool,
                        refused: Callable[[], None],

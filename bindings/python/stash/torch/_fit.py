@@ -2,60 +2,11 @@
 training step, plans in process through the C API, and applies the plan from the next
 step on, re-planning from a cache when the blocks' inputs change shape.
 
-Note [The measuring step]
-The first step for a shape (measure_steps of them) runs in stash's least-memory mode, so
-that a model that does not fit at keep-all can still be measured: every tensor a block
-saves that the block can produce again is recomputed in backward (the offload hooks'
-selective recompute, Note [Selective recompute] in _offload_replay.py, with every recomputable
-tensor marked), and the block's hidden-state input (its first positional tensor, when it
-is on the device, at least 1 MiB and held by nothing but the block) is offloaded through
-the engine. Anything else that existed before the block (masks, rotary tables shared by
-every block) is kept. The engine's plan for such a step has offload slots only
-(_MeasureLayer): the hooks hand it just the tensors it copies, since which index is the
-input is known only when the block saves it. Meanwhile the hooks record, as the record
-pass numbers them (_saved.SaveOrder), each block's saved storages: bytes, whether the
-block can recompute them, and whether a storage is shared with another block (a storage
-one block saves that an earlier block saved and still holds: listed once, with its
-bytes, must_keep, and with 0 bytes where it appears again). Times, on the compute stream
-(CUDA events; on the CPU test double, the host clock): each block's forward, each block's
-backward less its replay, the replay itself with a mark at each save (Note [Recompute
-cost as the replay pays it] in _fit_measure.py), and the whole step, whose remainder is the
-profile's step_overhead_ms. Events, not CUPTI's kernel sums, give the plan its times: a copy
-overlaps the compute stream's wall time, gaps between kernels included, which is what
-events span and kernel sums leave out. Where the in-process CUPTI profiler can start (a
-GPU with CUPTI and no other CUPTI client), each block's forward is a CUPTI layer scope as
-well and report()["cupti"] gives its kernel time beside the events' span (the share of
-the forward the GPU spent in kernels); elsewhere it gives CUPTI's reason. The step's
-measured peak is the check that least-memory mode fits: if
-it does not, fit raises before planning, restoring the blocks, with the measured figure
-and the planner's smallest feasible budget.
-
-Note [What it costs]
-A planned step should cost what its plan costs and no more. So, outside measuring steps:
-fit takes no per-block marks (only the step's start and end), tracks no storage (the
-meter is the allocator's), hands the engine only the tensors it copies (as OffloadHandle
-does: Note [Offload hooks] in _offload_hooks.py), makes no engine call at all while the
-plan copies nothing (not even for the report's exposed copy time), and runs a layer whose
-plan keeps everything without saved-tensor hooks, as plain training. The measuring step
-keeps every mark and sample: its times and bytes are the plan's inputs. The engine's own
-timing events (fit(timing=True), the default) are recorded in every step that copies:
-the report's exposed copy time and write_trace read them. What a step counts at its
-start (the gradients and optimizer state alive, for the CPU meter's base) is counted
-once; the parameter list is kept between steps; the optimizer's state is counted again
-only when it changes shape (_fit_support._optimizer_state_bytes), and a shape's key is
-hashed once. A
-block that runs without hooks in a step that copies nothing has no backward boundary but
-the last block's (Note [Backward boundaries by a tensor hook] in _boundary.py says what a
-boundary costs), and the middle ones run as bare calls (Note [Lean blocks] in
-_offload_hooks.py). On the CPU peers' tiny Llama, a keep-everything plan cost 4% over plain
-training before these, 1.2-1.7% after (BENCHMARKS.md): most of what is left is the step's
-start at block 0 (about 270 us) and the last block's boundary (about 180 us).
-
 Note [The loops fit lives in]
 What a training loop does besides forward, backward and step, and what fit does then:
 - an exception anywhere in a step (a block, the loss, backward, optimizer.step(), an
   interrupt, an out-of-memory error) ends the step: it is given back (Note [A step that
-  ends early] in _offload_hooks.py), report() lists it with why, and the next step runs
+  ends early] in _offload_steps.py), report() lists it with why, and the next step runs
   as if the lost one had not (a measuring step is measured again). With the optimizer
   known, a forward after an optimizer step that began and never ended marks that step
   aborted. A forward that finds the gradients the step's backward made gone (set to
@@ -105,7 +56,7 @@ from ._fit_steps import Description, StepBook
 from ._offload import OffloadHandle
 from ._offload_policy import EngineLayer, LayerActions, StepPolicy, offload_slots
 from ._compiled import CompiledState
-from ._compiled_fit import fit_compiled_state
+from ._compiled_fit import compiled_meter, fit_compiled_state
 from ._cpu_meter import window as cpu_window
 from . import _record
 from ._recompute import Frame, Replay
@@ -193,8 +144,8 @@ class BudgetHandle(StepPolicy):
         return [_MeasureLayer() for _ in range(n_blocks)]
 
     def engine_layer(self, actions: LayerActions) -> EngineLayer:
-        # Note [The measuring step]: which index is offloaded is known only as the block
-        # saves it, so engine slot j is index j.
+        # Note [The measuring step] in _fit_measure.py: which index is offloaded is known
+        # only as the block saves it, so engine slot j is index j.
         if isinstance(actions, _MeasureLayer):
             return [OFFLOAD] * MEASURE_SLOTS, None
         return offload_slots(actions)
@@ -210,7 +161,8 @@ class BudgetHandle(StepPolicy):
             return KEEP
         if self._starts.mode != "measure":
             return None  # the hooks keep it, counted, with a warning
-        # Note [The measuring step]: the hidden-state input is offloaded, the rest kept.
+        # Note [The measuring step] in _fit_measure.py: the hidden-state input is
+        # offloaded, the rest kept.
         if (first_input is not None and first_input == storage_of(t)[0]
                 and nbytes >= MIN_OFFLOAD_BYTES and j < MEASURE_SLOTS and i < self._n - 1
                 and t.device == self.device and self._recorder.holder(i, t) is None):
@@ -373,36 +325,14 @@ class BudgetHandle(StepPolicy):
 
     def compiled_state(self, handle: OffloadHandle) -> Optional[CompiledState]:
         # Note [Planning the compiled graph] in _compiled.py. Asked while `handle` (this
-        # handle's OffloadHandle) is made: the closures below run only later.
-        def meter_open(x: torch.Tensor) -> int:
-            if self._cuda:
-                torch.cuda.reset_peak_memory_stats(self.device)
-                return 0
-            if self._counting is not None:
-                self._counting.reopen()
-            return self._bytes.alive([x])
-
-        def meter_peak() -> int:
-            if self._cuda:
-                return int(torch.cuda.max_memory_allocated(self.device))
-            return self._counting.peak() if self._counting is not None else 0
-
-        def meter_segment() -> int:
-            # Note [Backward temporaries of a compiled block] in _compiled.py: the peak
-            # since the last call or the window's start, on meter_open's scale; the peak
-            # starts again from now. CPU only.
-            if self._counting is None:
-                return 0
-            peak = self._counting.peak()
-            self._counting.reset_peak()
-            return peak
-
+        # handle's OffloadHandle) is made: the meter's closures run only later.
+        meter, segment = compiled_meter(handle.device, lambda: self._counting,
+                                        self._bytes.alive)
         opt = self.optimizer
         state = fit_compiled_state(
             handle.blocks, budget=self.budget, solver=self.options.solver,
             describe=self._describe,
-            meter=(meter_open, meter_peak),
-            segment=None if handle.cuda else meter_segment,
+            meter=meter, segment=segment,
             counted=self._bytes.fixed_counted, refused=self.close,
             gradients=self._bytes.gradients_alive, grouped=opt is not None,
             missing=lambda: (_optimizer_state_estimate(opt)
@@ -575,7 +505,8 @@ def fit(blocks: Iterable[torch.nn.Module], budget: Union[int, str], *,
         pinned_cap: Optional[Union[int, str]] = None, max_micro_batches: int = 8,
         device: Optional[Union[str, torch.device]] = None,
         link: Optional[Union[str, Dict[str, Any]]] = None, timing: bool = True,
-        dist_timeout_s: float = 300.0) -> BudgetHandle:
+        dist_timeout_s: float = 300.0,
+        buckets: Optional[Union[int, Sequence[int]]] = None) -> BudgetHandle:
     """Meets a device-memory budget while training, with nothing else in the loop changed.
 
     blocks: the model's repeated blocks in order (``model.model.layers`` of a Hugging Face
@@ -585,9 +516,10 @@ def fit(blocks: Iterable[torch.nn.Module], budget: Union[int, str], *,
     counts] in _fit_steps.py).
 
     The first step (measure_steps of them) for each shape of block 0's inputs measures the
-    model in least-memory mode (Note [The measuring step]); later steps run the plan the
-    planner makes from it (solver "greedy", "ilp" or "exact") through stash's engine
-    (offload with one-block-ahead prefetch, selective recompute, keep). A new input shape
+    model in least-memory mode (Note [The measuring step] in _fit_measure.py); later
+    steps run the plan the planner makes from it (solver "greedy", "ilp" or "exact")
+    through stash's engine (offload with one-block-ahead prefetch, selective recompute,
+    keep). A new input shape
     re-plans from the cache (Note [Re-planning and the cache] in _fit_shape_plans.py);
     cache_dir persists profiles and plans, so a second run of the same script starts
     planned. optimizer: lets fit count its state exactly once it exists and end each step at
@@ -596,6 +528,11 @@ def fit(blocks: Iterable[torch.nn.Module], budget: Union[int, str], *,
     h2d_gbps, d2h_gbps and bidir_gbps. The engine's knobs are OffloadHandle's
     (lookahead, max_in_flight_bytes, pinned_cap, max_micro_batches; micro-batches through
     handle.micro_batch(i)).
+    buckets: for loops whose sequence lengths vary, a plan per bucket of lengths rather than
+    per length: an int rounds every length up to a multiple of it (buckets=256: 300 runs
+    512's plan), a list of lengths to the smallest at least it (a longer one runs its own);
+    the length is block 0's first tensor's next-to-last dimension (Note [Lengths rounded
+    up to a bucket] in _fit_shapes.py).
 
     Under torch.distributed (initialized, more than one rank) every rank measures, the
     ranks' profiles are combined, rank 0 plans and every rank runs that plan; a failure on
@@ -616,5 +553,6 @@ def fit(blocks: Iterable[torch.nn.Module], budget: Union[int, str], *,
                          lookahead=lookahead, max_in_flight_bytes=max_in_flight_bytes,
                          pinned_cap=pinned_cap, max_micro_batches=max_micro_batches,
                          device=device, link=link, timing=timing,
-                         dist_timeout_s=dist_timeout_s)
+                         dist_timeout_s=dist_timeout_s,
+                         buckets=buckets)
     return BudgetHandle(blocks, budget, optimizer=optimizer, options=options)

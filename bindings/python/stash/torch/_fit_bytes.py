@@ -24,7 +24,7 @@ class TrainingBytes:
 
     def parameters(self) -> List[torch.Tensor]:
         """The blocks' parameters and, when fit knows the optimizer, the whole model's
-        (embeddings and head included), each once. Note [What it costs] in _fit.py:
+        (embeddings and head included), each once. Note [What it costs] in _fit_passes.py:
         walking the blocks' modules costs more than a step's own bookkeeping, so the list
         is kept while the optimizer's groups stay the same (a block that gains parameters
         after fit began is not seen: it is not seen by the optimizer either)."""
@@ -52,7 +52,7 @@ class TrainingBytes:
 
     def any_gradient(self) -> bool:
         """Whether any gradient exists now: gradients_alive() > 0 without counting them
-        (Note [What it costs] in _fit.py: counting is a storage lookup per parameter)."""
+        (Note [What it costs] in _fit_passes.py: counting is a storage lookup per parameter)."""
         return any(p.grad is not None for p in self.parameters())
 
     def state(self, grads: Optional[int] = None) -> int:

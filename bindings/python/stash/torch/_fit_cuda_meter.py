@@ -51,9 +51,13 @@ fixed bytes alone before.
 
 from __future__ import annotations
 
+from typing import Any, Dict, List, Optional
+
 import torch
 
-from ._fit_support import StepRecord
+from ._fit_measure import fixed_bytes_cuda
+from ._fit_plan import kept_bytes
+from ._fit_support import StepRecord, _optimizer_state_bytes
 
 
 class CudaMeter:
@@ -112,3 +116,30 @@ class CudaMeter:
         else:
             self._close(rec, "loss" if rec.in_loss else "blocks")
         return max([peak] + list(rec.windows.values()))
+
+
+def cuda_profile_figures(doc: Dict[str, Any], rec: StepRecord, actions: List[List[str]],
+                         counted: int, optimizer: Optional[torch.optim.Optimizer]
+                         ) -> Optional[int]:
+    """A measuring step's CUDA windows as its profile's figures (fixed_bytes, loss_bytes,
+    optimizer_bytes, the constant and in-flight bytes): Note [The measuring step's windows
+    on CUDA]. actions: what the step did per block; counted: the fixed bytes fit counts.
+    Returns the optimizer state's bytes the profile counts where this step's
+    optimizer.step() made the state (counted as estimated at block 0, as the fixed bytes
+    count it; the post-step hook then shifts both by the estimate's error), else None."""
+    missing = rec.optimizer_state_missing
+    windows = rec.windows or {}
+    doc["fixed_bytes"], loss = fixed_bytes_cuda(
+        doc, windows.get("blocks", rec.peak_bytes), windows.get("loss"), actions, counted,
+        missing)
+    if loss:
+        doc["loss_bytes"] = loss
+    if rec.optimizer_peak is not None:
+        real = _optimizer_state_bytes(optimizer) if missing else 0
+        doc["optimizer_bytes"] = int(max(0, rec.optimizer_peak - real + missing))
+    if rec.constant_bytes is not None:
+        doc["measurement"]["constant_bytes"] = int(max(counted, rec.constant_bytes))
+    if rec.in_flight > 1:  # Note [Micro-batches in flight] in _fit_plan.py
+        doc["measurement"]["in_flight_held_bytes"] = (rec.in_flight - 1) * kept_bytes(
+            doc, actions)
+    return missing or None

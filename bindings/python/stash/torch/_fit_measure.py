@@ -1,9 +1,37 @@
 """stash.torch.fit's measuring recorder: what a step fit measures records of each block's
 saved tensors, the storages it tracks for the CPU meter and the meter's samples by
-position (Notes [The measuring step] in _fit.py and [What the budget counts] in
+position (Notes [The measuring step] below and [What the budget counts] in
 _fit_steps.py), and the stash.profile/1 made from a measured step (measured_profile,
 fixed_bytes). The handle owns one recorder and calls it from its hook seams; the recorder
 reads no handle.
+
+Note [The measuring step]
+The first step for a shape (measure_steps of them) runs in stash's least-memory mode, so
+that a model that does not fit at keep-all can still be measured: every tensor a block
+saves that the block can produce again is recomputed in backward (the offload hooks'
+selective recompute, Note [Selective recompute] in _offload_replay.py, with every recomputable
+tensor marked), and the block's hidden-state input (its first positional tensor, when it
+is on the device, at least 1 MiB and held by nothing but the block) is offloaded through
+the engine. Anything else that existed before the block (masks, rotary tables shared by
+every block) is kept. The engine's plan for such a step has offload slots only
+(_MeasureLayer): the hooks hand it just the tensors it copies, since which index is the
+input is known only when the block saves it. Meanwhile the hooks record, as the record
+pass numbers them (_saved.SaveOrder), each block's saved storages: bytes, whether the
+block can recompute them, and whether a storage is shared with another block (a storage
+one block saves that an earlier block saved and still holds: listed once, with its
+bytes, must_keep, and with 0 bytes where it appears again). Times, on the compute stream
+(CUDA events; on the CPU test double, the host clock): each block's forward, each block's
+backward less its replay, the replay itself with a mark at each save (Note [Recompute
+cost as the replay pays it] in _fit_measure.py), and the whole step, whose remainder is the
+profile's step_overhead_ms. Events, not CUPTI's kernel sums, give the plan its times: a copy
+overlaps the compute stream's wall time, gaps between kernels included, which is what
+events span and kernel sums leave out. Where the in-process CUPTI profiler can start (a
+GPU with CUPTI and no other CUPTI client), each block's forward is a CUPTI layer scope as
+well and report()["cupti"] gives its kernel time beside the events' span (the share of
+the forward the GPU spent in kernels); elsewhere it gives CUPTI's reason. The step's
+measured peak is the check that least-memory mode fits: if
+it does not, fit raises before planning, restoring the blocks, with the measured figure
+and the planner's smallest feasible budget.
 
 Note [Block 0's inputs in the CPU meter's samples]
 A step's reading on the CPU meter is its base (what was alive when block 0 began: the

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union, cast
 
 from .._lib import StashError, parse_bytes
 
@@ -107,6 +107,20 @@ class Budget:
         return self.text
 
 
+def _checked_buckets(buckets: Any) -> Optional[Union[int, Tuple[int, ...]]]:
+    """fit(buckets=): None, a length every sequence length is rounded up to a multiple of,
+    or the lengths themselves (any order; sorted)."""
+    def length(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+    if buckets is None or length(buckets):
+        return cast(Optional[int], buckets)
+    if isinstance(buckets, (list, tuple)) and buckets and all(length(b) for b in buckets):
+        return tuple(sorted(set(buckets)))
+    raise StashError(_where(
+        f"buckets must be a positive int (lengths rounded up to a multiple of it) or a "
+        f"non-empty list of positive int lengths, got {buckets!r}"))
+
+
 @dataclass(frozen=True)
 class FitOptions:
     """fit()'s keyword options, checked once (fit's docstring says what each means)."""
@@ -122,6 +136,9 @@ class FitOptions:
     link: Optional[Union[str, Dict[str, Any]]] = None
     timing: bool = True
     dist_timeout_s: float = 300.0
+    # Note [Lengths rounded up to a bucket] in _fit_shapes.py: a multiple, or the lengths
+    # (a sorted tuple once checked)
+    buckets: Optional[Union[int, Sequence[int]]] = None
 
     def __post_init__(self) -> None:
         if self.solver not in SOLVERS:
@@ -135,6 +152,7 @@ class FitOptions:
         if not (isinstance(self.dist_timeout_s, (int, float)) and self.dist_timeout_s > 0):
             raise StashError(_where(f"dist_timeout_s must be a positive number of seconds, "
                                     f"got {self.dist_timeout_s!r}"))
+        object.__setattr__(self, "buckets", _checked_buckets(self.buckets))
 
     def engine_kwargs(self) -> Dict[str, Any]:
         """The options OffloadHandle takes."""

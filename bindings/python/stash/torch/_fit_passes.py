@@ -23,6 +23,27 @@ meter's over the whole step, as for any step (Note [A later pass on the CPU mete
 _fit_steps.py). Across ranks a
 later pass keeps the step's plan, as before: choosing a plan there is agreed by every
 rank, whose micro-batches need not have the same lengths (not built).
+
+Note [What it costs]
+A planned step should cost what its plan costs and no more. So, outside measuring steps:
+fit takes no per-block marks (only the step's start and end), tracks no storage (the
+meter is the allocator's), hands the engine only the tensors it copies (as OffloadHandle
+does: Note [Offload hooks] in _offload_hooks.py), makes no engine call at all while the
+plan copies nothing (not even for the report's exposed copy time), and runs a layer whose
+plan keeps everything without saved-tensor hooks, as plain training. The measuring step
+keeps every mark and sample: its times and bytes are the plan's inputs. The engine's own
+timing events (fit(timing=True), the default) are recorded in every step that copies:
+the report's exposed copy time and write_trace read them. What a step counts at its
+start (the gradients and optimizer state alive, for the CPU meter's base) is counted
+once; the parameter list is kept between steps; the optimizer's state is counted again
+only when it changes shape (_fit_support._optimizer_state_bytes), and a shape's key is
+hashed once. A
+block that runs without hooks in a step that copies nothing has no backward boundary but
+the last block's (Note [Backward boundaries by a tensor hook] in _boundary.py says what a
+boundary costs), and the middle ones run as bare calls (Note [Lean blocks] in
+_offload_hooks.py). On the CPU peers' tiny Llama, a keep-everything plan cost 4% over plain
+training before these, 1.2-1.7% after (BENCHMARKS.md): most of what is left is the step's
+start at block 0 (about 270 us) and the last block's boundary (about 180 us).
 """
 
 from __future__ import annotations
@@ -38,7 +59,7 @@ from ._fit_bytes import TrainingBytes
 from ._fit_measure import MeasuringRecorder
 from ._fit_ranks import Ranks
 from ._fit_shape_plans import ShapePlans
-from ._fit_shapes import shape_family, shape_tokens
+from ._fit_shapes import bucket_shape, shape_family, shape_tokens
 from ._fit_steps import StepBook
 from ._fit_support import StepRecord, _DerivedLayer, _MeasureLayer, _signature
 from ._offload import OffloadHandle
@@ -66,13 +87,14 @@ class StepStarts:
         self._offload: Optional[OffloadHandle] = None
         self._book: Optional[StepBook] = None
         self._recorder: Optional[MeasuringRecorder] = None
+        self._buckets: Dict[str, Optional[str]] = {}  # shape key -> its bucket's key
 
     def attach(self, offload: OffloadHandle, book: StepBook,
                recorder: MeasuringRecorder) -> None:
         self._offload, self._book, self._recorder = offload, book, recorder
 
     def keeps_everything(self, actions: LayerActions) -> bool:
-        """Note [What it costs] in _fit.py: a measured plan's layer that keeps every
+        """Note [What it costs]: a measured plan's layer that keeps every
         tensor."""
         return (self.mode == "plan" and getattr(actions, "exact", True)
                 and id(actions) in self.plain_layers)
@@ -113,7 +135,7 @@ class StepStarts:
             self._pass_begins(rec, args, kwargs)
             return
         key, inputs = self._shape_key(args, kwargs)
-        self._begin_step(key, inputs, grads)
+        self._begin_step(key, inputs, grads, self._bucket_of(key, args))
 
     def _shape_key(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]
                    ) -> Tuple[str, List[torch.Tensor]]:
@@ -127,15 +149,42 @@ class StepStarts:
             shapes[key] = (shape_family(args, kwargs, training), shape_tokens(args))
         return key, inputs
 
+    def _bucket_of(self, key: str, args: Tuple[Any, ...]) -> Optional[str]:
+        """Note [Lengths rounded up to a bucket] in _fit_shapes.py: the key of the bucket a
+        step of shape `key` runs the plan of, or None (its own shape's)."""
+        buckets = self._plans.options.buckets
+        if buckets is None or self._ranks is not None:
+            return None
+        if key in self._buckets:
+            return self._buckets[key]
+        found = bucket_shape(args, self._plans.shapes[key][0], buckets)
+        bucket = None
+        if found is not None:
+            bucket, tokens = found
+            self._plans.shapes[bucket] = (self._plans.shapes[key][0], tokens)
+            self._plans.buckets.add(bucket)
+        self._buckets[key] = bucket
+        return bucket
+
     def _pass_begins(self, rec: StepRecord, args: Tuple[Any, ...],
                      kwargs: Dict[str, Any]) -> None:
         """Note [Micro-batches of other shapes]: a further pass of the running step, with
         no micro-batch holding tensors: it runs its own shape's plan."""
         key, _ = self._shape_key(args, kwargs)
-        rec.pass_keys.append(key)
-        if rec.mode != "plan" or key == self._plans.key or self._ranks is not None:
+        bucket = self._bucket_of(key, args)
+        if rec.mode != "plan" or self._ranks is not None or self._plans.key in (key, bucket):
+            rec.pass_keys.append(bucket if bucket is not None and self._plans.key == bucket
+                                  else key)
             return
         before = (self._plans.key, self._plans.entry)
+        if bucket is not None:
+            entry, _ = self._plans.choose_for_pass(bucket)
+            if entry is not None:
+                rec.pass_keys.append(bucket)
+                self._switch(entry["actions"], "plan")
+                return
+            self._plans.key, self._plans.entry = before
+        rec.pass_keys.append(key)
         # Gradients are alive: the plan counts them.
         entry, refused = self._plans.choose_for_pass(key)
         if entry is not None:
@@ -158,36 +207,42 @@ class StepStarts:
             self._switch(least, "plan")
 
     def _begin_step(self, key: str, inputs: Sequence[torch.Tensor],
-                    grads: Optional[int]) -> None:
+                    grads: Optional[int], bucket: Optional[str]) -> None:
         """A new step begins (block 0, micro-batch 0): close the previous one, choose the
-        step's mode and plan, and begin its record."""
+        step's mode and plan (its bucket's, where it has one), and begin its record."""
         book, recorder = self._book, self._recorder
         assert book is not None and recorder is not None
         finish_ms = book.end_running()
         t0 = time.perf_counter()
         if grads is None:
             grads = self._bytes.gradients_alive()
-        mode = self._choose(key, without_gradients=grads == 0)
+        key, mode = self._choose(key, bucket, without_gradients=grads == 0)
         setup_ms = (time.perf_counter() - t0) * 1e3  # planning (and a first link measurement)
         book.begin(key, mode, inputs, grads, planning_ms=setup_ms + finish_ms)
 
-    def _choose(self, key: str, without_gradients: bool) -> str:
-        """The mode of a step with this shape key (_fit_shape_plans.ShapePlans.choose)."""
-        entry = self._plans.choose(key, without_gradients)
-        if entry is not None:
-            self._switch(entry["actions"], "plan")
-            return "plan"
+    def _choose(self, key: str, bucket: Optional[str], without_gradients: bool
+                ) -> Tuple[str, str]:
+        """The key and mode of a step with this shape key and bucket
+        (_fit_shape_plans.ShapePlans.choose): the bucket's plan, else the shape's own, else
+        a measuring step of the shape's own."""
+        # A shape measured (or read from cache_dir) runs its own plan, which is exact.
+        own = self._plans.measured_for.get(key, 0) >= self._plans.options.measure_steps
+        for k in [key] if bucket is None else [key, bucket] if own else [bucket, key]:
+            entry = self._plans.choose(k, without_gradients)
+            if entry is not None:
+                self._switch(entry["actions"], "plan")
+                return k, "plan"
         assert self._recorder is not None
         self._recorder.measure(key)
         self._switch([_MeasureLayer() for _ in self.blocks], "measure")
-        return "measure"
+        return key, "measure"
 
     def _switch(self, actions: List[LayerActions], mode: str) -> None:
         offload = self._offload
         assert offload is not None
         if mode == self.mode and actions is offload.actions:
             return
-        # Note [What it costs] in _fit.py: a plan that copies nothing leaves the engine idle
+        # Note [What it costs]: a plan that copies nothing leaves the engine idle
         # (set_actions), and a layer that keeps everything runs without hooks.
         offload.set_actions(actions)
         self.mode = mode

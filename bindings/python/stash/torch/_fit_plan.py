@@ -191,13 +191,16 @@ def plan_derived(bases: Sequence[Tuple[int, Doc, int]], tokens: int, budget: Bud
 
 
 def derived_refusal(e: InfeasibleBudget, budget: Budget, tokens: int,
-                    measured: Sequence[int]) -> BudgetRefused:
+                    measured: Sequence[int], bucket: bool = False) -> BudgetRefused:
     """Note [A shape that cannot fit]: the refusal of a shape of `tokens` whose profile,
-    derived from the measured shapes of these token counts, has no plan."""
+    derived from the measured shapes of these token counts, has no plan. bucket: the shape
+    is a bucket's (Note [Lengths rounded up to a bucket] in _fit_shapes.py)."""
     smallest = _smallest_accepted(e.min_feasible_bytes, None)
     lengths = ", ".join(str(t) for t in sorted(set(measured)))
+    what = (f"a bucket of lengths rounded up ({tokens} tokens, fit(buckets=...))" if bucket
+            else f"a new input shape ({tokens} tokens)")
     return BudgetRefused(
-        f"stash.torch.fit: a new input shape ({tokens} tokens) does not fit the budget of "
+        f"stash.torch.fit: {what} does not fit the budget of "
         f"{_gib(e.budget_bytes)} (requested {budget}): derived from the shapes measured "
         f"so far ({lengths} tokens), its smallest feasible budget is {_gib(smallest)} "
         f"({smallest} bytes), and its measuring step would peak over the budget; give "
@@ -208,7 +211,7 @@ def derived_refusal(e: InfeasibleBudget, budget: Budget, tokens: int,
 def _least_memory_over(doc: Doc, measured: int, budget: int,
                        replayed: bool = True) -> BudgetRefused:
     smallest = _smallest_accepted(_min_feasible(doc), measured)
-    # Note [The measuring step] in _fit.py; under whole-model compile the graph's blocks
+    # Note [The measuring step] in _fit_measure.py; under whole-model compile the graph's blocks
     # are recomputed and nothing is offloaded (Note [Planning the compiled graph]).
     how = ("every block recomputed from its input, inputs offloaded" if replayed else
            "every block of the compiled graph recomputed from its input")

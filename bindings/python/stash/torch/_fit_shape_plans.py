@@ -92,6 +92,8 @@ class ShapePlans:
         self.entry: Optional[Entry] = None   # the current shape's (planned steps)
         self.measured_for: Dict[str, int] = {}  # key -> steps measured so far
         self.shapes: Dict[str, Tuple[str, Optional[int]]] = {}  # key -> (family, tokens)
+        # Note [Lengths rounded up to a bucket] in _fit_shapes.py: the keys that are buckets
+        self.buckets: Set[str] = set()
         self.underivable: Set[str] = set()  # keys whose derived plan failed its check
         # family -> the share of the budget its derived plans leave free (Note [What a
         # derived plan leaves free])
@@ -297,7 +299,8 @@ class ShapePlans:
             made = plan_derived(bases, tokens, self.budget, self.options.solver, without,
                                 margin)
         except InfeasibleBudget as e:  # Note [A shape that cannot fit] in _fit_plan.py
-            refusal = derived_refusal(e, self.budget, tokens, [b[0] for b in bases])
+            refusal = derived_refusal(e, self.budget, tokens, [b[0] for b in bases],
+                                      bucket=key in self.buckets)
             roomier = self.roomier_budget(key, e.min_feasible_bytes)
             if roomier is not None:  # Note [What a share budget means]
                 try:

@@ -47,6 +47,30 @@ an H200 a 6-layer Llama held 0.7 GB at block 0 that fit's count left out; scaled
 the tokens as if it were the logits, it made a 768-token plan from shapes of 1024 and
 2048 peak 6% above its prediction. (On the CPU the counting allocator's samples place
 those bytes already: Note [The CPU allocator's meter] in _meter.py.)
+
+Note [Lengths rounded up to a bucket]
+A loop that pads each batch to its own longest sequence gives a new length on most steps,
+and each new length gets a derived plan of its own: planned, then checked on its first
+run. fit(buckets=) plans per bucket of lengths instead, as people who pad to a multiple
+already do for their kernels: an int rounds a length up to a multiple of it, a list to
+the smallest listed length at least it (a longer one is its own shape). The length is
+block 0's first tensor argument's next-to-last dimension (a decoder's hidden states,
+batch x sequence x hidden); a first argument of fewer than three dimensions is not
+bucketed. A bucket is a shape of its own: its key is the family, the leading (batch)
+sizes, the bucket's length and the last size; its tokens are the bucket's; its plan is
+derived from the family's measured shapes at those tokens (Note [A profile derived from
+the measured shapes]), checked on its first run as any derived plan is, and run by every
+step whose length falls in the bucket. Such a step has at most the tokens its plan was
+made for, so it peaks at or below the plan's prediction, and a share budget is a share of
+the bucket's keep-all peak. What stays per shape: a measuring step measures the step's
+own shape (a profile is of the shape it was measured at), and a shape measured (or read
+from cache_dir) runs its own plan, which is exact; a bucket the measured shapes cannot
+derive yet (one measured shape, 1.5x or more away in tokens) leaves its steps to their
+own shapes until a second shape is measured. Bucket plans, being derived, are not written
+to cache_dir; under torch.distributed nothing is derived, and under whole-model compile
+each shape is a graph of its own (Note [Every shape under whole-model compile] in
+_compiled_shapes.py), so buckets change nothing there. test_fit_shapes' 18 lengths from 32 to 128 with buckets=32: 2 measuring steps and
+3 bucket plans (64, 96, 128), where each of the other 16 lengths had a plan of its own.
 """
 
 from __future__ import annotations
@@ -54,7 +78,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ._fit_support import _autocast_state
 from ._saved import tensors_in
@@ -77,6 +101,30 @@ def shape_tokens(args: Any) -> Optional[int]:
     if first is None or first.dim() < 2 or first.shape[-1] == 0:
         return None
     return int(first.numel() // first.shape[-1])
+
+
+def bucket_length(length: int, buckets: Union[int, Sequence[int]]) -> Optional[int]:
+    """Note [Lengths rounded up to a bucket]: the length of the bucket a step of `length`
+    runs the plan of, or None (a length past the listed ones: its own shape's)."""
+    if isinstance(buckets, int):
+        return -(-length // buckets) * buckets
+    return next((b for b in buckets if b >= length), None)
+
+
+def bucket_shape(args: Any, family: str, buckets: Union[int, Sequence[int]]
+                 ) -> Optional[Tuple[str, int]]:
+    """The bucket of a step whose block 0 gets `args` (its shape family `family`): its key
+    and tokens, or None where the step runs its own shape's plan."""
+    first = next(iter(tensors_in(args)), None)
+    if first is None or first.dim() < 3 or first.shape[-1] == 0:
+        return None  # no sequence dimension (Note [Lengths rounded up to a bucket])
+    length = int(first.shape[-2])
+    top = bucket_length(length, buckets)
+    if top is None:
+        return None
+    lead = [int(d) for d in first.shape[:-2]]
+    text = json.dumps(["bucket", family, lead, top, int(first.shape[-1])])
+    return hashlib.sha1(text.encode()).hexdigest()[:16], math.prod(lead) * top
 
 
 def skeleton(profile: Dict[str, Any]) -> List[List[Tuple[bool, bool, bool, bool]]]:

@@ -2,8 +2,8 @@
 where block 0's forward begins a step, marked as the step runs, and closed with its
 figures (the peak on the meter, the step's time, exposed copy time, what its plan
 predicted) where the step ends; a measuring step's record becomes its shape's profile
-(Note [What the budget counts]; Notes [The measuring step] in _fit.py and [The measuring
-step's windows on CUDA] in _fit_cuda_meter.py). report() is a function of these records
+(Note [What the budget counts]; Notes [The measuring step] in _fit_measure.py and [The
+measuring step's windows on CUDA] in _fit_cuda_meter.py). report() is a function of these records
 (_fit_report.fit_report).
 
 A part the handle owns: handed the blocks, the optimizer, the step clock, the measuring
@@ -82,12 +82,11 @@ from .._lib import StashError
 from .._profiler import FORWARD, Profiler
 from ._cpu_meter import Window
 from ._fit_bytes import TrainingBytes
-from ._fit_cuda_meter import CudaMeter
-from ._fit_measure import MeasuringRecorder, fixed_bytes_cpu, fixed_bytes_cuda, measured_profile
-from ._fit_plan import kept_bytes
+from ._fit_cuda_meter import CudaMeter, cuda_profile_figures
+from ._fit_measure import MeasuringRecorder, fixed_bytes_cpu, measured_profile
 from ._fit_shape_plans import ShapePlans
-from ._fit_support import (ReplaySpan, Span, StepRecord, _Clock, _gib, _optimizer_state_bytes,
-                           _optimizer_state_estimate, _storages, _tensor_bytes)
+from ._fit_support import (ReplaySpan, Span, StepRecord, _Clock, _gib, _optimizer_state_estimate,
+                           _storages, _tensor_bytes)
 from ._saved import storage_of
 
 # A profile's device, link and host sections (_record._device_info, the link, pinnable).
@@ -195,7 +194,7 @@ class StepBook:
                 rec.constant_bytes = (int(torch.cuda.memory_allocated(meter.device))
                                       - _tensor_bytes(inputs) + self._bytes.trainable()
                                       - grads + rec.optimizer_state_missing)
-        # Note [What it costs] in _fit.py (planned steps): fit tracks storages only where
+        # Note [What it costs] in _fit_passes.py (planned steps): fit tracks storages only where
         # it must, in a measuring step, or on the CPU without the counting allocator.
         self._recorder.begin_step(tracking=meter is None and (
             mode == "measure" or self._counting is None))
@@ -266,7 +265,7 @@ class StepBook:
             return None
         return max(known)
 
-    # --- marks as the step runs (Note [What it costs] in _fit.py: a planned step's are its
+    # --- marks as the step runs (Note [What it costs] in _fit_passes.py: a planned step's are its
     # start and end, and where its backward and optimizer step end) --------------------------
 
     def sample(self, where: str, after: Optional[Tuple[Any, ...]] = None) -> None:
@@ -465,33 +464,16 @@ class StepBook:
         counted = self._bytes.fixed_counted()
         self.optimizer_state_counted = _optimizer_state_estimate(self._optimizer)
         if self._cuda_meter is not None:
-            # Note [The measuring step's windows on CUDA] in _fit_cuda_meter.py: the state
-            # made by this step's optimizer.step() is counted as estimated at block 0, as
-            # the fixed bytes count it; the post-step hook then shifts both by the
-            # estimate's error.
-            missing = rec.optimizer_state_missing
-            if missing:
-                self.optimizer_state_counted = missing
-            windows = rec.windows or {}
-            doc["fixed_bytes"], loss = fixed_bytes_cuda(
-                doc, windows.get("blocks", rec.peak_bytes), windows.get("loss"),
-                self._recorder.actions_seen(), counted, missing)
-            if loss:
-                doc["loss_bytes"] = loss
-            if rec.optimizer_peak is not None:
-                real = _optimizer_state_bytes(self._optimizer) if missing else 0
-                doc["optimizer_bytes"] = int(max(0, rec.optimizer_peak - real + missing))
-            if rec.constant_bytes is not None:
-                doc["measurement"]["constant_bytes"] = int(max(counted, rec.constant_bytes))
-            if rec.in_flight > 1:  # Note [Micro-batches in flight] in _fit_plan.py
-                doc["measurement"]["in_flight_held_bytes"] = (rec.in_flight - 1) * kept_bytes(
-                    doc, self._recorder.actions_seen())
+            counted_state = cuda_profile_figures(doc, rec, self._recorder.actions_seen(),
+                                                 counted, self._optimizer)
+            if counted_state is not None:
+                self.optimizer_state_counted = counted_state
         else:
             doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted, self._bytes.trainable())
         self._plans.measured(rec.key, {"profile": doc, "measured_peak_bytes": rec.peak_bytes})
 
     def _cupti_summary(self, fwd: List[Dict[str, Any]]) -> Dict[str, Any]:
-        """Note [The measuring step] in _fit.py: CUPTI's forward kernel time beside the
+        """Note [The measuring step] in _fit_measure.py: CUPTI's forward kernel time beside the
         events' span, or why CUPTI did not run."""
         if self._cupti_used is None:
             return {"used": False, "reason": "no CUDA device (the host clock times the step)"}

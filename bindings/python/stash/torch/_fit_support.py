@@ -19,7 +19,7 @@ from .. import _lib
 from .._engine import KEEP, RECOMPUTE, plan_actions
 from .._lib import StashError
 from .._planner import InfeasibleBudget, make_plan
-from ._saved import storage_of, tensors_in
+from ._saved import storage_of
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -141,7 +141,7 @@ def _signature(inputs: Sequence[torch.Tensor], kwargs: Dict[str, Any], training:
     block 0 gets the tensors `inputs` (tensors_in of its arguments) and keywords `kwargs`.
     The digest of parts seen before is looked up, not hashed again, and the parts are what
     a tensor answers without making an object (torch.Size is a tuple; the device as
-    get_device() and is_cuda, not a torch.device; Note [What it costs] in _fit.py)."""
+    get_device() and is_cuda, not a torch.device; Note [What it costs] in _fit_passes.py)."""
     parts = tuple((t.shape, t.dtype, t.get_device(), t.is_cuda, t.requires_grad)
                   for t in inputs)
     auto = tuple(_autocast_state())
@@ -193,7 +193,7 @@ def _storages(ts: Iterable[object]) -> List[Tuple[Any, int]]:
     return out
 
 
-# By optimizer: the shape of its state when last counted (Note [What it costs] in _fit.py),
+# By optimizer: the shape of its state when last counted (Note [What it costs] in _fit_passes.py),
 # a weak reference to its first state tensor, and the bytes.
 _STATE_BYTES: "weakref.WeakKeyDictionary[Any, Tuple[Any, Any, int]]" = \
     weakref.WeakKeyDictionary()
@@ -222,9 +222,10 @@ def _optimizer_state_bytes(opt: Any) -> int:
     state changed shape: another state dict, another number of per-parameter dicts or of
     entries in the first or last of them, or another first tensor (load_state_dict makes
     new ones). torch's optimizers make a parameter's whole state at its first step and
-    update it in place, so between two such changes the bytes stay (Note [What it costs] in
-    _fit.py: walking every state tensor twice a step cost 50 us on a tiny Llama, and even
-    the per-parameter dicts' lengths cost tens of microseconds after a step's compute)."""
+    update it in place, so between two such changes the bytes stay (Note [What it costs]
+    in _fit_passes.py: walking every state tensor twice a step cost 50 us on a tiny Llama,
+    and even the per-parameter dicts' lengths cost tens of microseconds after a step's
+    compute)."""
     shape = _state_shape(opt)
     first = _first_state_tensor(opt)
     hit = _STATE_BYTES.get(opt)

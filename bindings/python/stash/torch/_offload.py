@@ -270,8 +270,8 @@ class OffloadHandle:
         recompute_count/bytes: storages replaced by placeholders in forward;
         recompute_forwards: replays run in backward, recompute_stopped_early: those that
         stopped before the forward's last save, recompute_replayed_saves: saves they went
-        through (of the forward's, including parameters'), recompute_captured: saved tensors they captured (a storage saved
-        twice counts twice); recompute_kept_count/bytes: tensors the plan recomputes that
+        through (of the forward's, including parameters'), recompute_captured: saved
+        tensors they captured (a storage saved twice counts twice); recompute_kept_count/bytes: tensors the plan recomputes that
         cannot be (an input), kept instead; offload tensors not on the device;
         micro-batches whose forward was dropped without a backward (abandoned: replaced by
         a later forward; aborted: ended by an exception or a freed graph, Note [A step that
@@ -305,7 +305,7 @@ class OffloadHandle:
         """The CUDA graphs captured through this handle's steps will not be replayed again
         (they were destroyed, or their replays are finished or enqueued on the compute
         stream): gives back the pinned blocks they copy through, held since their capture
-        (Note [Steps under CUDA graphs] in _offload_hooks.py). Returns their bytes."""
+        (Note [Steps under CUDA graphs] in _offload_steps.py). Returns their bytes."""
         return self._streams.release_graphs()
 
     def _live(self) -> Engine:

@@ -53,16 +53,17 @@ reads it without making its Python node): a node that saves its own output and g
 the output itself (with its grad_fn, that node) holds a cycle through autograd's C++ graph
 that Python's collector cannot see, so a graph never backwarded (Note [A step that ends
 early]) would never be freed. Detached, it shares the storage and version counter, and
-nothing else. The unpack hook hands a tensor back as it is. Per block: the input's storage key (_input_keys), the parameters'
-and buffers' storages once per step (resident_storages), and the backward boundary.
+nothing else. The unpack hook hands a tensor back as it is. Per block: the input's storage
+key (_input_keys), the parameters' and buffers' storages once per step
+(resident_storages), and the backward boundary.
 
 Note [Lean blocks]
 A block whose plan keeps everything runs without saved-tensor hooks (Note [What it costs]
-in _fit.py), but its call still went through the whole wrapper: the policy's questions,
-the step's order check, the forward began/ended seams, the boundary question. After a
-block's compute the interpreter's caches are cold, and each of those calls cost 10-70x
-its hot time there: 45-50 us before and 30-35 us after every middle block of the CPU
-peers' tiny Llama (BENCHMARKS.md, "fit at keep-all's peak"). So when a step begins
+in _fit_passes.py), but its call still went through the whole wrapper: the policy's
+questions, the step's order check, the forward began/ended seams, the boundary question.
+After a block's compute the interpreter's caches are cold, and each of those calls cost
+10-70x its hot time there: 45-50 us before and 30-35 us after every middle block of the
+CPU peers' tiny Llama (BENCHMARKS.md, "fit at keep-all's peak"). So when a step begins
 (block 0, not captured, the engine idle) the policy says once which blocks may run bare
 for the step (StepPolicy.lean_blocks: kept whole, no boundary, nothing it listens to, the
 arguments as given), and such a block's wrapper only checks that it is the step's next
@@ -84,40 +85,6 @@ whose backward runs first) stayed alive through the block's whole backward, wher
 measuring step (which recomputes it) had seen it freed: the plan's first run peaked 1.05
 MB above its prediction, and 1.05 MB lower with the list emptied. The prefetch buffers of
 a block not yet unpacked stay with the engine (step.live) until their first unpack.
-
-Note [Steps under CUDA graphs]
-A planned step is static, so it can run under a CUDA graph capture: torch.cuda.graph
-around a whole training step (forward, loss, backward, optimizer step), captured on
-torch's side stream and replayed by the caller. Block 0 asks whether its work is being
-captured (torch.cuda.is_current_stream_capturing; on the CPU test double, whether the
-hooks' stream captures). If so, the step runs in capture mode:
-- the engine joins the caller's capture on that stream (stash_engine_capture_join: its
-  copies fork from it and join back by event record and wait, its pools are frozen, it
-  waits for nothing on the host; Note [Capture begun by the caller] in
-  runtime/engine/prefetch_engine.h); the prefetch buffers are allocated with that stream
-  current, in torch's graph pool, where the blocks' activations are too: an offloaded
-  storage is handed back (freed into that pool) once its copy is ordered before the
-  capture's later work, so the graph holds no second copy of it;
-- the hooks make no host wait and no event query (the CPU path's host syncs are skipped:
-  nothing of the copies runs during a capture); the policy's step seams
-  (on_step_starting, on_step_aborted, on_backward_finished) are not called: stash.torch.fit's
-  record of a step times it with events and reads them after a device sync, which no
-  captured step can do, so a captured step is no step of fit's report (the eager steps
-  around it are);
-- the plan is the one the last eager step ran: a capture does not switch plans. A plan
-  that is not final (fit's measuring step, with its marks and samples, or a derived
-  plan's first run, which fit checks) is refused at block 0 with a StashError, before
-  anything is captured, saying to run the step eagerly first; so is a recompute that
-  would save the CUDA RNG state (torch cannot read it during capture), and a capture that
-  begins anywhere but at block 0 (stash's schedule spans the blocks: a graph of one block,
-  as torch.cuda.make_graphed_callables makes, cannot hold its copies' waits and
-  prefetches).
-- the engine settles at the next block 0 after the capture ended (or release_graphs()).
-  The pinned blocks the captured step copied through stay held for the graph's life (its
-  replays copy into them; stash never sees a replay); release_graphs() gives them back
-  once the graphs are gone. A re-plan (a new shape, a corrected plan) needs a new capture:
-  the graph replays the plan it was captured with.
-The eager path pays one capture query per step, at block 0.
 
 Note [Recompute under a capture]
 A recompute puts back the RNG state its block's forward began with, so that dropout draws
@@ -250,8 +217,9 @@ class BlockHooks:
         return self.actions[i]
 
     def _capture_starting(self, stream: int) -> None:
-        """Block 0 of a step captured on `stream` (Note [Steps under CUDA graphs]): refuses
-        a plan that is not final, else the engine joins the capture."""
+        """Block 0 of a step captured on `stream` (Note [Steps under CUDA graphs] in
+        _offload_steps.py): refuses a plan that is not final, else the engine joins the
+        capture."""
         if any(not getattr(a, "exact", True) for a in self.actions):
             raise StashError(
                 f"{self._policy.who}: this step is being captured into a CUDA graph, but its plan "

@@ -30,6 +30,40 @@ any release) and marks it abandoned, so a late backward through it raises a Stas
 rather than reading freed memory. stash.torch.fit hears of it (its policy's
 on_step_aborted): the step's record says why it ended, a measuring step leaves no profile
 and is measured again.
+
+Note [Steps under CUDA graphs]
+A planned step is static, so it can run under a CUDA graph capture: torch.cuda.graph
+around a whole training step (forward, loss, backward, optimizer step), captured on
+torch's side stream and replayed by the caller. Block 0 asks whether its work is being
+captured (torch.cuda.is_current_stream_capturing; on the CPU test double, whether the
+hooks' stream captures). If so, the step runs in capture mode:
+- the engine joins the caller's capture on that stream (stash_engine_capture_join: its
+  copies fork from it and join back by event record and wait, its pools are frozen, it
+  waits for nothing on the host; Note [Capture begun by the caller] in
+  runtime/engine/prefetch_engine.h); the prefetch buffers are allocated with that stream
+  current, in torch's graph pool, where the blocks' activations are too: an offloaded
+  storage is handed back (freed into that pool) once its copy is ordered before the
+  capture's later work, so the graph holds no second copy of it;
+- the hooks make no host wait and no event query (the CPU path's host syncs are skipped:
+  nothing of the copies runs during a capture); the policy's step seams
+  (on_step_starting, on_step_aborted, on_backward_finished) are not called: stash.torch.fit's
+  record of a step times it with events and reads them after a device sync, which no
+  captured step can do, so a captured step is no step of fit's report (the eager steps
+  around it are);
+- the plan is the one the last eager step ran: a capture does not switch plans. A plan
+  that is not final (fit's measuring step, with its marks and samples, or a derived
+  plan's first run, which fit checks) is refused at block 0 with a StashError, before
+  anything is captured, saying to run the step eagerly first; so is a recompute that
+  would save the CUDA RNG state (torch cannot read it during capture), and a capture that
+  begins anywhere but at block 0 (stash's schedule spans the blocks: a graph of one block,
+  as torch.cuda.make_graphed_callables makes, cannot hold its copies' waits and
+  prefetches).
+- the engine settles at the next block 0 after the capture ended (or release_graphs()).
+  The pinned blocks the captured step copied through stay held for the graph's life (its
+  replays copy into them; stash never sees a replay); release_graphs() gives them back
+  once the graphs are gone. A re-plan (a new shape, a corrected plan) needs a new capture:
+  the graph replays the plan it was captured with.
+The eager path pays one capture query per step, at block 0.
 """
 
 from __future__ import annotations
@@ -54,7 +88,7 @@ class StepTable:
     Handed the blocks, the engine's side (EngineStreams), the policy (who hears a step
     start and end: Note [The step policy] in _offload_policy.py), the hooks' counts and
     warn_once, and capture_starting (BlockHooks': block 0 of a step under a CUDA graph
-    capture, Note [Steps under CUDA graphs] in _offload_hooks.py). engine_active: whether
+    capture, Note [Steps under CUDA graphs]). engine_active: whether
     the plan copies anything (BlockHooks.set_engine_plan sets it); while it does not, a
     step makes no engine call."""
 
@@ -82,7 +116,7 @@ class StepTable:
         capture: Optional[int] = None
         if i == 0:
             self.reap()
-            # Note [Steps under CUDA graphs] in _offload_hooks.py
+            # Note [Steps under CUDA graphs]
             self._streams.settle_capture()
             capture = self._streams.capturing_stream()
         step = self.steps.get(mb)
@@ -197,7 +231,7 @@ class StepTable:
         finally:
             if self.steps.get(step.mb) is step:
                 del self.steps[step.mb]
-            if not step.captured:  # Note [Steps under CUDA graphs] in _offload_hooks.py
+            if not step.captured:  # Note [Steps under CUDA graphs]
                 self._policy.on_step_aborted(step, reason)
 
     def finish_backward(self, step: _Step) -> None:
@@ -208,7 +242,7 @@ class StepTable:
         if step.backward_open is not None and step.backward_open != 0 and self.engine_active:
             engine.backward_end(step.mb, step.backward_open)
         self.end(step)
-        if not step.captured:  # Note [Steps under CUDA graphs] in _offload_hooks.py
+        if not step.captured:  # Note [Steps under CUDA graphs]
             self._policy.on_backward_finished(step)
 
     def end(self, step: _Step) -> None:

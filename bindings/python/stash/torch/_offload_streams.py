@@ -33,7 +33,7 @@ is called; run the blocks on it.
   ahead of the GPU holds more of those than the planner's one layer in flight.
   max_in_flight_bytes (about one block's offloaded bytes) bounds copies in transit: an
   offload past the cap makes the host wait for older copies.
-Under a CUDA graph capture (Note [Steps under CUDA graphs] in _offload_hooks.py) the
+Under a CUDA graph capture (Note [Steps under CUDA graphs] in _offload_steps.py) the
 engine's compute stream is the capturing stream (torch.cuda.graph's own side stream): the
 prefetch buffers are allocated with that stream current, so torch puts them in the
 graph's private pool, as it does the blocks' activations; nothing waits on the host.
@@ -146,7 +146,7 @@ class EngineStreams:
         # data pointer -> uint8 views held for the D2H, and -> uint8 tensor of a prefetch
         self._sources: Dict[int, List[torch.Tensor]] = {}
         self._buffers: Dict[int, torch.Tensor] = {}
-        # Note [Steps under CUDA graphs] in _offload_hooks.py: the capturing stream the
+        # Note [Steps under CUDA graphs] in _offload_steps.py: the capturing stream the
         # engine joined (its cudaStream_t, and on CUDA the torch stream), None outside one.
         self._capture: Optional[int] = None
         self._capture_stream: Optional[torch.cuda.Stream] = None
@@ -310,7 +310,7 @@ class EngineStreams:
             self.engine.release(f.key)
         return f.flat
 
-    # --- Note [Steps under CUDA graphs] in _offload_hooks.py -------------------------------
+    # --- Note [Steps under CUDA graphs] in _offload_steps.py -------------------------------
 
     def capturing_stream(self) -> Optional[int]:
         """The stream the step's work is being captured on, or None: torch's current stream
@@ -351,7 +351,7 @@ class EngineStreams:
         """The CUDA graphs captured through this handle's steps will not be replayed again
         (they were destroyed, or their replays are finished or enqueued on the compute
         stream): gives back the pinned blocks they copy through, held since their capture
-        (Note [Steps under CUDA graphs] in _offload_hooks.py). Returns their bytes."""
+        (Note [Steps under CUDA graphs] in _offload_steps.py). Returns their bytes."""
         self.settle_capture()
         if self.engine is None:
             return 0

@@ -107,7 +107,7 @@ class _Step:
         self.last_output: Set[Any] = set()  # storage keys of the last block's output
         self.thread = threading.get_ident()
         # Begun under a CUDA graph capture (Note [Steps under CUDA graphs] in
-        # _offload_hooks.py): the policy's step seams do not hear of it.
+        # _offload_steps.py): the policy's step seams do not hear of it.
         self.captured = False
         # By block: runs as a bare call in this step (Note [Lean blocks] in
         # _offload_hooks.py); None: every block takes the full path.
