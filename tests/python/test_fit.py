@@ -363,6 +363,49 @@ def test_a_kv_cache_in_training_is_turned_off_for_the_blocks():
     assert [s["mode"] for s in got[2].report()["steps"]] == ["measure", "plan", "plan"]
 
 
+def test_hugging_face_gradient_checkpointing_is_turned_off_while_fit_runs():
+    """Note [The loops fit lives in]: gradient checkpointing enabled on the model (as a
+    Trainer with gradient_checkpointing=True does, after fit was entered) is turned off for
+    the blocks with one warning, the share planned (before, 70% was refused: a checkpointed
+    block saves nothing fit can plan), training bitwise that of the model without it, and
+    on again after close()."""
+    data = batches(n=3, batch=4, seq=128)
+    model, _ = llama(layers=3, hidden=128)
+    expected = train(model, data)
+    model, blocks = llama(layers=3, hidden=128)
+
+    def fit(opt):
+        h = stash.torch.fit(blocks, "70%", optimizer=opt, link=LINK)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return h
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = train(model, data, fit)
+    assert_bitwise(got, expected)
+    steps = got[2].report()["steps"]
+    assert [s["mode"] for s in steps] == ["measure", "plan", "plan"], steps
+    assert got[2].plan is not None and actions(got[2].plan)["recompute"] > 0
+    assert not any(b.gradient_checkpointing for b in blocks)
+    said = [w for w in seen if "gradient checkpointing is on" in str(w.message)]
+    assert len(said) == 1 and "gradient_checkpointing_disable" in str(said[0].message)
+    got[2].close()
+    assert all(b.gradient_checkpointing for b in blocks)
+
+
+def test_torch_checkpoint_around_a_block_is_named():
+    """torch.utils.checkpoint around the blocks takes every tensor they save: refused at
+    the measuring step's first block, naming it, not planned on what it hides."""
+    from torch.utils.checkpoint import checkpoint
+    blocks = nn.ModuleList([nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+                            for _ in range(3)])
+    x = torch.randn(8, 16, 32, requires_grad=True)
+    with stash.torch.fit(blocks, "70%", link=LINK):
+        with pytest.raises(stash.StashError, match=r"block 0 \(Sequential\) runs under "
+                           "torch.utils.checkpoint"):
+            for b in blocks:
+                x = checkpoint(b, x, use_reentrant=False)
+
+
 def test_cpu_torch_without_the_double_is_refused():
     refused_without_the_double("stash.torch.fit(blocks, '1GiB')")
 

@@ -20,6 +20,12 @@ What a training loop does besides forward, backward and step, and what fit does 
   step, record or warning; the next training step carries on where training left off;
 - a Hugging Face key/value cache handed to the blocks in training (use_cache=True) is
   turned off for them, with one warning, as Hugging Face's gradient checkpointing does;
+- activation checkpointing around a block leaves fit nothing to plan (the checkpoint's
+  hooks take every tensor the block saves), and a share budget was refused with figures
+  that named no cause. Hugging Face's gradient checkpointing on a block (enabled before
+  fit or after, as a Trainer with gradient_checkpointing=True does) is turned off while
+  fit runs, with one warning, and on again at close(); torch.utils.checkpoint around a
+  block is refused, naming it. Both are looked for in measuring steps;
 - misuse is named at fit(): a single module, a dict or a container of non-modules as
   blocks, the whole decoder as the one block (its repeated blocks are named), a unitless
   budget that could be a share (Note [What a share budget means] in _fit_options.py). A
@@ -126,6 +132,8 @@ class BudgetHandle(StepPolicy):
                               counting=self._counting, describe=self._describe)
         self._starts.attach(self._offload, self._book, self._recorder)
         self._opt_hook: Optional[Tuple[RemovableHandle, RemovableHandle]] = None
+        # blocks whose Hugging Face gradient checkpointing fit turned off (_checkpointing_off)
+        self._checkpointed: List[torch.nn.Module] = []
         self.link_cached = False
         try:
             # Measured now, before the training step allocates anything, and once per
@@ -203,6 +211,8 @@ class BudgetHandle(StepPolicy):
         # is turned off for them, as Hugging Face's gradient checkpointing does. A decoder
         # hands every block the same keywords, so block 0 decides for the forward (Note
         # [What it costs]).
+        if self._starts.mode == "measure":
+            self._checkpointing_off(i)
         if i == 0:
             self._kv_cache = any(_is_kv_cache(v) for v in kwargs.values())
         if not self._kv_cache:
@@ -213,6 +223,30 @@ class BudgetHandle(StepPolicy):
                 "stash turns it off for them, as gradient checkpointing does: set "
                 "model.config.use_cache = False to silence this"))
         return args, {k: (None if _is_kv_cache(v) else v) for k, v in kwargs.items()}
+
+    def _checkpointing_off(self, i: int) -> None:
+        """Note [The loops fit lives in]: Hugging Face's gradient checkpointing on block i is
+        turned off (on again at close()); torch.utils.checkpoint around it is refused."""
+        block = self.blocks[i]
+        if (getattr(block, "gradient_checkpointing", False) is True
+                and hasattr(block, "_gradient_checkpointing_func")):
+            setattr(block, "gradient_checkpointing", False)
+            self._checkpointed.append(block)
+            self._offload.warn_once(("checkpointing",), (
+                f"Hugging Face gradient checkpointing is on for the blocks ({type(block).__name__}"
+                "); stash turns it off for them while it runs: it chooses per saved tensor "
+                "what to keep, recompute or offload within the budget, and a checkpointed "
+                "block leaves it nothing to choose (model.gradient_checkpointing_disable() "
+                "silences this; close() turns it back on)"))
+        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+        hooks = top(False) if top is not None else None
+        if hooks is not None and getattr(hooks[0], "__module__", "") == "torch.utils.checkpoint":
+            raise StashError(
+                f"stash.torch.fit: block {i} ({type(block).__name__}) runs under "
+                "torch.utils.checkpoint: stash chooses per saved tensor what to keep, recompute "
+                "or offload within the budget, and a checkpointed block leaves it nothing to "
+                "choose; call the blocks without checkpoint (stash recomputes what the budget "
+                "needs)")
 
     # --- what the hooks tell ---------------------------------------------------------------
 
@@ -444,6 +478,9 @@ class BudgetHandle(StepPolicy):
         offload = getattr(self, "_offload", None)
         if offload is not None:
             offload.close()
+        for block in getattr(self, "_checkpointed", ()):
+            setattr(block, "gradient_checkpointing", True)
+        self._checkpointed = []
 
     # --- the OffloadHandle's public face, as fit's ------------------------------------------
 
