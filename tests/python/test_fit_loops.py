@@ -300,6 +300,8 @@ def test_misuse_is_named():
         stash.torch.fit([blocks[0], "layer"], "70%")
     with pytest.raises(stash.StashError, match="not a sequence"):
         stash.torch.fit(3, "70%")
+    with pytest.raises(stash.StashError, match="optimizer must be a torch.optim.Optimizer"):
+        stash.torch.fit(blocks, "70%", optimizer=model)
     for unitless, hint in (("50", "'50%'"), (70, "'70%'"), ("0.7", "'70%'"), (0.7, "'70%'")):
         with pytest.raises(stash.StashError, match=hint):
             stash.torch.fit(blocks, unitless)

@@ -99,6 +99,11 @@ class BudgetHandle(StepPolicy):
                  options: FitOptions = FitOptions()) -> None:
         self.budget = Budget.parse(budget)
         self.options = options
+        if optimizer is not None and not all(
+                hasattr(optimizer, a) for a in ("step", "param_groups", "state")):
+            raise StashError(f"stash.torch.fit: optimizer must be a torch.optim.Optimizer (its "
+                             f"state is counted and its step() ends a step); got "
+                             f"{type(optimizer).__name__}")
         blocks = _checked_blocks(blocks)  # a list from here on
         self.optimizer = optimizer
         self._n = len(blocks)
