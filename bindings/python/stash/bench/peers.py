@@ -33,12 +33,16 @@ peers.svg (throughput against peak; Note [The knee of stash's curve] in _svg.py)
 Note [Ratios from interleaved steps]
 This machine's speed drifts by tens of percent between and within runs, so tokens/s taken
 from one system's steps, then the next system's, compares moments as much as systems.
-With --interleave N (the default on the CPU: 12) every row that ran is trained again side
+With --interleave N (the default on the CPU: 48) every row that ran is trained again side
 by side: one model per system, one step of each in turn, the order rotating each round,
 two untimed rounds then N timed ones. The table's tokens/s, and every ratio in it, are
 the medians of those steps; the sequential pass still gives the peaks, the budgets and the
 losses (its own tokens/s stay in the JSON as sequential_tokens_per_s). Compiled rows set
 torch's global compile settings while they run, so they keep their sequential figure.
+The default was 12 rounds, too few for a ratio of 1%: three tiny runs back to back
+(full-ac and sac beside keep-all) put stash at keep-all's peak at 96.9%, 100.6% and
+95.9% of keep-all, and full AC's row at 104.1%, 107.4% and 95.1% of full AC; with 48
+rounds, 100.5%, 100.8%, 99.8% and 105.5-106.2% (BENCHMARKS.md, 2026-12-07).
 
 Note [Rows that say why]
 A system that cannot run here (not installed, a torch without the feature, needs CUDA)
@@ -390,7 +394,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     ap.add_argument("--interleave", type=int, default=None,
                     help="timed rounds of every row side by side (Note [Ratios from "
-                         "interleaved steps]; default 12 on the CPU, 0 on CUDA)")
+                         "interleaved steps]; default 48 on the CPU, 0 on CUDA)")
     a = ap.parse_args(argv)
     if a.steps < 2 or a.warmup < 0 or a.warmup >= a.steps:
         ap.error("--steps must be at least 2 and --warmup smaller than --steps")
@@ -483,7 +487,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for s in stash_systems(rows, shares, link=link):
             all_systems.append(s)
             run(s)
-    rounds = a.interleave if a.interleave is not None else (0 if cuda else 12)
+    rounds = a.interleave if a.interleave is not None else (0 if cuda else 48)
     if rounds > 0:
         ran = {r["name"]: r for r in rows if r["status"] == "ok" and not r["compiled"]}
         chosen = [s for s in all_systems if s.name in ran]
