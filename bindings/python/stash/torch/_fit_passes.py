@@ -225,8 +225,9 @@ class StepStarts:
         """The key and mode of a step with this shape key and bucket
         (_fit_shape_plans.ShapePlans.choose): the bucket's plan, else the shape's own, else
         a measuring step of the shape's own."""
-        # A shape measured (or read from cache_dir) runs its own plan, which is exact.
-        own = self._plans.measured_for.get(key, 0) >= self._plans.options.measure_steps
+        # A shape measured in this run runs its own plan, which is exact (one measured fewer
+        # than measure_steps times measures again); any other tries its bucket first.
+        own = self._plans.measured_for.get(key, 0) > 0
         for k in [key] if bucket is None else [key, bucket] if own else [bucket, key]:
             entry = self._plans.choose(k, without_gradients)
             if entry is not None:

@@ -63,14 +63,15 @@ the measured shapes]), checked on its first run as any derived plan is, and run 
 step whose length falls in the bucket. Such a step has at most the tokens its plan was
 made for, so it peaks at or below the plan's prediction, and a share budget is a share of
 the bucket's keep-all peak. What stays per shape: a measuring step measures the step's
-own shape (a profile is of the shape it was measured at), and a shape measured (or read
-from cache_dir) runs its own plan, which is exact; a bucket the measured shapes cannot
-derive yet (one measured shape, 1.5x or more away in tokens) leaves its steps to their
-own shapes until a second shape is measured. Bucket plans, being derived, are not written
-to cache_dir; under torch.distributed nothing is derived, and under whole-model compile
-each shape is a graph of its own (Note [Every shape under whole-model compile] in
-_compiled_shapes.py), so buckets change nothing there. test_fit_shapes' 18 lengths from 32 to 128 with buckets=32: 2 measuring steps and
-3 bucket plans (64, 96, 128), where each of the other 16 lengths had a plan of its own.
+own shape (a profile is of the shape it was measured at), and a shape measured in this
+run runs its own plan, which is exact; a bucket the measured shapes cannot derive yet
+(one measured shape, 1.5x or more away in tokens) leaves its steps to their own shapes
+until a second shape is measured. Bucket plans, being derived, are not written to
+cache_dir; under torch.distributed nothing is derived, and under whole-model compile each
+shape is a graph of its own (Note [Every shape under whole-model compile] in
+_compiled_shapes.py), so buckets change nothing there. test_fit_shapes' 18 lengths from
+32 to 128 with buckets=32: 2 measuring steps and 3 bucket plans (64, 96, 128), where
+each of the other 16 lengths had a plan of its own.
 """
 
 from __future__ import annotations
