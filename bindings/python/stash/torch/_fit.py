@@ -46,12 +46,13 @@ from .._engine import KEEP, OFFLOAD, Engine
 from .._lib import StashError
 from .._link import cached_link
 from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _allocator_state, _checked_blocks,
-                           _Clock, _gib, _is_kv_cache, _MeasureLayer, _model_digest,
-                           _optimizer_state_bytes, _optimizer_state_estimate, _tensor_bytes)
+                           _Clock, _gib, _MeasureLayer, _model_digest, _optimizer_state_bytes,
+                           _optimizer_state_estimate, _tensor_bytes)
 from ._fit_options import Budget, FitOptions
 from ._fit_shape_plans import ShapePlans
 from ._fit_bytes import TrainingBytes
 from ._fit_cache import ShapeCache
+from ._fit_calls import BlockCalls
 from ._fit_cuda_meter import CudaMeter
 from ._fit_passes import StepStarts
 from ._fit_plan import link_section, warn_closed
@@ -92,7 +93,6 @@ class BudgetHandle(StepPolicy):
 
     who = "stash.torch.fit"
     observes_saves = True  # every new storage is recorded or sampled (Note [What it costs])
-    _kv_cache = True  # block 0 of the running forward got a key/value cache (call_arguments)
 
     def __init__(self, blocks: Iterable[torch.nn.Module], budget: Union[int, str, Budget], *,
                  optimizer: Optional[torch.optim.Optimizer] = None,
@@ -125,6 +125,7 @@ class BudgetHandle(StepPolicy):
         self._starts = StepStarts(blocks, optimizer, self._plans, self._bytes, self._ranks)
         self._offload = OffloadHandle(blocks, None, policy=self, **options.engine_kwargs())
         self._cuda = self._offload.cuda
+        self._calls = BlockCalls(self._offload.blocks, self._offload.warn_once)
         # Note [The CPU allocator's meter] in _meter.py: None on CUDA, or where it cannot be
         # built (fit then counts the storages it tracks).
         self._counting = None if self._cuda else cpu_window()
@@ -137,8 +138,6 @@ class BudgetHandle(StepPolicy):
                               counting=self._counting, describe=self._describe)
         self._starts.attach(self._offload, self._book, self._recorder)
         self._opt_hook: Optional[Tuple[RemovableHandle, RemovableHandle]] = None
-        # blocks whose Hugging Face gradient checkpointing fit turned off (_checkpointing_off)
-        self._checkpointed: List[torch.nn.Module] = []
         self.link_cached = False
         try:
             # Measured now, before the training step allocates anything, and once per
@@ -200,7 +199,7 @@ class BudgetHandle(StepPolicy):
         # block (on_forward_began/ended/released mark, sample or read only in a measuring
         # step, while tracking, or at the last block).
         lean = self._starts.lean  # None outside a plan
-        if lean is None or self._recorder.tracking or self._kv_cache:
+        if lean is None or self._recorder.tracking or self._calls.kv_cache:
             return None
         return lean
 
@@ -212,46 +211,8 @@ class BudgetHandle(StepPolicy):
 
     def call_arguments(self, i: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]
                        ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
-        # Note [The loops fit lives in]: a key/value cache passed to the blocks in training
-        # is turned off for them, as Hugging Face's gradient checkpointing does. A decoder
-        # hands every block the same keywords, so block 0 decides for the forward (Note
-        # [What it costs]).
-        if self._starts.mode == "measure":
-            self._checkpointing_off(i)
-        if i == 0:
-            self._kv_cache = any(_is_kv_cache(v) for v in kwargs.values())
-        if not self._kv_cache:
-            return args, kwargs
-        if i == 0:
-            self._offload.warn_once(("kv-cache",), (
-                "the blocks are called with a key/value cache in training (use_cache=True); "
-                "stash turns it off for them, as gradient checkpointing does: set "
-                "model.config.use_cache = False to silence this"))
-        return args, {k: (None if _is_kv_cache(v) else v) for k, v in kwargs.items()}
-
-    def _checkpointing_off(self, i: int) -> None:
-        """Note [The loops fit lives in]: Hugging Face's gradient checkpointing on block i is
-        turned off (on again at close()); torch.utils.checkpoint around it is refused."""
-        block = self.blocks[i]
-        if (getattr(block, "gradient_checkpointing", False) is True
-                and hasattr(block, "_gradient_checkpointing_func")):
-            setattr(block, "gradient_checkpointing", False)
-            self._checkpointed.append(block)
-            self._offload.warn_once(("checkpointing",), (
-                f"Hugging Face gradient checkpointing is on for the blocks ({type(block).__name__}"
-                "); stash turns it off for them while it runs: it chooses per saved tensor "
-                "what to keep, recompute or offload within the budget, and a checkpointed "
-                "block leaves it nothing to choose (model.gradient_checkpointing_disable() "
-                "silences this; close() turns it back on)"))
-        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-        hooks = top(False) if top is not None else None
-        if hooks is not None and getattr(hooks[0], "__module__", "") == "torch.utils.checkpoint":
-            raise StashError(
-                f"stash.torch.fit: block {i} ({type(block).__name__}) runs under "
-                "torch.utils.checkpoint: stash chooses per saved tensor what to keep, recompute "
-                "or offload within the budget, and a checkpointed block leaves it nothing to "
-                "choose; call the blocks without checkpoint (stash recomputes what the budget "
-                "needs)")
+        # Note [The loops fit lives in]: a key/value cache off, checkpointing off or refused.
+        return self._calls.arguments(i, args, kwargs, self._starts.mode == "measure")
 
     # --- what the hooks tell ---------------------------------------------------------------
 
@@ -483,9 +444,9 @@ class BudgetHandle(StepPolicy):
         offload = getattr(self, "_offload", None)
         if offload is not None:
             offload.close()
-        for block in getattr(self, "_checkpointed", ()):
-            setattr(block, "gradient_checkpointing", True)
-        self._checkpointed = []
+        calls = getattr(self, "_calls", None)
+        if calls is not None:
+            calls.restore()
 
     # --- the OffloadHandle's public face, as fit's ------------------------------------------
 
