@@ -24,6 +24,22 @@ _fit_steps.py). Across ranks a
 later pass keeps the step's plan, as before: choosing a plan there is agreed by every
 rank, whose micro-batches need not have the same lengths (not built).
 
+Note [A longer micro-batch in flight]
+A micro-batch whose forward begins while others hold tensors (handle.micro_batch(i), the
+forwards before the backwards) runs the step's plan: the engine takes a new plan only
+where no micro-batch holds tensors. With lengths drawn per micro-batch, a later one can
+be longer than the shape that plan was made for, and its saved tensors grow past what the
+plan priced: two Mistral micro-batches of 52 and 119 tokens a row at "80%" read 19.54 MB
+against a 17.84 MB budget. Such a micro-batch now runs a variant of the plan for itself
+and the ones after it in the step: every tensor the profile marks recomputable (and not
+must_keep) recomputed, every offload where the plan has it, so that the engine's offload
+slots stay as they are (OffloadHandle.set_hook_actions refuses any other change); the
+hooks read a block's actions as its forward begins and the micro-batches before keep
+theirs. The next step begins with the plan again. One warning says how to avoid it (the
+longest micro-batch first, or buckets). The same step read 13.82 MB after, and [37, 64],
+within before (15.21 MB), 11.69: a longer micro-batch pays recompute even where the plan
+had room, since what the plan left free is not known while the step runs.
+
 Note [What it costs]
 A planned step should cost what its plan costs and no more. So, outside measuring steps:
 fit takes no per-block marks (only the step's start and end), tracks no storage (the
@@ -54,7 +70,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
-from .._engine import KEEP, RECOMPUTE
+from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from ._fit_bytes import TrainingBytes
 from ._fit_measure import MeasuringRecorder
 from ._fit_ranks import Ranks
@@ -130,12 +146,40 @@ class StepStarts:
                 rec.in_flight = max(rec.in_flight, in_flight + 1)
                 # It runs the step's plan, and counts as the shape of the pass before.
                 rec.pass_keys.append(rec.pass_keys[-1])
+                self._longer_in_flight(mb, args)
                 return
             book.pass_begins(rec)  # Note [A later pass on the CPU meter] in _fit_steps.py
             self._pass_begins(rec, args, kwargs)
             return
         key, inputs = self._shape_key(args, kwargs)
         self._begin_step(key, inputs, grads, self._bucket_of(key, args))
+
+    def _longer_in_flight(self, mb: int, args: Tuple[Any, ...]) -> None:
+        """Note [A longer micro-batch in flight]: micro-batch `mb` begins while others hold
+        tensors, with more tokens than the running plan was made for."""
+        offload = self._offload
+        entry = self._plans.entry
+        if (offload is None or self.mode != "plan" or entry is None or "profile" not in entry
+                or self._plans.key is None):
+            return
+        tokens = shape_tokens(args)
+        planned = self._plans.shapes.get(self._plans.key, ("", None))[1]
+        if tokens is None or planned is None or tokens <= planned:
+            return
+        layers = entry["profile"]["layers"]
+        least: List[LayerActions] = []
+        for i, actions in enumerate(offload.actions):
+            tensors = layers[i]["tensors"] if i < len(layers) else []
+            least.append(_DerivedLayer([
+                RECOMPUTE if (actions[j] != OFFLOAD and t["recomputable"]
+                              and not t.get("must_keep")) else actions[j]
+                for j, t in enumerate(tensors)]))
+        offload.set_hook_actions(least)
+        self.plain_layers, self.lean = set(), None
+        offload.warn_once(("longer-in-flight",), (
+            f"micro-batch {mb} ({tokens} tokens) began while others held tensors, longer "
+            f"than the running plan's shape ({planned} tokens): it recomputes all it can; "
+            "run the longest micro-batch first, or use fit(buckets=...)"))
 
     def _shape_key(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]
                    ) -> Tuple[str, List[torch.Tensor]]:

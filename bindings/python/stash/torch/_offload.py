@@ -33,7 +33,7 @@ from .._lib import StashError, parse_bytes
 from ._compiled import CompiledState, compiled_wrapper
 from ._compiled_offload import CompiledMoves
 from ._offload_hooks import BlockHooks
-from ._offload_policy import FIXED_PLAN, LayerActions, StepPolicy
+from ._offload_policy import FIXED_PLAN, LayerActions, StepPolicy, offload_slots
 from ._offload_replay import BlockReplays
 from ._offload_streams import EngineStreams
 from ._saved import is_fsdp
@@ -203,6 +203,18 @@ class OffloadHandle:
         """Runs these actions from the next step on: the engine takes their plan (it takes
         a new plan only while no micro-batch holds tensors)."""
         self._hooks.set_engine_plan(actions)
+        self._hooks.actions = actions
+
+    def set_hook_actions(self, actions: List[LayerActions]) -> None:
+        """Runs these actions from the next block's forward on, while micro-batches hold
+        tensors: they must offload what the engine's plan offloads, in the same places
+        (Note [A longer micro-batch in flight] in _fit_passes.py)."""
+        def offloaded(layers: List[LayerActions]) -> List[List[int]]:
+            return [[j for j, k in enumerate(offload_slots(a)[1] or []) if k is not None]
+                    for a in layers]
+        if offloaded(actions) != offloaded(self._hooks.actions):
+            raise StashError("stash.torch: actions that change the engine's offload slots "
+                             "while micro-batches hold tensors")
         self._hooks.actions = actions
 
     def compiled_moves(self, state_id: int) -> CompiledMoves:
