@@ -360,6 +360,8 @@ def test_a_kv_cache_in_training_is_turned_off_for_the_blocks():
     assert_bitwise(got, expected)
     cache = [w for w in seen if "key/value cache" in str(w.message)]
     assert len(cache) == 1 and "use_cache = False" in str(cache[0].message)
+    # Note [Warnings at the user's line]: the loop's line (train(), here), not stash's.
+    assert cache[0].filename == __file__, cache[0].filename
     assert [s["mode"] for s in got[2].report()["steps"]] == ["measure", "plan", "plan"]
 
 
@@ -388,6 +390,7 @@ def test_hugging_face_gradient_checkpointing_is_turned_off_while_fit_runs():
     assert not any(b.gradient_checkpointing for b in blocks)
     said = [w for w in seen if "gradient checkpointing is on" in str(w.message)]
     assert len(said) == 1 and "gradient_checkpointing_disable" in str(said[0].message)
+    assert said[0].filename == __file__, said[0].filename
     got[2].close()
     assert all(b.gradient_checkpointing for b in blocks)
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
 
 from .. import torch as stash_torch
 from .._lib import StashError
+from .._warn import warn
 from ..torch._fit_options import Budget, FitOptions
 from ._blocks import find_blocks
 
@@ -89,10 +89,9 @@ def turn_activation_checkpointing_off(model: torch.nn.Module, who: str) -> None:
         if getattr(module, f"is_{prefix}_checkpointing", False) is not True:
             continue
         getattr(module, f"{prefix}_checkpointing_disable")()
-        warnings.warn(
+        warn(
             f"stash: {who} turns {type(module).__name__}'s activation checkpointing off: "
             "stash.torch.fit chooses what each block keeps, recomputes or offloads within the "
             "budget, and a checkpointed block leaves it nothing to choose; leave checkpointing "
             "off to silence this (activation_checkpointing=False in TrainingArguments, "
-            "gradient_checkpointing=False in TRL's configs, which default to True)",
-            stacklevel=2)
+            "gradient_checkpointing=False in TRL's configs, which default to True)")

@@ -131,13 +131,13 @@ _fit_cuda_meter.py).
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.fx as fx
 
 from .._lib import StashError
+from .._warn import warn
 from ._compile_plan import (GraphBlocks, Offload, SavedValue, outside_bytes,
                             saved_at_keep_all, saved_by_block, tag)
 from ._compiled_graph import (Shape, _install, _new_id, _states, _ticked, _uninstall,
@@ -350,11 +350,11 @@ class CompiledState:
             return
         if not self.check_warned:
             self.check_warned = True
-            warnings.warn(
+            warn(
                 f"stash.torch.fit: the compiled graph for shape {list(step.shape)} peaked at "
                 f"{peak} bytes, over its budget of {budget} bytes, after {self.replans} "
                 "corrections of its plan; give a budget with that margin, or use per-block "
-                "compile or eager mode.", stacklevel=2)
+                "compile or eager mode.")
 
     def refused(self) -> StashError:
         if self.error is None:
@@ -392,13 +392,12 @@ class CompiledState:
         elif (self.planned_grads is not None and grads > self.planned_grads
               and not self.more_grads_warned):
             self.more_grads_warned = True
-            warnings.warn(
+            warn(
                 f"stash.torch.fit: a compiled step began with {grads} bytes of gradients "
                 f"alive, more than the {self.planned_grads} its plan was measured with (a "
                 "loop that began accumulating gradients after the plan); under whole-model "
                 "compile this graph may run over the budget by up to the difference. "
-                "Accumulate from the first step, or use per-block compile or eager mode.",
-                stacklevel=2)
+                "Accumulate from the first step, or use per-block compile or eager mode.")
         step = StepTimes(serial, self.n)
         step.missing = self._missing() if serial == 0 else 0
         step.grads = grads

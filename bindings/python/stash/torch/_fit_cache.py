@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from typing import Any, Dict, Optional, Tuple
 
 from .. import profile as _profile
 from .._lib import StashError
 from .._planner import evaluate
+from .._warn import warn
 from ._fit_gradients import planned_without, view
 from ._fit_options import Budget
 
@@ -69,7 +69,7 @@ class ShapeCache(Dict[str, Entry]):
                 doc = json.load(f)
             _profile.validate(doc)
         except (OSError, ValueError, StashError) as e:
-            warnings.warn(f"stash.torch.fit: ignoring the cached profile {ppath}: {e}")
+            warn(f"stash.torch.fit: ignoring the cached profile {ppath}: {e}")
             return None
         without = planned_without(doc, without_gradients)
         qpath = self._path(key, self._plan_file(without))

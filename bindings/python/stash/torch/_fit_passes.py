@@ -65,12 +65,12 @@ start at block 0 (about 270 us) and the last block's boundary (about 180 us).
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
+from .._warn import warn
 from ._fit_bytes import TrainingBytes
 from ._fit_measure import MeasuringRecorder
 from ._fit_ranks import Ranks
@@ -241,7 +241,7 @@ class StepStarts:
         if refused is not None:
             why = refused.split(" The blocks are restored")[0].removeprefix("stash.torch.fit: ")
             rec.check = f"pass {rec.passes}: {why} It ran at least memory."
-            warnings.warn(f"stash.torch.fit: step {rec.index}, {rec.check}", stacklevel=7)
+            warn(f"stash.torch.fit: step {rec.index}, {rec.check}")
         self._plans.key, self._plans.entry = before
         if before[1] is not None and "profile" in before[1]:
             least: List[LayerActions] = [

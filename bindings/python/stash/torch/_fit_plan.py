@@ -25,11 +25,11 @@ plan whose first run failed its check) is measured, and its measurement decides.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from .._lib import StashError
 from .._planner import STASH_ERROR_INFEASIBLE_BUDGET, InfeasibleBudget, evaluate, make_plan
+from .._warn import warn
 from ._fit_cache import Entry
 from ._fit_gradients import view
 from ._fit_options import Budget
@@ -46,8 +46,8 @@ class BudgetRefused(StashError):
 
 def warn_closed(error: StashError) -> None:
     """Note [A refusal is also a warning]."""
-    warnings.warn(f"{error} stash.torch.fit has closed: training that catches this "
-                  "error goes on without stash, unplanned.", RuntimeWarning, stacklevel=3)
+    warn(f"{error} stash.torch.fit has closed: training that catches this error goes on "
+         "without stash, unplanned.", RuntimeWarning)
 
 
 def _smallest_accepted(min_feasible: int, measured: Optional[int]) -> int:

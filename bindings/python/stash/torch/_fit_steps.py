@@ -72,7 +72,6 @@ them) stay counted.
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
@@ -80,6 +79,7 @@ import torch
 from .._engine import Engine
 from .._lib import StashError
 from .._profiler import FORWARD, Profiler
+from .._warn import warn
 from ._cpu_meter import Window
 from ._fit_bytes import TrainingBytes
 from ._fit_cuda_meter import CudaMeter, cuda_profile_figures
@@ -450,10 +450,8 @@ class StepBook:
 
     def _warn_over(self, rec: StepRecord) -> None:
         if rec.over_budget:
-            warnings.warn(
-                f"stash.torch.fit: step {rec.index} ({rec.mode}) peaked at "
-                f"{_gib(rec.peak_bytes)}, OVER the budget of {_gib(rec.budget_bytes or 0)}",
-                stacklevel=4)
+            warn(f"stash.torch.fit: step {rec.index} ({rec.mode}) peaked at "
+                 f"{_gib(rec.peak_bytes)}, OVER the budget of {_gib(rec.budget_bytes or 0)}")
 
     def _record_profile(self, rec: StepRecord) -> None:
         """A finished measuring step as the shape's profile (kept in the cache)."""

@@ -7,11 +7,11 @@ nothing and says so once (a warning, and ``active`` is False with ``reason`` set
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Tuple
 
 import torch
 
+from .._warn import warn
 from ._boundary import at_backward_end, mark_backward
 
 # (start(name) -> handle, end(handle))
@@ -54,8 +54,7 @@ class nvtx_ranges:
         self._open_bwd: Dict[int, Any] = {}  # block index -> range handle
         self._queued = False  # the end-of-backward callback is queued
         if not self.active:
-            warnings.warn(f"stash.torch.nvtx_ranges: {self.reason}", RuntimeWarning,
-                          stacklevel=2)
+            warn(f"stash.torch.nvtx_ranges: {self.reason}", RuntimeWarning)
             return
         self._start, self._end = backend  # type: ignore[misc]  # not None: active
         for i, block in enumerate(self.blocks):

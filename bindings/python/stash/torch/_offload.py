@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional,
                     Sequence, Set, Tuple, TypeVar, Union)
 
@@ -30,6 +29,7 @@ import torch
 
 from .._engine import Engine, plan_actions
 from .._lib import StashError, parse_bytes
+from .._warn import warn
 from ._compiled import CompiledState, compiled_wrapper
 from ._compiled_offload import CompiledMoves
 from ._offload_hooks import BlockHooks
@@ -197,7 +197,7 @@ class OffloadHandle:
         """Warns once per `what`, prefixed with the policy's name."""
         if what not in self._warned:
             self._warned.add(what)
-            warnings.warn(f"{self._policy.who}: {message}", stacklevel=4)
+            warn(f"{self._policy.who}: {message}")
 
     def set_actions(self, actions: List[LayerActions]) -> None:
         """Runs these actions from the next step on: the engine takes their plan (it takes
