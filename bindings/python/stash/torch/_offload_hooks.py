@@ -165,8 +165,7 @@ class BlockHooks:
         self._draws_cuda_rng: Dict[int, bool] = {}
         self._hook_error: Optional[StashError] = None
         # False while the plan copies nothing: the engine then has no work in a step, and
-        # the hooks make no engine call at all (Note [Offload hooks]). set_engine_plan sets
-        # it.
+        # the hooks make no engine call at all (Note [Offload hooks]; set_engine_plan).
         self._engine_active = True
         # Per layer: the engine slot of each plan index that offloads (None elsewhere), or
         # None where slot j is index j (StepPolicy.engine_layer).
