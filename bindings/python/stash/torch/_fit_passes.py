@@ -166,15 +166,7 @@ class StepStarts:
         planned = self._plans.shapes.get(self._plans.key, ("", None))[1]
         if tokens is None or planned is None or tokens <= planned:
             return
-        layers = entry["profile"]["layers"]
-        least: List[LayerActions] = []
-        for i, actions in enumerate(offload.actions):
-            tensors = layers[i]["tensors"] if i < len(layers) else []
-            least.append(_DerivedLayer([
-                RECOMPUTE if (actions[j] != OFFLOAD and t["recomputable"]
-                              and not t.get("must_keep")) else actions[j]
-                for j, t in enumerate(tensors)]))
-        offload.set_hook_actions(least)
+        offload.set_hook_actions(_least_memory(entry["profile"], offload.actions))
         self.plain_layers, self.lean = set(), None
         offload.warn_once(("longer-in-flight",), (
             f"micro-batch {mb} ({tokens} tokens) began while others held tensors, longer "
@@ -244,11 +236,7 @@ class StepStarts:
             warn(f"stash.torch.fit: step {rec.index}, {rec.check}")
         self._plans.key, self._plans.entry = before
         if before[1] is not None and "profile" in before[1]:
-            least: List[LayerActions] = [
-                _DerivedLayer([RECOMPUTE if t["recomputable"] and not t.get("must_keep")
-                               else KEEP for t in layer["tensors"]])
-                for layer in before[1]["profile"]["layers"]]
-            self._switch(least, "plan")
+            self._switch(_least_memory(before[1]["profile"]), "plan")
 
     def _begin_step(self, key: str, inputs: Sequence[torch.Tensor],
                     grads: Optional[int], bucket: Optional[str]) -> None:
@@ -299,3 +287,19 @@ class StepStarts:
         lean = [0 < i < self._n - 1 and self.keeps_everything(a)
                 and not offload.copies for i, a in enumerate(actions)]
         self.lean = lean if any(lean) else None
+
+
+def _least_memory(profile: Dict[str, Any], running: Optional[Sequence[LayerActions]] = None
+                  ) -> List[LayerActions]:
+    """A profile's layers at least memory, on its skeleton (as a derived plan runs): every
+    tensor it marks recomputable and not must_keep recomputed, the rest kept; with the
+    `running` actions, what they offload stays offloaded, so the engine's slots stay (Note
+    [A longer micro-batch in flight])."""
+    least: List[LayerActions] = []
+    for i, layer in enumerate(profile["layers"]):
+        now = running[i] if running is not None else None
+        least.append(_DerivedLayer([
+            OFFLOAD if now is not None and now[j] == OFFLOAD
+            else RECOMPUTE if t["recomputable"] and not t.get("must_keep") else KEEP
+            for j, t in enumerate(layer["tensors"])]))
+    return least
