@@ -107,14 +107,18 @@ class Budget:
         return self.text
 
 
+def _positive_int(x: Any) -> bool:
+    """An int of at least 1 (a bool is not one)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
 def _checked_buckets(buckets: Any) -> Optional[Union[int, Tuple[int, ...]]]:
     """fit(buckets=): None, a length every sequence length is rounded up to a multiple of,
     or the lengths themselves (any order; sorted)."""
-    def length(x: Any) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and x >= 1
-    if buckets is None or length(buckets):
+    if buckets is None or _positive_int(buckets):
         return cast(Optional[int], buckets)
-    if isinstance(buckets, (list, tuple)) and buckets and all(length(b) for b in buckets):
+    if (isinstance(buckets, (list, tuple)) and buckets
+            and all(_positive_int(b) for b in buckets)):
         return tuple(sorted(set(buckets)))
     raise StashError(_where(
         f"buckets must be a positive int (lengths rounded up to a multiple of it) or a "
@@ -143,8 +147,7 @@ class FitOptions:
     def __post_init__(self) -> None:
         if self.solver not in SOLVERS:
             raise StashError(_where(f"unknown solver {self.solver!r} (greedy, ilp or exact)"))
-        if (isinstance(self.measure_steps, bool) or not isinstance(self.measure_steps, int)
-                or self.measure_steps < 1):
+        if not _positive_int(self.measure_steps):
             raise StashError(_where(f"measure_steps must be an int >= 1, got "
                                     f"{self.measure_steps!r}"))
         if self.cache_dir is not None:
