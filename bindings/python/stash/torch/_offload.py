@@ -283,8 +283,9 @@ class OffloadHandle:
         recompute_forwards: replays run in backward, recompute_stopped_early: those that
         stopped before the forward's last save, recompute_replayed_saves: saves they went
         through (of the forward's, including parameters'), recompute_captured: saved
-        tensors they captured (a storage saved twice counts twice); recompute_kept_count/bytes: tensors the plan recomputes that
-        cannot be (an input), kept instead; offload tensors not on the device;
+        tensors they captured (a storage saved twice counts twice);
+        recompute_kept_count/bytes: tensors the plan recomputes that cannot be (an input),
+        kept instead; offload tensors not on the device;
         micro-batches whose forward was dropped without a backward (abandoned: replaced by
         a later forward; aborted: ended by an exception or a freed graph, Note [A step that
         ends early])."""
