@@ -46,7 +46,7 @@ from .._engine import KEEP, OFFLOAD, Engine
 from .._lib import StashError
 from .._link import cached_link
 from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _allocator_state, _checked_blocks,
-                           _Clock, _gib, _MeasureLayer, _model_digest, _optimizer_state_bytes,
+                           _Clock, _gib, _MeasureLayer, _model_digest,
                            _optimizer_state_estimate, _tensor_bytes)
 from ._fit_options import Budget, FitOptions
 from ._fit_shape_plans import ShapePlans
@@ -57,7 +57,7 @@ from ._fit_cuda_meter import CudaMeter
 from ._fit_passes import StepStarts
 from ._fit_plan import link_section, warn_closed
 from ._fit_measure import MeasuringRecorder
-from ._fit_ranks import Ranks, link_across_ranks, optimizer_state_delta
+from ._fit_ranks import Ranks, link_across_ranks
 from ._fit_report import fit_report, format_report
 from ._fit_steps import Description, StepBook
 from ._offload import OffloadHandle
@@ -373,24 +373,11 @@ class BudgetHandle(StepPolicy):
         self._book.optimizer_stepped()
         # Note [What the budget counts] in _fit_steps.py: the optimizer's real state, once
         # it exists.
-        entry = self._plans.entry
         counted = self._book.optimizer_state_counted
-        if counted is None or entry is None:
-            return
-        if self._ranks is not None:
-            # Every rank re-plans with the largest difference any rank saw, once.
-            if entry.get("opt_checked") or "profile" not in entry:
-                return
-            entry["opt_checked"] = True
-            real = _optimizer_state_bytes(opt)
-            delta = optimizer_state_delta(self._ranks, real - counted)
-        else:
-            if "profile" not in entry:
-                return
-            real = _optimizer_state_bytes(opt)
-            delta = real - counted
-        self._book.optimizer_state_counted = real
-        self._plans.optimizer_state_changed(delta)
+        if counted is not None:
+            real = self._plans.optimizer_stepped(opt, counted)
+            if real is not None:
+                self._book.optimizer_state_counted = real
 
     # --- public ---------------------------------------------------------------------------
 

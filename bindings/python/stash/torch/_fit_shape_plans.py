@@ -50,6 +50,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, NoReturn, Optional, Set, Tuple
 
+import torch
+
 from .._lib import StashError
 from .._planner import InfeasibleBudget
 from ._fit_cache import Entry, ShapeCache
@@ -57,9 +59,10 @@ from ._fit_gradients import planned_without, shift_fixed, view
 from ._fit_options import Budget, FitOptions
 from ._fit_plan import (BudgetRefused, budget_of, derived_refusal, plan_derived,
                         plan_measured)
-from ._fit_ranks import (Ranks, cached_plan_agreed, combine_measured, publish_plan,
-                         published_plan)
-from ._fit_support import StepRecord, _actions_of, _DerivedLayer, _gib
+from ._fit_ranks import (Ranks, cached_plan_agreed, combine_measured, optimizer_state_delta,
+                         publish_plan, published_plan)
+from ._fit_support import (StepRecord, _actions_of, _DerivedLayer, _gib,
+                           _optimizer_state_bytes)
 
 
 # Note [What the budget counts] in _fit_steps.py: the plan made with a correction peaks
@@ -174,12 +177,28 @@ class ShapePlans:
         self.entry = entry
         self.cache.store_profile(key, entry["profile"])
 
-    def optimizer_state_changed(self, delta: int) -> None:
-        """The optimizer's real state differs from what the current shape's fixed bytes
-        count by `delta`: the next step plans again with it."""
-        if delta and self.entry is not None and "profile" in self.entry:
-            shift_fixed(self.entry["profile"], delta)
-            self.entry.pop("plan", None)
+    def optimizer_stepped(self, opt: torch.optim.Optimizer, counted: int) -> Optional[int]:
+        """The optimizer stepped, with `counted` bytes of its state in the current shape's
+        fixed bytes (Note [What the budget counts] in _fit_steps.py): where its real state
+        differs, the next step plans again with it (across ranks, once, with the largest
+        difference any rank saw). Returns the bytes counted from now, or None where the
+        current shape has no measured profile (or its ranks checked already)."""
+        entry = self.entry
+        if entry is None or "profile" not in entry:
+            return None
+        if self.ranks is not None:
+            if entry.get("opt_checked"):
+                return None
+            entry["opt_checked"] = True
+            real = _optimizer_state_bytes(opt)
+            delta = optimizer_state_delta(self.ranks, real - counted)
+        else:
+            real = _optimizer_state_bytes(opt)
+            delta = real - counted
+        if delta:
+            shift_fixed(entry["profile"], delta)
+            entry.pop("plan", None)
+        return real
 
     @property
     def budget_bytes(self) -> Optional[int]:
