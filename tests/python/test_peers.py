@@ -219,7 +219,7 @@ def test_tiny_run_every_cpu_peer_runs_and_trains_as_keep_all(tiny_run):
         if r["status"] != "ok":  # only a budget below what fit can train in
             assert r["infeasible"] and "smallest feasible budget" in r["reason"], r["reason"]
             continue
-        if r["compiled"]:  # Note [Which losses must match] in peers.py
+        if r["compiled"]:  # Note [Which losses must match] in _peers_table.py
             assert r["loss_check"]["ok"] is True, r["loss_check"]
         else:
             assert r["loss_check"] == {"rule": "bitwise", "max_rel_diff": 0.0, "ok": True}
