@@ -22,8 +22,9 @@ set(STASH_SKIP_REGEX "\\[ STASH NO DEVICE \\]")
 #   ctest --test-dir <P>/libexec/stash/tests -L gpu
 # runs on a machine that has the prefix (with a plain install into it too: the tests use
 # its libraries, CLI, header and profiles) and nothing else, no build tree and no sources;
-# `-L cpu` runs the .cpu variants on the installed double. tools/gpu-carry.sh carries a
-# build to a GPU machine that way, as rmm carries its installed gtests. Nothing in that CTestTestfile.cmake names
+# `-L cpu` runs the .cpu variants on the installed double, and `-L figures` the benchmarks a
+# GPU machine records (Note [The figures tests] in tests/gpu/CMakeLists.txt).
+# tests/gpu/carry.sh carries a build to a GPU machine that way, as rmm carries its installed gtests. Nothing in that CTestTestfile.cmake names
 # the build machine: ctest reads it in its own folder, its working directory (`pwd -P`
 # there, since CMake 4 resolves no relative path in a CTestTestfile), and every program,
 # library and file is found from there. The programs' RUNPATH
@@ -46,14 +47,16 @@ function(stash_install_test_program target)
 endfunction()
 
 # A value as CMake quotes its own in a CTestTestfile.cmake: backslashes and quotes escaped,
-# a list as "a;b"; then @TESTS@, @PREFIX@ and @PYTHON@ become the variables its header
-# sets (tests/CMakeLists.txt).
+# a list as "a;b"; then @TESTS@, @PREFIX@, @PYTHON@, @PYTHONPATH@ and @OUT@ become the
+# variables its header sets (tests/CMakeLists.txt).
 function(_stash_quote var value)
   string(REPLACE "\\" "\\\\" q "${value}")
   string(REPLACE "\"" "\\\"" q "${q}")
   string(REPLACE "@TESTS@" "\${_tests}" q "${q}")
   string(REPLACE "@PREFIX@" "\${_prefix}" q "${q}")
+  string(REPLACE "@PYTHONPATH@" "\${_pythonpath}" q "${q}")
   string(REPLACE "@PYTHON@" "\${_python}" q "${q}")
+  string(REPLACE "@OUT@" "\${_out}" q "${q}")
   set(${var} "\"${q}\"" PARENT_SCOPE)
 endfunction()
 
@@ -61,8 +64,10 @@ endfunction()
 #                      [ENVIRONMENT VAR=value...] [SKIP_RETURN_CODE n] [SKIP_REGEX]):
 # a test of the installed CTestTestfile.cmake. In the command and the environment,
 # @TESTS@ is the installed test folder and @PREFIX@ the prefix, both absolute when ctest
-# runs, and @PYTHON@ the GPU Python tests' interpreter ($STASH_GPU_PYTHON, else python3);
-# SKIP_REGEX skips on STASH_SKIP_REGEX, as the .gpu variants do.
+# runs, @PYTHON@ the GPU Python tests' interpreter ($STASH_GPU_PYTHON, else python3),
+# @PYTHONPATH@ the installed package's folder followed by $PYTHONPATH (wheels carried to
+# the machine), and @OUT@ where the figures tests write (Note [The figures tests] in
+# tests/gpu/CMakeLists.txt); SKIP_REGEX skips on STASH_SKIP_REGEX, as the .gpu variants do.
 function(stash_installed_test name)
   cmake_parse_arguments(ARG "SKIP_REGEX" "TIMEOUT;SKIP_RETURN_CODE" "COMMAND;LABELS;ENVIRONMENT"
                         ${ARGN})

@@ -18,8 +18,8 @@ if not torch.cuda.is_available():
 try:
     import transformers
 except ImportError:
-    pytest.skip("[ STASH NO DEVICE ] transformers is not installed (tools/gpu-carry.sh carries "
-                "it)", allow_module_level=True)
+    pytest.skip("[ STASH NO DEVICE ] transformers is not installed (tests/gpu/carry.sh "
+                "carries wheels)", allow_module_level=True)
 
 import stash.torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402

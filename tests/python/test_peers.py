@@ -88,6 +88,17 @@ def test_a_peer_that_cannot_run_or_fails_keeps_its_row_with_the_reason():
     assert "| breaks | - |" in md and "failed: ValueError: broken hook" in md
 
 
+def test_size_auto_is_the_largest_llama_the_device_holds(monkeypatch):
+    class Props:
+        total_memory = 0
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: Props)
+    for gib, size in ((141, "h200-fill"), (80, "h200"), (40, "tiny")):
+        Props.total_memory = gib * 2**30
+        assert _llama.size_for("cuda") == size, gib
+    assert _llama.size_for("cpu") == "tiny"
+
+
 def test_loss_rules():
     a = [2.0, 1.5, 1.25]
     assert peers.loss_check(list(a), a, compiled=False, dtype="float32")["ok"] is True

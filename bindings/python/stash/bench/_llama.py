@@ -26,6 +26,21 @@ SIZES: Dict[str, Dict[str, Any]] = {
 }
 
 
+def size_for(device: Device) -> str:
+    """The largest size whose keep-all step fits the device's memory with room to spare
+    (--size auto): h200-fill (keep-all near 90 GB) from 120 GiB (an H200), h200 (near 40
+    GB) from 60 GiB (an 80 GB H100), tiny on anything smaller and on the CPU."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return "tiny"
+    total = torch.cuda.get_device_properties(dev).total_memory
+    if total >= 120 * 2**30:
+        return "h200-fill"
+    return "h200" if total >= 60 * 2**30 else "tiny"
+
+
 def model(size: Dict[str, Any], seed: int, device: Device) -> LlamaForCausalLM:
     """A LlamaForCausalLM with SDPA attention in train mode; the same weights for a seed."""
     import torch

@@ -267,7 +267,8 @@ def _parse_list(text: str, what: str) -> List[float]:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m stash.bench.peers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(_llama.SIZES), default="tiny")
+    ap.add_argument("--size", choices=sorted(_llama.SIZES) + ["auto"], default="tiny",
+                    help="the Llama (auto: the largest this device holds)")
     ap.add_argument("--layers", type=int, help="decoder layers (default: the size's)")
     ap.add_argument("--steps", type=int, default=6, help="training steps per system")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps at the start")
@@ -292,6 +293,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     cuda = device == "cuda"
+    if a.size == "auto":
+        a.size = _llama.size_for(device)
     size = dict(_llama.SIZES[a.size])
     if a.layers:
         size["layers"] = a.layers
