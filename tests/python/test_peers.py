@@ -9,7 +9,7 @@ import torch
 
 from stash.bench import _llama, peers
 from stash.torch._meter import CpuProfilerMeter, live_training_bytes, peak_delta
-from stash.bench._peer_systems import (Session, StashFit, System, sac_policy,
+from stash.bench._peer_systems import (CompileBudget, Session, StashFit, System, sac_policy,
                                        sac_save_list, stash_systems, system_by_name,
                                        peer_systems)
 from stash.bench._svg import knee, pareto_front, peers_svg, stash_curve
@@ -99,6 +99,50 @@ def test_size_auto_is_the_largest_llama_the_device_holds(monkeypatch):
     assert _llama.size_for("cpu") == "tiny"
 
 
+def test_compiled_systems_side_by_side_run_their_own_graphs(monkeypatch):
+    # Note [A compile backend per system]: two models compiled at different memory budgets
+    # in one process save what their own budget partitions, not what the first compiled.
+    size = dict(_llama.SIZES["tiny"], layers=1)
+    ids = _llama.data(size, 1, "cpu")[0]
+    models = [_llama.model(size, 0, "cpu") for _ in range(2)]
+    sessions = [system.start(model, torch.optim.SGD(model.parameters()), "cpu")
+                for system, model in zip((CompileBudget(0.3), CompileBudget(1.0)), models)]
+    saved = []
+    for model in models:  # both started first, as the interleaved rounds start them
+        n = [0]
+
+        def pack(t, n=n):
+            n[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, labels=ids).loss.backward()
+        saved.append(n[0])
+    for session in sessions:
+        session.close()
+    assert saved[0] < saved[1], saved
+    # Side by side (Note [Ratios from interleaved steps]): a step that compiled a graph is
+    # not timed, so the first round of each is left out.
+    times = peers.time_interleaved([CompileBudget(0.3), CompileBudget(1.0)], size, "cpu",
+                                   steps=3, warmup=0)
+    assert {k: len(v) for k, v in times.items()} == {"compile-0.3": 2, "compile-1": 2}
+
+
+def test_a_planned_step_that_compiled_is_not_the_measured_step_time():
+    from stash.bench._peers_table import stash_summary
+
+    def step(mode, ms, graphs=0):
+        return {"mode": mode, "step_ms": ms, "compiled_graphs": graphs, "fit_peak_bytes": 1,
+                "predicted_step_ms": 40.0, "predicted_peak_bytes": 2}
+
+    report = {"budget_bytes": 3}
+    steps = [step("measure", 900.0, 2), step("plan", 2000.0, 1), step("plan", 50.0),
+             step("plan", 52.0)]
+    assert stash_summary(report, steps)["measured_step_ms"] == 51.0
+    # Only steps that compiled: their median still, rather than nothing.
+    assert stash_summary(report, steps[:2])["measured_step_ms"] == 2000.0
+
+
 def test_loss_rules():
     a = [2.0, 1.5, 1.25]
     assert peers.loss_check(list(a), a, compiled=False, dtype="float32")["ok"] is True
@@ -174,8 +218,10 @@ def test_svg_draws_what_ran():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("peers")
+    # Compiled rows keep their sequential figures here: interleaving them compiles every
+    # compiled row's graphs again (test_compiled_systems_side_by_side_run_their_own_graphs).
     rc = peers.main(["--size", "tiny", "--steps", "4", "--warmup", "1", "--interleave", "2",
-                     "--out", str(out)])
+                     "--no-interleave-compiled", "--out", str(out)])
     return rc, out
 
 

@@ -51,7 +51,10 @@ def stash_summary(report: Dict[str, Any], steps: List[Dict[str, Any]]) -> Dict[s
         pred_ms = [s["predicted_step_ms"] for s in planned if s["predicted_step_ms"]]
         pred_peak = [s["predicted_peak_bytes"] for s in planned if s["predicted_peak_bytes"]]
         out["predicted_step_ms"] = statistics.median(pred_ms) if pred_ms else None
-        out["measured_step_ms"] = statistics.median(s["step_ms"] for s in planned)
+        # A planned step that compiled a graph (a whole-model row's plan takes effect by
+        # recompiling) times the compiler: 2249.8 ms against 46.5 predicted was read so.
+        timed = [s for s in planned if not s.get("compiled_graphs")] or planned
+        out["measured_step_ms"] = statistics.median(s["step_ms"] for s in timed)
         out["predicted_peak_bytes"] = max(pred_peak) if pred_peak else None
     return out
 

@@ -36,10 +36,16 @@ This machine's speed drifts by tens of percent between and within runs, so token
 from one system's steps, then the next system's, compares moments as much as systems.
 With --interleave N (the default on the CPU: 48) every row that ran is trained again side
 by side: one model per system, one step of each in turn, the order rotating each round,
-two untimed rounds then N timed ones. The table's tokens/s, and every ratio in it, are
-the medians of those steps; the sequential pass still gives the peaks, the budgets and the
-losses (its own tokens/s stay in the JSON as sequential_tokens_per_s). Compiled rows set
-torch's global compile settings while they run, so they keep their sequential figure.
+two untimed rounds then N timed ones, less any step that compiled a graph (a compiled
+row's first steps; a whole-model stash row's measuring and planning steps). The table's
+tokens/s, and every ratio in it, are the medians of those steps; the sequential pass
+still gives the peaks, the budgets and the losses (its own tokens/s stay in the JSON as
+sequential_tokens_per_s). Compiled rows are interleaved too, each compiling through a
+backend of its own (Note [A compile backend per system] in _peer_systems.py);
+--no-interleave-compiled leaves them their sequential figure, which is a few steps at
+most after their compiles: stash compiled whole at compile-0.7's peak read 78.3% of
+compile-0.7 from 3 sequential steps, and 87.4% from 48 interleaved rounds (BENCHMARKS.md,
+"Compiled peers side by side").
 The default was 12 rounds, too few for a ratio of 1%: three tiny runs back to back
 (full-ac and sac beside keep-all) put stash at keep-all's peak at 96.9%, 100.6% and
 95.9% of keep-all, and full AC's row at 104.1%, 107.4% and 95.1% of full AC; with 48
@@ -225,24 +231,31 @@ def time_interleaved(systems: List[System], size: Dict[str, Any], device: Device
                      steps: int, warmup: int) -> Dict[str, List[float]]:
     """Note [Ratios from interleaved steps]: every system's model trained side by side,
     one step each in turn (the order rotating), `warmup` untimed rounds then `steps` timed
-    ones; each system's step times in ms."""
+    ones; each system's step times in ms, less its steps that compiled a graph."""
     import torch
+    import torch._dynamo
 
     batches = _llama.data(size, warmup + steps, device)
     runs: List[Tuple[System, LlamaForCausalLM, torch.optim.AdamW, Session]] = []
+    # Every compiled system's graphs at once: Dynamo's limit of 8 graphs per code object
+    # would send the rest to eager mode (a whole-model stash row alone compiles two or
+    # three: the measuring graph, its plan's, a corrected plan's).
+    limits = torch._dynamo.config.patch(recompile_limit=64, accumulated_recompile_limit=1024)
     try:
-        for system in systems:
-            model = _llama.model(size, 0, device)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            runs.append((system, model, opt, system.start(model, opt, device)))
-        times: Dict[str, List[float]] = {s.name: [] for s in systems}
-        for k, ids in enumerate(batches):
-            turn = k % len(runs)
-            for system, model, opt, session in runs[turn:] + runs[:turn]:
-                _, ms = _train_step(model, opt, session, ids, device)
-                if k >= warmup:
-                    times[system.name].append(ms)
-        return times
+        with limits:
+            for system in systems:
+                model = _llama.model(size, 0, device)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+                runs.append((system, model, opt, system.start(model, opt, device)))
+            times: Dict[str, List[float]] = {s.name: [] for s in systems}
+            for k, ids in enumerate(batches):
+                turn = k % len(runs)
+                for system, model, opt, session in runs[turn:] + runs[:turn]:
+                    graphs = _graphs_compiled()
+                    _, ms = _train_step(model, opt, session, ids, device)
+                    if k >= warmup and _graphs_compiled() == graphs:
+                        times[system.name].append(ms)
+            return times
     finally:
         for _, _, _, session in runs:
             session.close()
@@ -285,6 +298,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--interleave", type=int, default=None,
                     help="timed rounds of every row side by side (Note [Ratios from "
                          "interleaved steps]; default 48 on the CPU, 0 on CUDA)")
+    ap.add_argument("--interleave-compiled", action=argparse.BooleanOptionalAction,
+                    default=True, help="compiled rows in the interleaved rounds too")
     a = ap.parse_args(argv)
     if a.steps < 2 or a.warmup < 0 or a.warmup >= a.steps:
         ap.error("--steps must be at least 2 and --warmup smaller than --steps")
@@ -381,13 +396,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             run(s)
     rounds = a.interleave if a.interleave is not None else (0 if cuda else 48)
     if rounds > 0:
-        ran = {r["name"]: r for r in rows if r["status"] == "ok" and not r["compiled"]}
+        ran = {r["name"]: r for r in rows
+               if r["status"] == "ok" and (a.interleave_compiled or not r["compiled"])}
         chosen = [s for s in all_systems if s.name in ran]
         print(f"  interleaved: {len(chosen)} systems, {rounds} rounds ...", end="", flush=True)
         t0 = time.perf_counter()
         times = time_interleaved(chosen, size, device, rounds, 2)
         for name, ms in times.items():
             r = ran[name]
+            if not ms:  # every round compiled: the sequential figure stays
+                continue
             r["sequential_tokens_per_s"] = r["tokens_per_s"]
             r["median_step_ms"] = statistics.median(ms)
             r["timed_steps"] = len(ms)
