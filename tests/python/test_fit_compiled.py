@@ -13,6 +13,8 @@ import torch
 
 import stash
 import stash.torch
+import stash.torch._clock
+import stash.torch._fit
 from stash.torch._cpu_meter import window
 from stash.torch._fit_plan import BudgetRefused
 from stash.torch._meter import live_training_bytes
@@ -147,6 +149,48 @@ def test_fit_plans_the_compiled_graph(keep_all):
     assert [sum(t["bytes"] for t in layer["tensors"]) for layer in prof["layers"]] == \
         [sum(v.nbytes for v in st.saved[i]) for i in range(2)]
     assert all(layer["fwd_ms"] > 0 and layer["bwd_ms"] >= 0 for layer in prof["layers"])
+
+
+class _Mark:
+    """A clock mark no arithmetic works on, as a CUDA event."""
+
+    def __init__(self):
+        self.t = time.perf_counter()
+
+
+class _EventClock(stash.torch._clock._Clock):
+    """The handle's clock with opaque marks read through ms(), as CUDA events are."""
+
+    def __init__(self, cuda):
+        super().__init__(cuda)
+        self.kind = "test-events"
+        self.marks = 0
+
+    def mark(self):
+        self.marks += 1
+        return _Mark()
+
+    def ms(self, a, b):
+        return 0.0 if a is None or b is None else (b.t - a.t) * 1e3
+
+
+def test_the_compiled_ticks_are_marked_on_the_handles_clock(keep_all, monkeypatch):
+    """Note [Recompute cost in a compiled block] in _compiled_steps.py: the ticks mark
+    the handle's clock (CUDA events on a GPU, whose marks are read only through
+    elapsed_time), not the host clock, which on a GPU times the launches."""
+    monkeypatch.setattr(stash.torch._fit, "_Clock", _EventClock)
+    ref, _, _ = keep_all
+    budget = int(0.85 * max(s["peak"] for s in ref[1:]))
+    _, _, h = train(budget)
+    st = h._offload.compiled_state
+    assert isinstance(st.clock, _EventClock)
+    assert st.clock.marks >= 2 * (2 + 1) * STEPS  # every tick of every step
+    prof = st.profile
+    assert prof["measurement"]["timing"] == "test-events", prof["measurement"]
+    assert all(layer["fwd_ms"] > 0 and layer["bwd_ms"] >= 0 for layer in prof["layers"])
+    steps = h.report()["steps"]
+    assert len(steps) == STEPS and all(s["step_ms"] > 0 for s in steps), steps
+    h.close()
 
 
 @pytest.mark.parametrize("family, share", [("qwen2", 0.85), ("gpt2", 0.93)])

@@ -283,9 +283,10 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
     block] in _compiled.py). With those read against the model, the same Llama at "70%"
     makes all four offloads its plan lists (three before) and peaks at 42.06 MB against
     46.13 predicted (41.99 with three).
-    owners False: the tags stay where they were (on CUDA, where the measuring step does
-    not yet read the loss's bytes, Note [The loss under whole-model compile] in
-    _compiled.py, a plan that keeps what it says would be priced below its loss)."""
+    owners False: the tags stay where they were (for a CompiledState whose measuring step
+    reads no segments, and so not the loss's bytes, Note [The loss under whole-model
+    compile] in _compiled.py, a plan that keeps what it says would be priced below its
+    loss)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     keep: Set[str] = set()
@@ -325,13 +326,15 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
         node.meta.pop("ac_graph_id", None)
 
 
-def compiled_profile(layers: Sequence[Doc], *, device: Doc, link: Doc, host: Doc) -> Doc:
-    """The stash.profile/1 of a compiled measuring step, fixed_bytes 0."""
+def compiled_profile(layers: Sequence[Doc], *, device: Doc, link: Doc, host: Doc,
+                     timing: str = "host-clock") -> Doc:
+    """The stash.profile/1 of a compiled measuring step, fixed_bytes 0; timing: the
+    clock's kind ("cuda-events" or "host-clock")."""
     from .. import profile as _profile
     return {"schema": _profile.SCHEMA, "source": "measured", "device": device,
             "link": dict(link), "host": host, "fixed_bytes": 0, "step_overhead_ms": 0.0,
             "layers": list(layers),
-            "measurement": {"timing": "host-clock", "passes": 1,
+            "measurement": {"timing": timing, "passes": 1,
                             "cupti": {"used": False, "reason": "compiled step: the ticks "
                                       "time each block"},
                             "notes": ["fit: compiled measuring step (every block "

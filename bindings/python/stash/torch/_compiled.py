@@ -79,8 +79,8 @@ all into the fixed bytes at the measuring step's peak loses where they are: a pl
 peak moves (to the loss, or to another block's backward beside a prefetched value) was
 then priced below its run. On the peers' tiny Llama (4 layers, hidden 128, sequence 256)
 at compile-0.3's peak, a plan offloading one 1 MiB value ran 3.9% over its prediction
-and 2.8% over the budget. So on the CPU the measuring step reads the handle's own meter
-window at each backward tick (the peak since the last; reset_peak starts the next), and
+and 2.8% over the budget. So the measuring step reads the handle's meter at
+each backward tick (the peak since the last; reset_peak starts the next), and
 a block's bwd_temp_bytes is its backward segment's peak above what the model holds there
 for the least-memory plan it ran (the fixed bytes, the kept values of the blocks before
 it, its own recomputed ones: _compile_plan.calibrated_temporaries); the step's peak is
@@ -90,6 +90,14 @@ embedding's output, the rotary tables) is read into that position's own figure, 
 blocks' temporaries and the loss's bytes (Note [The loss under whole-model compile]);
 calibrating the fixed bytes from the step's peak too would count the peak block's
 reading twice.
+On CUDA the segments reset the meter (max_memory_allocated, or stash's pool's peak under
+use_allocator) at each backward tick of a measuring step, as the eager measuring step's
+windows do (Note [The measuring step's windows on CUDA] in _fit_cuda_meter.py): there,
+and only there, a reading of the meter after the step covers its last segment alone.
+Until 2026-12-07 CUDA read no segments, so as not to reset the meter users read mid-step,
+and its temporaries stayed in the fixed bytes, calibrated from the step's peak: the
+pricing the CPU had dropped for running its plans over their predictions, on the one
+device no test of stash's ran it on.
 The temporaries were first read as the segment's peak less the bytes alive at its tick.
 But Inductor schedules part of a block's backward (the next block's recompute,
 gradients) before the tick, so that reading already held it, and every block but the
@@ -103,10 +111,7 @@ intermediates, which a plan that keeps the block does not make, so a kept block 
 priced above its run (that Llama's last block by 8.7 MB), and a partly recomputed one
 may hold more than either (block 1 there: 13.8 MB against 11.7). A model of temporaries
 that depends on what the plan recomputes needs the planner's support and a second
-reading at the plan. A derived shape scales them as its saved bytes. On CUDA the
-segments would reset max_memory_allocated, the meter users read, in the middle of their
-step, so there the temporaries stay in the fixed bytes (calibrated from the step's
-peak).
+reading at the plan. A derived shape scales them as its saved bytes.
 
 Note [The loss under whole-model compile]
 The measuring step recomputes every block, so its peak is a block's backward, and the
@@ -115,22 +120,20 @@ their backward: the model's loss position, Note [The loss's position] in
 planner/model/plan.h) never binds there; its bytes above the kept activations were
 priced 0. A plan that keeps more makes that position its peak: with the plan's kept
 values really kept (Note [What min-cut keeps] in _compile_plan.py), a 2-layer Llama at
-85% of compiled keep-all peaked there 138 KB (2.3%) over its prediction. So on the CPU
-the measuring step also reads the meter from its start to the end tick's backward, and
+85% of compiled keep-all peaked there 138 KB (2.3%) over its prediction. So the
+measuring step also reads the meter from its start to the end tick's backward, and
 the profile's loss_bytes are that peak (with the optimizer state missing then) less the
 fixed bytes and the least-memory plan's kept activations. A longer shape scales them
 with its tokens, a shorter one keeps them: part of them does not shrink with the tokens
 (the head's weight gradient; at length 96 of a measured 128, scaled down, a Llama ran
-122 KB over its prediction). On CUDA (no segments) they stay 0, and the plan's tags
-stay on the values themselves (a kept view or attention output is recomputed, as
-before: within the prediction, slower than planned) until the measuring step reads the
-loss's window there as eager fit does (Note [The measuring step's windows on CUDA] in
-_fit_cuda_meter.py).
+122 KB over its prediction). On CUDA this segment is read as the blocks' are (Note
+[Backward temporaries of a compiled block]); until it was, loss_bytes stayed 0 there and
+the plan's tags stayed on the values themselves (a kept view or attention output was
+recomputed: within the prediction, slower than planned).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -138,6 +141,7 @@ import torch.fx as fx
 
 from .._lib import StashError
 from .._warn import warn
+from ._clock import _Clock
 from ._compile_plan import (GraphBlocks, Offload, SavedValue, outside_bytes,
                             saved_at_keep_all, saved_by_block, tag)
 from ._compiled_graph import (Shape, _install, _new_id, _states, _ticked, _uninstall,
@@ -167,8 +171,11 @@ class CompiledState:
                  gradients: Callable[[], int] = lambda: 0, grouped: bool = False,
                  shape_planner: Optional[ShapePlanner] = None,
                  refuse: Callable[[StashError], None] = lambda e: None,
-                 segment: Optional[Callable[[], int]] = None) -> None:
+                 segment: Optional[Callable[[], int]] = None,
+                 clock: Optional[_Clock] = None) -> None:
         self.id = _new_id()
+        # Note [Recompute cost in a compiled block] in _compiled_steps.py: the ticks' marks
+        self.clock = clock if clock is not None else _Clock(False)
         self.n = n
         self.names, self.kinds = list(names), list(kinds)
         self._planner = planner
@@ -299,7 +306,7 @@ class CompiledState:
         if block == 0:
             self._step_begins(serial, x)
         if self.steps:
-            self.steps[-1].fwd[block] = time.perf_counter()
+            self.steps[-1].fwd[block] = self.clock.mark()
         if self.moves is not None and serial > 0:
             self.moves.forward_tick(block)
 
@@ -309,7 +316,7 @@ class CompiledState:
         step = self.steps[-1]
         if self.moves is not None and step.serial > 0:
             self.moves.backward_tick(block)
-        step.bwd[block] = time.perf_counter()
+        step.bwd[block] = self.clock.mark()
         if self._segment is not None and step.serial == 0:
             # Note [Backward temporaries of a compiled block]
             peak = self._segment()  # the peak since the last tick
@@ -398,7 +405,7 @@ class CompiledState:
                 "loop that began accumulating gradients after the plan); under whole-model "
                 "compile this graph may run over the budget by up to the difference. "
                 "Accumulate from the first step, or use per-block compile or eager mode.")
-        step = StepTimes(serial, self.n)
+        step = StepTimes(serial, self.n, self.clock)
         step.missing = self._missing() if serial == 0 else 0
         step.grads = grads
         step.group = self.log.group

@@ -14,7 +14,9 @@ from .._planner import InfeasibleBudget
 from ._compile_plan import (calibrated_fixed_bytes, calibrated_loss_bytes,
                             calibrated_temporaries, compiled_profile, plan_actions_of)
 from ._compiled import CompiledState
+from ._clock import _Clock
 from ._cpu_meter import Window
+from ._fit_cuda_meter import CudaMeter
 from ._fit_plan import BudgetRefused, derived_refusal, plan_measured, warn_closed
 
 __all__ = ["compiled_meter", "fit_compiled_state"]
@@ -22,20 +24,22 @@ __all__ = ["compiled_meter", "fit_compiled_state"]
 Meter = Tuple[Callable[[torch.Tensor], int], Callable[[], int]]
 
 
-def compiled_meter(device: torch.device, counting: Callable[[], Optional[Window]],
+def compiled_meter(cuda_meter: Callable[[], Optional[CudaMeter]],
+                   counting: Callable[[], Optional[Window]],
                    alive: Callable[[Sequence[torch.Tensor]], int]
-                   ) -> Tuple[Meter, Optional[Callable[[], int]]]:
-    """fit's meter as a compiled step reads it: (open, peak) and, on the CPU, segment.
-    open(x) starts a window at the compiled forward's input x and returns the bytes the
-    window's readings are above (0 on CUDA: max_memory_allocated reads all of it); peak()
-    is the most since. counting: the CPU window, asked when the meter is read (fit makes
-    it after the OffloadHandle that asks for this meter); None: fit's own count, which a
-    compiled step cannot see (peak 0)."""
-    cuda = device.type == "cuda"
+                   ) -> Tuple[Meter, Callable[[], int]]:
+    """fit's meter as a compiled step reads it: (open, peak) and segment. open(x) starts a
+    window at the compiled forward's input x and returns the bytes the window's readings
+    are above (0 on CUDA: max_memory_allocated, or stash's pool peak, reads all of it);
+    peak() is the most since. cuda_meter: the CUDA meter (None on the CPU), and counting:
+    the CPU window (None: fit's own count, which a compiled step cannot see: peak 0), both
+    asked when the meter is read: fit makes them after the OffloadHandle that asks for
+    this meter."""
 
     def meter_open(x: torch.Tensor) -> int:
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(device)
+        cuda = cuda_meter()
+        if cuda is not None:
+            cuda.reset()
             return 0
         window = counting()
         if window is not None:
@@ -43,15 +47,22 @@ def compiled_meter(device: torch.device, counting: Callable[[], Optional[Window]
         return alive([x])
 
     def meter_peak() -> int:
-        if cuda:
-            return int(torch.cuda.max_memory_allocated(device))
+        cuda = cuda_meter()
+        if cuda is not None:
+            return cuda.peak()
         window = counting()
         return window.peak() if window is not None else 0
 
     def meter_segment() -> int:
         # Note [Backward temporaries of a compiled block] in _compiled.py: the peak since
         # the last call or the window's start, on meter_open's scale; the peak starts
-        # again from now.
+        # again from now (on CUDA, as the eager measuring step's windows do: Note [The
+        # measuring step's windows on CUDA] in _fit_cuda_meter.py).
+        cuda = cuda_meter()
+        if cuda is not None:
+            peak = cuda.peak()
+            cuda.reset()
+            return peak
         window = counting()
         if window is None:
             return 0
@@ -59,7 +70,7 @@ def compiled_meter(device: torch.device, counting: Callable[[], Optional[Window]
         window.reset_peak()
         return peak
 
-    return (meter_open, meter_peak), (None if cuda else meter_segment)
+    return (meter_open, meter_peak), meter_segment
 
 
 def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver: str,
@@ -69,8 +80,8 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
                        counted: Callable[[], int], missing: Callable[[], int],
                        gradients: Callable[[], int], grouped: bool,
                        refused: Callable[[], None],
-                       segment: Optional[Callable[[], int]] = None
-                       ) -> CompiledState:
+                       segment: Optional[Callable[[], int]] = None,
+                       clock: Optional[_Clock] = None) -> CompiledState:
     """stash.torch.fit's compiled state: its planner makes the measured profile and plans
     it as fit plans an eager one (Note [Planning the compiled graph]). refused: what the
     handle does before a BudgetRefused propagates (it restores the blocks)."""
@@ -86,7 +97,8 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         top = max(measured, key=lambda s: int(s.peak or 0) + s.missing)
         most = int(top.peak or 0) + top.missing
         device, link, host = describe()
-        doc = compiled_profile(state.layers(), device=device, link=link, host=host)
+        doc = compiled_profile(state.layers(), device=device, link=link, host=host,
+                               timing=state.clock.kind)
         if all(p is not None for p in top.bwd_peak):
             # Note [Backward temporaries of a compiled block]: each position's untracked
             # bytes where it is read.
@@ -135,4 +147,4 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
 
     return CompiledState(len(blocks), [f"{type(b).__name__}.{i}" for i, b in enumerate(blocks)],
                          [type(b).__name__ for b in blocks], planner, meter, None, missing,
-                         gradients, grouped, shape_planner, refuse, segment)
+                         gradients, grouped, shape_planner, refuse, segment, clock)

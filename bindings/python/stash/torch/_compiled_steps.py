@@ -12,9 +12,9 @@ plan calibrated on the first alone ran 0.13% over the budget on every step. So a
 that begins with more gradient bytes than every complete measuring forward did measures
 too (it runs the measuring graph anyway: the plan takes effect at the next compile), and
 the plan comes at the next tick 0, calibrated on the measuring forward that needed the
-most (peak plus the optimizer state missing then): on the CPU its blocks' temporaries
-from its segments (Note [Backward temporaries of a compiled block] in _compiled.py), on
-CUDA its fixed bytes (the peak less the model's least-memory activations). A plain loop (gradients set to None) plans one forward after
+most (peak plus the optimizer state missing then): its blocks' temporaries from its
+segments (Note [Backward temporaries of a compiled block] in _compiled.py). A plain loop
+(gradients set to None) plans one forward after
 its measuring one, as before; an accumulating one two. Should a planned step later begin
 with more gradients than the plan was calibrated on (a loop that starts accumulating),
 fit warns once: that graph may run over the budget by up to the difference.
@@ -24,9 +24,14 @@ aborted); without it, one per forward.
 
 Note [Recompute cost in a compiled block]
 The ticks time each block's forward and backward on a measured run of the compiled
-step (the host clock on the CPU; the measuring step's backward recomputes the whole
-block, so its backward less its forward is the backward proper). A compiled block's
-kernels cannot be timed one by one from Python, so a saved value's recompute_ms is the
+step (the measuring step's backward recomputes the whole block, so its backward less its
+forward is the backward proper): on the CPU on the host clock, on a GPU with a CUDA
+event each tick records on the current stream, read when the plan is made. The host
+clock there would time the launches: a tick runs when the host reaches it in the
+compiled graph's code, and Inductor's kernels for a block are queued in microseconds
+that the GPU then runs for milliseconds (until 2026-12-07 the ticks read it on CUDA
+too). A compiled block's kernels cannot be timed one by one from Python, so a saved
+value's recompute_ms is the
 block's measured forward split by cost: its chain (the nodes of the block it needs that
 are neither saved nor the block's input) over the whole block's, costing a matmul or
 attention node its FLOPs and any other node its output's bytes. The planner's total is
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
+from ._clock import _Clock
 from ._compile_plan import SavedValue, layer_doc
 from ._compiled_graph import Shape
 from ._compiled_shapes import ShapePlan
@@ -46,12 +52,14 @@ __all__ = ["StepLog", "StepTimes", "measured_layers"]
 
 
 class StepTimes:
-    """One compiled step's ticks (host clock, seconds) and peak on the meter."""
+    """One compiled step's ticks (marks of the handle's clock: CUDA events on a GPU, the
+    host clock on the CPU) and peak on the meter."""
 
-    def __init__(self, serial: int, n: int) -> None:
+    def __init__(self, serial: int, n: int, clock: _Clock) -> None:
         self.serial = serial
-        self.fwd: List[Optional[float]] = [None] * (n + 1)
-        self.bwd: List[Optional[float]] = [None] * (n + 1)
+        self.clock = clock
+        self.fwd: List[Any] = [None] * (n + 1)
+        self.bwd: List[Any] = [None] * (n + 1)
         self.peak: Optional[int] = None
         self.base = 0
         self.missing = 0  # optimizer state that did not exist when it began
@@ -74,13 +82,18 @@ class StepTimes:
         self.grads = 0    # gradient bytes alive when it began
         self.group = 0    # its optimizer step's index
 
+    def _ms(self, a: Any, b: Any) -> Optional[float]:
+        return None if a is None or b is None else self.clock.ms(a, b)
+
     def fwd_ms(self, i: int) -> Optional[float]:
-        a, b = self.fwd[i], self.fwd[i + 1]
-        return None if a is None or b is None else (b - a) * 1e3
+        return self._ms(self.fwd[i], self.fwd[i + 1])
 
     def bwd_ms(self, i: int) -> Optional[float]:
-        a, b = self.bwd[i + 1], self.bwd[i]
-        return None if a is None or b is None else (b - a) * 1e3
+        return self._ms(self.bwd[i + 1], self.bwd[i])
+
+    def step_ms(self) -> Optional[float]:
+        """From tick 0 to block 0's backward tick: the blocks' forwards and backwards."""
+        return self._ms(self.fwd[0], self.bwd[0])
 
 
 class StepLog:
@@ -147,8 +160,7 @@ class StepLog:
             if not done and forwards[-1] is self.steps[-1] and forwards[-1].peak is None:
                 continue  # running now
             peak = max((s.peak or 0) for s in forwards)
-            ms = sum((s.bwd[0] - s.fwd[0]) * 1e3 for s in forwards
-                     if s.fwd[0] is not None and s.bwd[0] is not None)
+            ms = sum(s.step_ms() or 0.0 for s in forwards)
             out.append({
                 "step": k, "mode": "plan" if planned else "measure",
                 "shape": list(forwards[0].shape),

@@ -45,8 +45,9 @@ import torch
 from .._engine import KEEP, OFFLOAD, Engine
 from .._lib import StashError
 from .._link import cached_link
+from ._clock import _Clock
 from ._fit_support import (MEASURE_SLOTS, MIN_OFFLOAD_BYTES, _allocator_state, _checked_blocks,
-                           _Clock, _gib, _MeasureLayer, _model_digest,
+                           _gib, _MeasureLayer, _model_digest,
                            _optimizer_state_estimate, _tensor_bytes)
 from ._fit_options import Budget, FitOptions
 from ._fit_shape_plans import ShapePlans
@@ -326,13 +327,13 @@ class BudgetHandle(StepPolicy):
     def compiled_state(self, handle: OffloadHandle) -> Optional[CompiledState]:
         # Note [Planning the compiled graph] in _compiled.py. Asked while `handle` (this
         # handle's OffloadHandle) is made: the meter's closures run only later.
-        meter, segment = compiled_meter(handle.device, lambda: self._counting,
+        meter, segment = compiled_meter(lambda: self._cuda_meter, lambda: self._counting,
                                         self._bytes.alive)
         opt = self.optimizer
         state = fit_compiled_state(
             handle.blocks, budget=self.budget, solver=self.options.solver,
             describe=self._describe,
-            meter=meter, segment=segment,
+            meter=meter, segment=segment, clock=_Clock(handle.cuda),
             counted=self._bytes.fixed_counted, refused=self.close,
             gradients=self._bytes.gradients_alive, grouped=opt is not None,
             missing=lambda: (_optimizer_state_estimate(opt)

@@ -85,6 +85,21 @@ checkpointing's peak kept 8 of 84 tensors. A compiled block (torch.compile, per 
 saves everything at the end of its forward, so its first recomputable tensor carries the
 whole forward's cost and the rest none, which the same rule prices correctly: any
 recompute in a compiled block costs its whole forward.
+
+Note [A measuring step that compiled]
+Under per-block compile (or a compiled loss or optimizer step) the first step compiles:
+Dynamo traces each block's forward inside its first call and AOTAutograd compiles the
+backward at the first backward, so the measuring step's times hold the compiles. On the
+peers' tiny Llama with its layers compiled, the measuring step took 3.9 s and every
+planned step about 115 ms, and the plan was made for (and reported) a step of 3844 ms:
+block 0's forward looked 30 times its cost, so recomputing it looked dear. So fit counts
+the compile events torch times (torch._dynamo.utils.compilation_time_metrics, not read
+where Dynamo was never imported) at a measuring step's start and when its profile is
+made; where there were any, the shape is measured once more, its memory records kept
+(as measure_steps > 1 keeps them) and its times taken from the second step; meanwhile its
+entry gives the step its budget but is not stored in cache_dir nor a base of another
+shape's derived plan. Once per shape, so a model that compiles at every step is measured
+twice, not forever; not across ranks, whose measuring steps must agree in number.
 """
 
 from __future__ import annotations
@@ -98,7 +113,8 @@ import torch
 from .. import profile as _profile
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._planner import evaluate
-from ._fit_support import (StepRecord, _Clock, _cupti_fwd, _LayerRecord,
+from ._clock import _Clock
+from ._fit_support import (StepRecord, _cupti_fwd, _LayerRecord,
                            _plan_doc, _weak)
 from ._saved import storage_of
 

@@ -98,6 +98,8 @@ class ShapePlans:
         # Note [Lengths rounded up to a bucket] in _fit_shapes.py: the keys that are buckets
         self.buckets: Set[str] = set()
         self.underivable: Set[str] = set()  # keys whose derived plan failed its check
+        # keys measured again because their first measuring step compiled graphs
+        self.timed_again: Set[str] = set()
         # family -> the share of the budget its derived plans leave free (Note [What a
         # derived plan leaves free])
         self.derived_margin: Dict[Optional[str], float] = {}
@@ -167,8 +169,21 @@ class ShapePlans:
         """Whether the current step plans this entry on its view without gradients."""
         return planned_without(entry["profile"], self.without_gradients)
 
-    def measured(self, key: str, entry: Entry) -> None:
-        """A measuring step of shape `key` ended with this entry (its profile)."""
+    def measured(self, key: str, entry: Entry, compiled: bool = False) -> None:
+        """A measuring step of shape `key` ended with this entry (its profile). compiled:
+        graphs were compiled during it, so its times are not the steady state's: the
+        shape is measured once more (Note [A measuring step that compiled] in
+        _fit_measure.py), its entry kept meanwhile for the step's budget but neither
+        stored nor a base of other shapes' plans."""
+        if compiled and key not in self.timed_again and self.ranks is None:
+            self.timed_again.add(key)
+            entry["compiled"] = True
+            self.cache[key] = entry
+            self.entry = entry
+            return
+        if key in self.timed_again:
+            entry["profile"]["measurement"]["notes"].append(
+                "fit: measured again: graphs were compiled during the first measuring step")
         self.measured_for[key] = self.measured_for.get(key, 0) + 1
         # Note [A profile derived from the measured shapes] in _fit_shapes.py: a new base
         # makes the family's derived plans stale.
@@ -310,7 +325,8 @@ class ShapePlans:
                   max(counted, int(e["profile"].get("measurement", {}).get("constant_bytes", 0))))
                  for k, e in self.cache.items()
                  if k != key and self.shapes.get(k, (None,))[0] == family
-                 and not e.get("derived") and "profile" in e and self.shapes[k][1]]
+                 and not e.get("derived") and not e.get("compiled") and "profile" in e
+                 and self.shapes[k][1]]
         without = self.without_gradients
         margin = self.derived_margin.get(family, 0.0)
         refusal: Optional[BudgetRefused] = None

@@ -85,8 +85,9 @@ from ._fit_bytes import TrainingBytes
 from ._fit_cuda_meter import CudaMeter, cuda_profile_figures
 from ._fit_measure import MeasuringRecorder, fixed_bytes_cpu, measured_profile
 from ._fit_shape_plans import ShapePlans
-from ._fit_support import (ReplaySpan, Span, StepRecord, _Clock, _gib, _optimizer_state_estimate,
-                           _storages, _tensor_bytes)
+from ._clock import _Clock
+from ._fit_support import (ReplaySpan, Span, StepRecord, _compile_events, _gib,
+                           _optimizer_state_estimate, _storages, _tensor_bytes)
 from ._saved import storage_of
 
 # A profile's device, link and host sections (_record._device_info, the link, pinnable).
@@ -181,6 +182,8 @@ class StepBook:
             rec.checking = bool(entry.get("derived")) and not entry.get("checked")
         rec.planning_ms = planning_ms
         rec.exposed_before = self._exposed_total()
+        if mode == "measure":  # Note [A measuring step that compiled] in _fit_measure.py
+            rec.compiles_before = _compile_events()
         self.records.append(rec)
         self.running = rec
         if mode == "measure" and meter is not None:
@@ -468,7 +471,10 @@ class StepBook:
                 self.optimizer_state_counted = counted_state
         else:
             doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted, self._bytes.trainable())
-        self._plans.measured(rec.key, {"profile": doc, "measured_peak_bytes": rec.peak_bytes})
+        compiled = (rec.compiles_before is not None
+                    and _compile_events() > rec.compiles_before)
+        self._plans.measured(rec.key, {"profile": doc, "measured_peak_bytes": rec.peak_bytes},
+                             compiled=compiled)
 
     def _cupti_summary(self, fwd: List[Dict[str, Any]]) -> Dict[str, Any]:
         """Note [The measuring step] in _fit_measure.py: CUPTI's forward kernel time beside the

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import time
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -257,30 +256,17 @@ def _optimizer_state_estimate(opt: Any) -> int:
     return per * _tensor_bytes(params)
 
 
-class _Clock:
-    """Marks on the compute stream (CUDA events) or on the host clock (CPU)."""
+def _compile_events() -> int:
+    """How many compile events (Dynamo traces, AOT and Inductor compiles, a lazily compiled
+    backward included) this process has timed so far; 0 where Dynamo was never imported
+    (Note [A measuring step that compiled] in _fit_measure.py)."""
+    import sys
 
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-        self.kind = "cuda-events" if cuda else "host-clock"
-
-    def mark(self) -> Any:
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def ms(self, a: Any, b: Any) -> float:
-        if a is None or b is None:
-            return 0.0
-        if self.cuda:
-            return float(a.elapsed_time(b))
-        return (b - a) * 1e3  # type: ignore[no-any-return]  # host marks: floats
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+    utils = sys.modules.get("torch._dynamo.utils")
+    metrics = getattr(utils, "compilation_time_metrics", None)
+    if not isinstance(metrics, dict):
+        return 0
+    return sum(len(v) for v in metrics.values())
 
 
 @dataclass
@@ -350,6 +336,9 @@ class StepRecord:
     in_loss: bool = False
     before_optimizer_peak: Optional[int] = None
     optimizer_peak: Optional[int] = None
+    # A measuring step: the process's compile events at its start (Note [A measuring step
+    # that compiled] in _fit_measure.py).
+    compiles_before: Optional[int] = None
     optimizer_state_missing: int = 0
     # CUDA, a measuring step: what no shape changes, read at block 0 (Note [What stays
     # the same across shapes] in _fit_shapes.py).
