@@ -44,6 +44,8 @@ class GraphBlocks:
     region: Dict[fx.Node, int] = field(default_factory=dict)       # forward node -> block
     boundary: Set[fx.Node] = field(default_factory=set)            # the ticks and their add
     weight: Dict[int, float] = field(default_factory=dict)         # block -> total cost
+    # Note [A graph break among the blocks]: why this graph cannot be planned (None: it can)
+    broken: Optional[str] = None
 
 
 def _is_tick(node: fx.Node, tick: Any) -> bool:
@@ -103,7 +105,24 @@ def cut_blocks(graph: fx.Graph, tick: Any, handle_id: int, n_blocks: int
     """The blocks of handle `handle_id` in a joint graph, by its ticks (None: none here).
     A forward node belongs to the block whose tick precedes it in graph order (the trace's
     order); nodes before the first tick (the embedding) or after the end tick (block
-    n_blocks: the head and the loss) belong to none."""
+    n_blocks: the head and the loss) belong to none.
+
+    Note [A graph break among the blocks]
+    A graph break inside a block or between two (a print, a data-dependent branch, a hook
+    Dynamo cannot trace) makes Dynamo compile the blocks as two graphs or more, each
+    partitioned on its own: a block split by the break saves values in both, its forward
+    ticks in one and its end in the next, and once Dynamo recompiles the resumed graph
+    (the plan's serial changes at the next step) the block index the tick takes becomes an
+    input of that graph. stash read such graphs as if each were the whole model: a tiny
+    Llama with a break in block 1 measured, then failed inside Inductor with "int()
+    argument must be ... not 'Node'" (BackendCompilerFailed). So a graph that holds some
+    of a handle's ticks but not every one (0 to n_blocks, the end), or a tick whose block
+    or serial is not a constant, is `broken`: it goes to min-cut untagged and its first
+    tick raises StashError naming the break and what works (per-block compile, eager).
+    Planning each graph's blocks apart is not built: the measuring step, the planner's
+    positions and the ticks' clock all assume one graph from tick 0 to the end. A break
+    before block 0 or after the end tick leaves every tick in one graph, planned as
+    before."""
     bwd = _backward_nodes(graph)
     cut = GraphBlocks()
     current: Optional[int] = None
@@ -111,6 +130,11 @@ def cut_blocks(graph: fx.Graph, tick: Any, handle_id: int, n_blocks: int
         if node.op != "call_function" or node in bwd:
             continue
         if _is_tick(node, tick) and node.args[1] == handle_id:
+            if not isinstance(node.args[2], int) or not isinstance(node.args[3], int):
+                # Note [A graph break among the blocks]: Dynamo made the block's index an
+                # input of a graph resumed after a break.
+                cut.broken = "a graph resumed after a graph break takes a block's index as input"
+                return cut
             block = int(node.args[2])
             cut.ticks[block] = node
             cut.boundary.add(node)
@@ -122,6 +146,11 @@ def cut_blocks(graph: fx.Graph, tick: Any, handle_id: int, n_blocks: int
         if current is not None:
             cut.region[node] = current
             cut.weight[current] = cut.weight.get(current, 0.0) + _cost(node)
+    if cut.ticks and sorted(cut.ticks) != list(range(n_blocks + 1)):
+        # Note [A graph break among the blocks]
+        cut.broken = (f"this graph holds the ticks of blocks {sorted(cut.ticks)} of "
+                      f"0..{n_blocks} (the last: the blocks' end), so a graph break "
+                      "splits them across graphs")
     return cut if cut.ticks else None
 
 

@@ -363,6 +363,13 @@ class CompiledState:
                 "corrections of its plan; give a budget with that margin, or use per-block "
                 "compile or eager mode.")
 
+    def graph_broken(self, why: str) -> None:
+        """Note [A graph break among the blocks] in _compile_plan.py: the graph goes to
+        min-cut untagged and its first tick raises, naming the break."""
+        self.refusal = self.refusal or (
+            f"{why}; stash plans the saved values of one graph that holds every block "
+            "(TORCH_LOGS=graph_breaks names the break, torch._dynamo.explain(model) too)")
+
     def refused(self) -> StashError:
         if self.error is None:
             why = self.refusal or "the compiled graph was not partitioned by stash"

@@ -150,7 +150,9 @@ def _partition(gm: fx.GraphModule, joint_inputs: Sequence[Any],
     moves: List[Tuple[CompiledState, int, List[Offload], Shape]] = []
     for state in list(_states.values()):
         cut = cut_blocks(gm.graph, torch.ops.stash.tick.default, state.id, state.n)
-        if cut is not None:
+        if cut is not None and cut.broken is not None:
+            state.graph_broken(cut.broken)  # Note [A graph break among the blocks]
+        elif cut is not None:
             serial, offloads = state.partitioning(gm, cut, joint_inputs, partition, kwargs)
             if offloads:
                 moves.append((state, serial, offloads, input_shape(cut)))
