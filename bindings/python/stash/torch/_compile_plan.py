@@ -130,7 +130,7 @@ def cut_blocks(graph: fx.Graph, tick: Any, handle_id: int, n_blocks: int
         if node.op != "call_function" or node in bwd:
             continue
         if _is_tick(node, tick) and node.args[1] == handle_id:
-            if not isinstance(node.args[2], int) or not isinstance(node.args[3], int):
+            if isinstance(node.args[2], fx.Node) or isinstance(node.args[3], fx.Node):
                 # Note [A graph break among the blocks]: Dynamo made the block's index an
                 # input of a graph resumed after a break.
                 cut.broken = "a graph resumed after a graph break takes a block's index as input"
