@@ -28,6 +28,21 @@ partitioner settings (the min-cut memory budget, bound to that backend instead o
 torch's global config while the system runs): systems trained side by side (Note [Ratios
 from interleaved steps] in peers.py) each run their own graphs, partitioned as their
 row says (the same two models: 16.4 and 34.3 MB saved).
+
+Note [torch's own offloading pass]
+torch (2.15 here) has an activation offloading pass of its own in the partitioner
+(torch._functorch._activation_offloading, behind functorch's enable_activation_offloading):
+after min-cut's partition it moves every saved value whose node is marked
+"should_offload" to the CPU in the forward graph and back in the backward, on a transfer
+stream with the forward's waits sunk and the backward's reloads prefetched (the
+activation_offload_* options), and skips what it cannot move (views, getitems,
+non-contiguous values, the model's outputs). Nothing in torch marks nodes; torchtitan's
+graph passes do, by policy. The compile-offload row marks every node of the joint graph
+(an inductor joint_custom_post_pass), so the pass offloads all it can: torch's answer to
+"offload the activations" under whole-model compile, against which stash's row at the
+same peak plans what to offload, recompute or keep. On the CPU it does not run: its
+"host" copy is another CPU tensor the meter counts (as save_on_cpu's is), and its
+streams are CUDA's.
 """
 
 from __future__ import annotations
@@ -48,19 +63,41 @@ if TYPE_CHECKING:  # for the hints only: torch is imported when a system starts
 ContextFn = Callable[[], Tuple[ContextManager[Any], ContextManager[Any]]]
 
 
-def _backend(memory_budget: Optional[float] = None) -> Callable[..., Any]:
+def _backend(memory_budget: Optional[float] = None, offload: Optional[str] = None
+             ) -> Callable[..., Any]:
     """Note [A compile backend per system]: inductor, a function of this system's own, with
-    torch.compile's activation memory budget (min-cut's knapsack) when one is given."""
+    torch.compile's activation memory budget (min-cut's knapsack) when one is given, and
+    with torch's activation offloading pass when `offload` is "streams" (on CUDA) or
+    "sync" (device_put in the graph's own order; Note [torch's own offloading pass])."""
     import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
+    patches: Dict[str, Any] = {}
+    inductor: Dict[str, Any] = {}
+    if memory_budget is not None:
+        patches["activation_memory_budget"] = memory_budget
+    if offload is not None:
+        streams = offload == "streams"
+        patches.update(enable_activation_offloading=True,
+                       activation_offload_separate_stream=streams,
+                       activation_offload_sink_wait=streams,
+                       activation_reload_prefetch=streams)
+        inductor["joint_custom_post_pass"] = _offload_every_saved_value
+
     def backend(gm: Any, example_inputs: Any) -> Any:
-        if memory_budget is None:
-            return compile_fx(gm, example_inputs)
-        with functorch_config.patch(activation_memory_budget=memory_budget):
+        with functorch_config.patch(**patches), inductor_config.patch(**inductor):
             return compile_fx(gm, example_inputs)
 
     return backend
+
+
+def _offload_every_saved_value(graph: Any) -> None:
+    """Note [torch's own offloading pass]: every node of the joint graph asked for offload;
+    the pass moves those the partition saves and it can move."""
+    for node in graph.nodes:
+        if node.op == "call_function":
+            node.meta["should_offload"] = True
 
 
 class Session:
@@ -255,6 +292,33 @@ class CompileBudget(System):
         return _reset_on_close(Session())
 
 
+class CompileOffload(System):
+    """The whole model compiled with torch's own activation offloading pass (Note [torch's
+    own offloading pass]); CUDA only."""
+
+    def __init__(self) -> None:
+        super().__init__("compile-offload", "torch.compile, torch's activation offloading",
+                         "compile-offload", compiled=True)
+
+    def start(self, model: LlamaForCausalLM, optimizer: torch.optim.Optimizer,
+              device: Device) -> Session:
+        import torch
+        import torch._dynamo
+        import torch._functorch.config as functorch_config
+
+        if not hasattr(functorch_config, "enable_activation_offloading") or not hasattr(
+                functorch_config, "activation_offload_separate_stream"):
+            raise RuntimeError("this torch has no activation offloading pass "
+                               "(torch._functorch._activation_offloading)")
+        if torch.device(device).type != "cuda":
+            raise RuntimeError("torch's activation offloading pass needs CUDA: on the CPU "
+                               "its copy to host memory is a second CPU tensor, its streams "
+                               "CUDA streams")
+        torch._dynamo.reset()
+        model.compile(backend=_backend(offload="streams"))
+        return _reset_on_close(Session())
+
+
 class CompileWhole(System):
     """The whole model under torch.compile (model.compile()) at torch's default
     partitioner: what the compiled model saves without a memory budget, the reference of
@@ -373,7 +437,7 @@ def peer_systems(compile_budgets: List[float]) -> List[System]:
     """Every peer in the order the table lists them, keep-all first."""
     return ([KeepAll(), FullCheckpoint(), SelectiveCheckpoint(), SaveOnCpu(),
              TorchtuneOffload()] + [CompileBudget(b) for b in compile_budgets]
-            + [CompileWhole()])
+            + [CompileWhole(), CompileOffload()])
 
 
 def stash_systems(results: List[Dict[str, Any]], shares: List[float],
@@ -394,6 +458,10 @@ def stash_systems(results: List[Dict[str, Any]], shares: List[float],
         b = int(r["peak_bytes"])
         out.append(StashFit(b, f"stash at {r['name']}'s peak ({b / gib:.2f} GiB)",
                             reference=r["name"], link=link))
+        if r["kind"] == "compile-offload":  # stash's compiled offload against torch's
+            out.append(StashWhole(b, f"stash, model compiled whole, at {r['name']}'s "
+                                     f"peak ({b / gib:.2f} GiB)", reference=r["name"],
+                                  name=f"stash+whole@{r['name']}", link=link))
         if r["kind"] == "compile" and r["name"] != "compile-whole":
             out.append(StashCompiled(b, f"stash, layers compiled, at {r['name']}'s peak "
                                         f"({b / gib:.2f} GiB)", reference=r["name"],

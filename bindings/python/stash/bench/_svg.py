@@ -29,13 +29,14 @@ STYLE = {
     "save_on_cpu": ("#2ca02c", "triangle-down"),
     "torchtune": ("#9467bd", "cross"),
     "compile": ("#8c564b", "pentagon"),
+    "compile-offload": ("#e377c2", "pentagon"),
     "stash": ("#1f77b4", "circle"),
 }
 KIND_LABEL = {
     "keep-all": "keep-all", "full-ac": "full activation checkpointing",
     "sac": "selective checkpointing (op)", "save_on_cpu": "save_on_cpu",
     "torchtune": "torchtune OffloadActivations", "compile": "torch.compile memory budget",
-    "stash": "stash.torch.fit",
+    "compile-offload": "torch.compile activation offloading", "stash": "stash.torch.fit",
 }
 
 

@@ -17,8 +17,11 @@ on the same batches with AdamW, for --steps steps:
   stash+compile@...   the same over the layers compiled (layer.compile()), at each
                       compile-B row's peak: stash's plan against torch's, both compiled
   compile-whole       the whole model under torch.compile (model.compile()), no budget
+  compile-offload     the whole model compiled with torch's activation offloading pass,
+                      every saved value it can move offloaded (CUDA only; Note [torch's
+                      own offloading pass] in _peer_systems.py)
   stash+whole@...     fit over the layers of the model compiled whole, at each compile-B
-                      row's peak and at --shares of compile-whole's: stash plans the
+                      row's and compile-offload's peak and at --shares of compile-whole's: stash plans the
                       compiled graph's saved values (Note [Planning the compiled graph] in
                       stash/torch/_compiled.py)
 For each: the measured peak (Note [One meter for every row] in _meter.py), tokens/s (the
@@ -291,7 +294,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--systems", default="",
                     help="peers to run, comma-separated names (default all; keep-all "
                          "always runs): full-ac, sac, save_on_cpu, torchtune, compile-B, "
-                         "compile-whole")
+                         "compile-whole, compile-offload")
     ap.add_argument("--no-stash", action="store_true", help="the peers only")
     ap.add_argument("--out", default="out/peers", help="folder for peers.{md,json,svg}")
     ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
