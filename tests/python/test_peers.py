@@ -169,7 +169,7 @@ def test_a_planned_step_that_compiled_is_not_the_measured_step_time():
     from stash.bench._peers_table import stash_summary
 
     def step(mode, ms, graphs=0):
-        return {"mode": mode, "step_ms": ms, "compiled_graphs": graphs, "fit_peak_bytes": 1,
+        return {"mode": mode, "step_ms": ms, "compiles": graphs, "fit_peak_bytes": 1,
                 "predicted_step_ms": 40.0, "predicted_peak_bytes": 2}
 
     report = {"budget_bytes": 3}

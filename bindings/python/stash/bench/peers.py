@@ -21,9 +21,9 @@ on the same batches with AdamW, for --steps steps:
                       every saved value it can move offloaded (CUDA only; Note [torch's
                       own offloading pass] in _peer_systems.py)
   stash+whole@...     fit over the layers of the model compiled whole, at each compile-B
-                      row's and compile-offload's peak and at --shares of compile-whole's: stash plans the
-                      compiled graph's saved values (Note [Planning the compiled graph] in
-                      stash/torch/_compiled.py)
+                      row's and compile-offload's peak and at --shares of compile-whole's:
+                      stash plans the compiled graph's saved values (Note [Planning the
+                      compiled graph] in stash/torch/_compiled.py)
 For each: the measured peak (Note [One meter for every row] in _meter.py), tokens/s (the
 median step after the warm-up), the losses against keep-all's (bitwise for the eager
 systems; within a relative tolerance for compiled ones, Note [Which losses must match] in
@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from . import _llama
 from .._lib import StashError
+from ..torch._fit_support import _compile_events
 from ..torch._meter import Meter, meter_for
 from ._peer_systems import (Session, System, decoder_layers, peer_systems, stash_systems,
                             system_by_name)
@@ -127,15 +128,6 @@ def _raise_injected(module: torch.nn.Module, args: Tuple[Any, ...]) -> None:
     raise InjectedFault("stash.bench: an injected fault in a block's forward")
 
 
-def _graphs_compiled() -> int:
-    """The graphs Dynamo has compiled in this process so far: a step that compiles one (a
-    compiled row's first step; under whole-model compile, a plan's first step, whose plan
-    is a new graph) is not timed."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
 def run_system(system: System, size: Dict[str, Any], batches: List[torch.Tensor],
                device: Device, meter: Meter, warmup: int,
                fault_at: Optional[int] = None) -> Dict[str, Any]:
@@ -166,7 +158,7 @@ def run_system(system: System, size: Dict[str, Any], batches: List[torch.Tensor]
                 layers = decoder_layers(model)
                 fault = layers[min(1, len(layers) - 1)].register_forward_pre_hook(
                     _raise_injected)
-            graphs = _graphs_compiled()
+            compiles = _compile_events()
             try:
                 with meter.step(i, n, model, opt, ids):
                     loss, ms = _train_step(model, opt, session, ids, device)
@@ -182,7 +174,7 @@ def run_system(system: System, size: Dict[str, Any], batches: List[torch.Tensor]
             row["losses"].append(loss.item())
             row["steps"].append({"wall_ms": ms, "metered": meter.watches(i, n),
                                  "tokens": int(ids.numel()),
-                                 "compiled_graphs": _graphs_compiled() - graphs,
+                                 "compiles": _compile_events() - compiles,
                                  **{f"{k}_bytes": v for k, v in meter.last.items()}})
         report = session.stash_report()
     except Exception as e:
@@ -212,7 +204,7 @@ def run_system(system: System, size: Dict[str, Any], batches: List[torch.Tensor]
     done = [s for s in row["steps"] if not s.get("lost")]
     timed = [s for i, s in enumerate(row["steps"])
              if i >= warmup and not s["metered"] and not s.get("lost")
-             and s.get("mode", "plan") == "plan" and not s.get("compiled_graphs")]
+             and s.get("mode", "plan") == "plan" and not s.get("compiles")]
     if not timed:
         timed = [s for s in done if not s["metered"]][-1:] or done[-1:]
         row["timing_note"] = "no step after the warm-up: timed the last unmetered step"
@@ -254,9 +246,9 @@ def time_interleaved(systems: List[System], size: Dict[str, Any], device: Device
             for k, ids in enumerate(batches):
                 turn = k % len(runs)
                 for system, model, opt, session in runs[turn:] + runs[:turn]:
-                    graphs = _graphs_compiled()
+                    compiles = _compile_events()
                     _, ms = _train_step(model, opt, session, ids, device)
-                    if k >= warmup and _graphs_compiled() == graphs:
+                    if k >= warmup and _compile_events() == compiles:
                         times[system.name].append(ms)
             return times
     finally:

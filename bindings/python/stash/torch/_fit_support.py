@@ -259,7 +259,8 @@ def _optimizer_state_estimate(opt: Any) -> int:
 def _compile_events() -> int:
     """How many compile events (Dynamo traces, AOT and Inductor compiles, a lazily compiled
     backward included) this process has timed so far; 0 where Dynamo was never imported
-    (Note [A measuring step that compiled] in _fit_measure.py)."""
+    (Note [A measuring step that compiled] in _fit_measure.py). stash.bench.peers leaves
+    a step that compiled untimed by the same count."""
     import sys
 
     utils = sys.modules.get("torch._dynamo.utils")
