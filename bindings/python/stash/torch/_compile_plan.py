@@ -309,12 +309,12 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
     test_fit_compiled's wide Llama at 70% run 7% over its prediction (46.65 MB against
     43.49), the offloading plans' overshoot of Note [A compiled plan's first run], which
     was the blocks' temporaries priced 0 (Note [Backward temporaries of a compiled
-    block] in _compiled.py). With those read against the model, the same Llama at "70%"
+    block] in _compiled_fit.py). With those read against the model, the same Llama at "70%"
     makes all four offloads its plan lists (three before) and peaks at 42.06 MB against
     46.13 predicted (41.99 with three).
     owners False: the tags stay where they were (for a CompiledState whose measuring step
     reads no segments, and so not the loss's bytes, Note [The loss under whole-model
-    compile] in _compiled.py, a plan that keeps what it says would be priced below its
+    compile] in _compiled_fit.py, a plan that keeps what it says would be priced below its
     loss)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
@@ -389,7 +389,7 @@ def calibrated_fixed_bytes(doc: Doc, measured_peak: int, counted: int, missing: 
 
 
 def calibrated_loss_bytes(doc: Doc, head_peak: int) -> int:
-    """Note [The loss under whole-model compile] in _compiled.py: what the measuring step
+    """Note [The loss under whole-model compile] in _compiled_fit.py: what the measuring step
     held from its start to the end tick's backward (absolute, the optimizer state missing
     then included) above the fixed bytes and the least-memory plan's kept activations."""
     kept = sum(int(t["bytes"]) for layer in doc["layers"] for t in layer["tensors"]
@@ -398,7 +398,7 @@ def calibrated_loss_bytes(doc: Doc, head_peak: int) -> int:
 
 
 def calibrated_temporaries(doc: Doc, segment_peaks: Sequence[Optional[int]]) -> List[int]:
-    """Note [Backward temporaries of a compiled block] in _compiled.py: each block's
+    """Note [Backward temporaries of a compiled block] in _compiled_fit.py: each block's
     backward temporaries as the measured peak of its backward segment (absolute, the
     optimizer state missing then included) above what the model holds there for the
     least-memory plan (the fixed bytes, the kept activations of the blocks before it and

@@ -1,7 +1,67 @@
 """stash.torch.fit's planner for a whole-model compiled graph: the measured profile of a
 compiled measuring step, planned as fit plans an eager one, and a derived shape's plan,
 wired into a CompiledState (Note [Planning the compiled graph] in _compiled.py). The
-CompiledState itself knows nothing of fit's planning or refusals."""
+CompiledState itself knows nothing of fit's planning or refusals.
+
+Note [Backward temporaries of a compiled block]
+A compiled block's backward makes temporaries (its recomputed nodes beyond the saved
+values, gradients of its activations) that no saved value accounts for. Calibrating them
+all into the fixed bytes at the measuring step's peak loses where they are: a plan whose
+peak moves (to the loss, or to another block's backward beside a prefetched value) was
+then priced below its run. On the peers' tiny Llama (4 layers, hidden 128, sequence 256)
+at compile-0.3's peak, a plan offloading one 1 MiB value ran 3.9% over its prediction
+and 2.8% over the budget. So the measuring step reads the handle's meter at
+each backward tick (the peak since the last; reset_peak starts the next), and
+a block's bwd_temp_bytes is its backward segment's peak above what the model holds there
+for the least-memory plan it ran (the fixed bytes, the kept values of the blocks before
+it, its own recomputed ones: _compile_plan.calibrated_temporaries); the step's peak is
+the most of the segments. The fixed bytes are then what fit counts (parameters,
+gradients, buffers, optimizer state): what else the step holds at a position (the
+embedding's output, the rotary tables) is read into that position's own figure, the
+blocks' temporaries and the loss's bytes (Note [The loss under whole-model compile]);
+calibrating the fixed bytes from the step's peak too would count the peak block's
+reading twice.
+On CUDA the segments reset the meter (max_memory_allocated, or stash's pool's peak under
+use_allocator) at each backward tick of a measuring step, as the eager measuring step's
+windows do (Note [The measuring step's windows on CUDA] in _fit_cuda_meter.py): there,
+and only there, a reading of the meter after the step covers its last segment alone.
+Until 2026-12-07 CUDA read no segments, so as not to reset the meter users read mid-step,
+and its temporaries stayed in the fixed bytes, calibrated from the step's peak: the
+pricing the CPU had dropped for running its plans over their predictions, on the one
+device no test of stash's ran it on.
+The temporaries were first read as the segment's peak less the bytes alive at its tick.
+But Inductor schedules part of a block's backward (the next block's recompute,
+gradients) before the tick, so that reading already held it, and every block but the
+first to run backward came out 0: test_fit_compiled's wide Llama at "70%" planned for
+45.6 MB and its backward[1] ran 46.7 MB (the model said 31.5; backward[0] 35.3 against
+28.3). Read against the model, its blocks get 10.3-11.7 MB each, and the plan made with
+them is priced 2.2 MB under its run at backward[1] (39.8 against 42.0 MB) and 1.1 MB
+over at backward[0], its step 4.1 MB under the prediction. What is left is not one
+figure per block: in the least-memory step a block's temporaries include its recompute's
+intermediates, which a plan that keeps the block does not make, so a kept block is
+priced above its run (that Llama's last block by 8.7 MB), and a partly recomputed one
+may hold more than either (block 1 there: 13.8 MB against 11.7). A model of temporaries
+that depends on what the plan recomputes needs the planner's support and a second
+reading at the plan. A derived shape scales them as its saved bytes.
+
+Note [The loss under whole-model compile]
+The measuring step recomputes every block, so its peak is a block's backward, and the
+position between the last forward and the last block's backward (the head, the loss and
+their backward: the model's loss position, Note [The loss's position] in
+planner/model/plan.h) never binds there; its bytes above the kept activations were
+priced 0. A plan that keeps more makes that position its peak: with the plan's kept
+values really kept (Note [What min-cut keeps] in _compile_plan.py), a 2-layer Llama at
+85% of compiled keep-all peaked there 138 KB (2.3%) over its prediction. So the
+measuring step also reads the meter from its start to the end tick's backward, and
+the profile's loss_bytes are that peak (with the optimizer state missing then) less the
+fixed bytes and the least-memory plan's kept activations. A longer shape scales them
+with its tokens, a shorter one keeps them: part of them does not shrink with the tokens
+(the head's weight gradient; at length 96 of a measured 128, scaled down, a Llama ran
+122 KB over its prediction). On CUDA this segment is read as the blocks' are (Note
+[Backward temporaries of a compiled block]); until it was, loss_bytes stayed 0 there and
+the plan's tags stayed on the values themselves (a kept view or attention output was
+recomputed: within the prediction, slower than planned).
+"""
 
 from __future__ import annotations
 
@@ -54,7 +114,7 @@ def compiled_meter(cuda_meter: Callable[[], Optional[CudaMeter]],
         return window.peak() if window is not None else 0
 
     def meter_segment() -> int:
-        # Note [Backward temporaries of a compiled block] in _compiled.py: the peak since
+        # Note [Backward temporaries of a compiled block]: the peak since
         # the last call or the window's start, on meter_open's scale; the peak starts
         # again from now (on CUDA, as the eager measuring step's windows do: Note [The
         # measuring step's windows on CUDA] in _fit_cuda_meter.py).

@@ -122,7 +122,7 @@ class ShapeGraphs:
         doc = dict(base, layers=layers)
         doc["fixed_bytes"] = max(0, int(base["fixed_bytes"]) + self.outside_at[shape]
                                  - self.outside_at[m])
-        if "loss_bytes" in base:  # Note [The loss under whole-model compile] in _compiled.py
+        if "loss_bytes" in base:  # Note [The loss under whole-model compile] in _compiled_fit.py
             doc["loss_bytes"] = int(int(base["loss_bytes"]) * max(1.0, ratio))
         doc["measurement"] = dict(base.get("measurement", {}), derived_from=list(m))
         sp.profile = doc

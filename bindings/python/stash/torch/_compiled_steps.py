@@ -13,7 +13,7 @@ that begins with more gradient bytes than every complete measuring forward did m
 too (it runs the measuring graph anyway: the plan takes effect at the next compile), and
 the plan comes at the next tick 0, calibrated on the measuring forward that needed the
 most (peak plus the optimizer state missing then): its blocks' temporaries from its
-segments (Note [Backward temporaries of a compiled block] in _compiled.py). A plain loop
+segments (Note [Backward temporaries of a compiled block] in _compiled_fit.py). A plain loop
 (gradients set to None) plans one forward after
 its measuring one, as before; an accumulating one two. Should a planned step later begin
 with more gradients than the plan was calibrated on (a loop that starts accumulating),
@@ -63,11 +63,11 @@ class StepTimes:
         self.peak: Optional[int] = None
         self.base = 0
         self.missing = 0  # optimizer state that did not exist when it began
-        # Note [Backward temporaries of a compiled block] in _compiled.py: per block, the
+        # Note [Backward temporaries of a compiled block] in _compiled_fit.py: per block, the
         # peak during its backward (the meter's scale); the most of any segment so far.
         self.bwd_peak: List[Optional[int]] = [None] * n
         self.seg_max = 0
-        # Note [The loss under whole-model compile] in _compiled.py: the peak from the
+        # Note [The loss under whole-model compile] in _compiled_fit.py: the peak from the
         # step's start to the end tick's backward (the forwards, the head, the loss and its
         # backward), above the base; CPU measuring steps only.
         self.head_peak: Optional[int] = None
