@@ -1,0 +1,117 @@
+"""Shared by test_fit_compiled.py and test_fit_compiled_offload.py: tiny Hugging Face
+Llama, Qwen2 and GPT-2 models (2 layers, hidden 64; a wider Llama for offload), compiled
+whole and trained under stash.torch.fit (or without it), read on the CPU meter users read,
+and the compiled tolerance their training is compared within."""
+
+import time
+
+import pytest
+import torch
+
+import stash.torch
+from stash.torch._cpu_meter import window
+from stash.torch._meter import live_training_bytes
+
+transformers = pytest.importorskip("transformers")
+
+LINK = {"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0}
+VOCAB = 256
+STEPS = 5
+
+
+def _decoder(config, model, seed):
+    """A 2-layer decoder of one of Hugging Face's Llama-shaped families, in train mode."""
+    torch.manual_seed(seed)
+    cfg = config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        use_cache=False, attn_implementation="sdpa")
+    m = model(cfg)
+    m.train()
+    return m
+
+
+def llama(seed=0):
+    return _decoder(transformers.LlamaConfig, transformers.LlamaForCausalLM, seed)
+
+
+def qwen2(seed=0):
+    return _decoder(transformers.Qwen2Config, transformers.Qwen2ForCausalLM, seed)
+
+
+def gpt2(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, use_cache=False,
+        bos_token_id=0, eos_token_id=0, attn_implementation="sdpa", resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0)
+    m = transformers.GPT2LMHeadModel(cfg)
+    m.train()
+    return m
+
+
+def wide_llama(seed=0):
+    """3 layers, hidden 128: at sequence 512 its saved values are 1-4 MiB, above the
+    planner's smallest offload (1 MiB), so a plan may offload them."""
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        use_cache=False, attn_implementation="sdpa")
+    m = transformers.LlamaForCausalLM(cfg)
+    m.train()
+    return m
+
+
+MODELS = {"llama": (llama, lambda m: m.model.layers), "qwen2": (qwen2, lambda m: m.model.layers),
+          "gpt2": (gpt2, lambda m: m.transformer.h),
+          "wide_llama": (wide_llama, lambda m: m.model.layers)}
+
+
+def train(budget=None, steps=STEPS, backend="inductor", before=True, family="llama",
+          seqs=None, accumulate=1):
+    """Compiled AdamW steps (fit entered before or after torch.compile) of a `family` model,
+    at sequence length 128 or seqs[i] at step i, the batch of 4 split into `accumulate`
+    micro-batches whose gradients add up by hand: per step the loss, the peak on the CPU
+    meter users read (c10's allocator above what was alive at the step's start, Note [One
+    meter for every row] in _meter.py) and the host time; the final parameters; the
+    handle."""
+    torch._dynamo.reset()
+    model, blocks = MODELS[family]
+    m = model()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    make = (lambda: stash.torch.fit(blocks(m), budget, optimizer=opt, link=LINK)) \
+        if budget is not None else (lambda: None)
+    h = make() if before else None
+    cm = torch.compile(m, backend=backend)
+    if not before:
+        h = make()
+    g = torch.Generator().manual_seed(1)
+    meter = window()
+    assert meter is not None, "the counting allocator could not be built"
+    steps_out = []
+    try:
+        for i in range(steps):
+            ids = torch.randint(0, VOCAB, (4, seqs[i] if seqs else 128), generator=g)
+            base = live_training_bytes(m, opt, ids)
+            meter.reopen()
+            t0 = time.perf_counter()
+            for part in ids.chunk(accumulate):
+                loss = cm(input_ids=part, labels=part).loss
+                (loss / accumulate).backward()
+            opt.step()
+            opt.zero_grad()
+            steps_out.append({"loss": loss.detach().clone(), "peak": base + meter.peak(),
+                              "s": time.perf_counter() - t0})
+    finally:
+        meter.close()
+    return steps_out, [p.detach().clone() for p in m.parameters()], h
+
+
+def same_training(ref, ref_params, got, params):
+    # Within the compiled tolerance (Note [Planning the compiled graph]); an offloaded
+    # value comes back bit for bit, so offload adds nothing to it.
+    assert all(torch.allclose(a["loss"], b["loss"], rtol=1e-5, atol=0)
+               for a, b in zip(ref, got)), ([a["loss"] for a in ref], [b["loss"] for b in got])
+    diff = max((a - b).abs().max().item() for a, b in zip(ref_params, params))
+    assert diff <= 1e-5, diff
