@@ -280,6 +280,27 @@ def test_per_block_torch_compile_gives_the_same_losses():
         assert not getattr(vars(b).get("forward"), "_stash_wrapped", False)
 
 
+def test_a_compiled_shape_that_cannot_fit_is_refused_not_measured_again():
+    # Note [A measuring step that compiled]: a measurement that cannot be planned at the
+    # budget is not measured again (a second least-memory step over the budget); the
+    # next step is refused, as for an eager model.
+    data = batches(3, batch=2, seq=64)
+    torch._dynamo.reset()
+    model, blocks = llama(0, layers=2, hidden=64)
+    for i, b in enumerate(blocks):
+        blocks[i] = torch.compile(b)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    h = stash.torch.fit(blocks, "20%", optimizer=opt, link=LINK)
+    model(input_ids=data[0], labels=data[0]).loss.backward()
+    opt.step()
+    opt.zero_grad()
+    with pytest.warns(RuntimeWarning), pytest.raises(stash.StashError,
+                                                     match="smallest feasible budget"):
+        model(input_ids=data[1], labels=data[1])
+    assert [s["mode"] for s in h.report()["steps"]] == ["measure"], h.report()["steps"]
+    assert h.engine is None  # the handle closed itself
+
+
 def test_infeasible_budget_names_the_smallest_and_restores_the_blocks(llama_reference):
     data, expected = llama_reference
     model, blocks = llama()

@@ -99,7 +99,11 @@ made; where there were any, the shape is measured once more, its memory records 
 (as measure_steps > 1 keeps them) and its times taken from the second step; meanwhile its
 entry gives the step its budget but is not stored in cache_dir nor a base of another
 shape's derived plan. Once per shape, so a model that compiles at every step is measured
-twice, not forever; not across ranks, whose measuring steps must agree in number.
+twice, not forever; not across ranks, whose measuring steps must agree in number; and not
+where the first measurement already cannot be planned at the budget: that shape is
+refused at its next step, as before, rather than measured again over its budget (a Phi-3
+at "75%", whose parameters, gradients and AdamW state were 93% of keep-all's peak, ran a
+second least-memory step 33% over the budget before the refusal).
 """
 
 from __future__ import annotations

@@ -175,7 +175,8 @@ class ShapePlans:
         shape is measured once more (Note [A measuring step that compiled] in
         _fit_measure.py), its entry kept meanwhile for the step's budget but neither
         stored nor a base of other shapes' plans."""
-        if compiled and key not in self.timed_again and self.ranks is None:
+        if (compiled and key not in self.timed_again and self.ranks is None
+                and self._plannable(key, entry)):
             self.timed_again.add(key)
             entry["compiled"] = True
             self.cache[key] = entry
@@ -191,6 +192,23 @@ class ShapePlans:
         self.cache[key] = entry
         self.entry = entry
         self.cache.store_profile(key, entry["profile"])
+
+    def _plannable(self, key: str, entry: Entry) -> bool:
+        """Whether the shape's measurement can be planned at the budget (as _plan_locally
+        plans it, a roomier budget of a share included): a shape that cannot is refused
+        at its next step, not measured again first (Note [A measuring step that compiled]
+        in _fit_measure.py)."""
+        doc = view(entry["profile"], self._wants_view(entry))
+        measured = entry.get("measured_peak_bytes")
+        for budget in (self.budget, self.roomier_budget(key, measured or 0)):
+            if budget is None:
+                return False
+            try:
+                plan_measured(doc, measured, budget, self.options.solver)
+                return True
+            except BudgetRefused:
+                continue
+        return False
 
     def optimizer_stepped(self, opt: torch.optim.Optimizer, counted: int) -> Optional[int]:
         """The optimizer stepped, with `counted` bytes of its state in the current shape's
