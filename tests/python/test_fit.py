@@ -269,11 +269,13 @@ def test_per_block_torch_compile_gives_the_same_losses():
     assert c["recompute"] + c["offload"] > 0, c  # the compiled blocks' tensors moved too
     # Note [A measuring step that compiled]: the first step compiled every block, so the
     # shape is measured again and planned from the second step's times. Planned from the
-    # first, the prediction was 20-30 times the planned steps' time.
+    # first, the prediction was 20-30 times the planned steps' time, near the compiling
+    # step's own. Compared with that step, not with the planned steps: ctest runs suites
+    # side by side, and one stalled measuring step made a 4.4x ratio once (CI, stop 43);
+    # the compiling step here takes 40-170 times a measured one.
     steps = h.report()["steps"]
     assert [s["mode"] for s in steps] == ["measure", "measure", "plan", "plan"], steps
-    planned = [s["step_ms"] for s in steps[2:]]
-    assert steps[2]["predicted_step_ms"] < 3 * max(planned), (steps[2], planned)
+    assert steps[2]["predicted_step_ms"] < steps[0]["step_ms"] / 5, steps
     assert any("measured again" in n for n in h.profile["measurement"]["notes"])
     h.close()
     for b in blocks:  # restored exactly: torch.compile's own forward is back
