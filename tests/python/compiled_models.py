@@ -69,16 +69,19 @@ MODELS = {"llama": (llama, lambda m: m.model.layers), "qwen2": (qwen2, lambda m:
 
 
 def train(budget=None, steps=STEPS, backend="inductor", before=True, family="llama",
-          seqs=None, accumulate=1):
+          seqs=None, accumulate=1, prepare=None):
     """Compiled AdamW steps (fit entered before or after torch.compile) of a `family` model,
     at sequence length 128 or seqs[i] at step i, the batch of 4 split into `accumulate`
-    micro-batches whose gradients add up by hand: per step the loss, the peak on the CPU
+    micro-batches whose gradients add up by hand (`prepare`: called on the model first,
+    as a test that breaks its graph does): per step the loss, the peak on the CPU
     meter users read (c10's allocator above what was alive at the step's start, Note [One
     meter for every row] in _meter.py) and the host time; the final parameters; the
     handle."""
     torch._dynamo.reset()
     model, blocks = MODELS[family]
     m = model()
+    if prepare is not None:
+        prepare(m)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
     make = (lambda: stash.torch.fit(blocks(m), budget, optimizer=opt, link=LINK)) \
         if budget is not None else (lambda: None)

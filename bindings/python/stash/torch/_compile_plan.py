@@ -46,6 +46,15 @@ class GraphBlocks:
     weight: Dict[int, float] = field(default_factory=dict)         # block -> total cost
     # Note [A graph break among the blocks]: why this graph cannot be planned (None: it can)
     broken: Optional[str] = None
+    # Note [A graph break among the blocks]: the forward nodes before the first tick of a
+    # graph that begins after block 0 (the block before it, if it was split there)
+    before: Set[fx.Node] = field(default_factory=set)
+
+    @property
+    def blocks(self) -> Tuple[int, ...]:
+        """The ticks this graph holds (n: the end tick), the key of its part of a shape's
+        record (ShapeGraphs.record)."""
+        return tuple(sorted(self.ticks))
 
 
 def _is_tick(node: fx.Node, tick: Any) -> bool:
@@ -110,25 +119,45 @@ def cut_blocks(graph: fx.Graph, tick: Any, handle_id: int, n_blocks: int
     Note [A graph break among the blocks]
     A graph break inside a block or between two (a print, a data-dependent branch, a hook
     Dynamo cannot trace) makes Dynamo compile the blocks as two graphs or more, each
-    partitioned on its own: a block split by the break saves values in both, its forward
-    ticks in one and its end in the next, and once Dynamo recompiles the resumed graph
-    (the plan's serial changes at the next step) the block index the tick takes becomes an
-    input of that graph. stash read such graphs as if each were the whole model: a tiny
-    Llama with a break in block 1 measured, then failed inside Inductor with "int()
-    argument must be ... not 'Node'" (BackendCompilerFailed). So a graph that holds some
-    of a handle's ticks but not every one (0 to n_blocks, the end), or a tick whose block
-    or serial is not a constant, is `broken`: it goes to min-cut untagged and its first
-    tick raises StashError naming the break and what works (per-block compile, eager).
-    Planning each graph's blocks apart is not built: the measuring step, the planner's
-    positions and the ticks' clock all assume one graph from tick 0 to the end. A break
-    before block 0 or after the end tick leaves every tick in one graph, planned as
-    before."""
+    partitioned on its own. stash once read such graphs as if each were the whole model: a
+    tiny Llama with a break in block 1 measured, then failed inside Inductor with "int()
+    argument must be ... not 'Node'" (BackendCompilerFailed).
+    A break between two blocks (in the model's loop, before a block's call) leaves each
+    block whole in one graph: the graph before it holds ticks 0..k, the one after it
+    ticks k+1..n. Those are planned per graph: each graph's saved values are recorded
+    under its ticks (ShapeGraphs.record), the shape's record is their union, the plan is
+    made from it as from one graph, and each graph is tagged with its own blocks' part of
+    the plan. A value is offloadable only where the tick it is settled at (block b+2's,
+    or the end) is in its own graph (Note [Offload in the compiled graph] in
+    _compiled_offload.py). Under such breaks only the measured shape is planned: a graph
+    for another shape is partitioned before the shape's later graphs exist, so its
+    values cannot be planned together (Note [Every shape under whole-model compile] in
+    _compiled_shapes.py); those shapes run at least memory (every block recomputed),
+    and fit warns once.
+    A break inside a block (at its start, or in its MLP) splits its values between
+    graphs. Dynamo compiles the frames on the stack at the break apart, so the graph of
+    the block's wrapper ends at the block's call and holds its tick alone (none of the
+    block: refused). Should a later torch resume the frames inside one graph instead
+    (nested graph breaks), the rest of the block lies before the next graph's first tick
+    (`before`: refused if anything there is saved). Ticks that are not a contiguous run
+    are refused too. A refused graph goes to min-cut untagged and the next tick raises
+    StashError naming the block and what works (per-block compile, eager). Planning a
+    block's values across two graphs is not built.
+    The block's index and the plan's serial reach the ticks as strings (trace_block in
+    _compiled.py): Dynamo guards a string by value, while an int that differs between two
+    frames it compiles of the same code (the wrapper of every block, after a break)
+    becomes an input of the graph, and the tick's block with it (this once failed inside
+    Inductor: "int() argument must be ... not 'Node'"). A break before block 0 or after
+    the end tick leaves every tick in one graph, planned as before."""
     bwd = _backward_nodes(graph)
     cut = GraphBlocks()
     current: Optional[int] = None
+    seen_tick = False
     for node in graph.nodes:
         if node.op != "call_function" or node in bwd:
             continue
+        if not seen_tick and not _is_tick(node, tick):
+            cut.before.add(node)
         if _is_tick(node, tick) and node.args[1] == handle_id:
             if isinstance(node.args[2], fx.Node) or isinstance(node.args[3], fx.Node):
                 # Note [A graph break among the blocks]: Dynamo made the block's index an
@@ -136,6 +165,7 @@ def cut_blocks(graph: fx.Graph, tick: Any, handle_id: int, n_blocks: int
                 cut.broken = "a graph resumed after a graph break takes a block's index as input"
                 return cut
             block = int(node.args[2])
+            seen_tick = True
             cut.ticks[block] = node
             cut.boundary.add(node)
             for mul in node.users:  # x + 0 * tick: the block's input as it runs
@@ -146,12 +176,31 @@ def cut_blocks(graph: fx.Graph, tick: Any, handle_id: int, n_blocks: int
         if current is not None:
             cut.region[node] = current
             cut.weight[current] = cut.weight.get(current, 0.0) + _cost(node)
-    if cut.ticks and sorted(cut.ticks) != list(range(n_blocks + 1)):
+    ticks = cut.blocks
+    if ticks and ticks != tuple(range(ticks[0], ticks[-1] + 1)):
         # Note [A graph break among the blocks]
-        cut.broken = (f"this graph holds the ticks of blocks {sorted(cut.ticks)} of "
-                      f"0..{n_blocks} (the last: the blocks' end), so a graph break "
-                      "splits them across graphs")
+        cut.broken = (f"this graph holds the ticks of blocks {list(ticks)} of 0..{n_blocks} "
+                      "(the last: the blocks' end), not a run of them")
+    if not ticks or ticks[0] == 0:
+        cut.before.clear()
+    last = ticks[-1] if ticks else n_blocks
+    if cut.broken is None and last < n_blocks and not any(
+            b == last and node not in cut.boundary for node, b in cut.region.items()):
+        # Note [A graph break among the blocks]: the graph ends at block `last`'s tick.
+        cut.broken = (f"a graph break inside block {last} splits it from its tick (this "
+                      "graph holds none of its nodes)")
     return cut if cut.ticks else None
+
+
+def split_block(cut: GraphBlocks, saved: Sequence[str]) -> Optional[str]:
+    """Note [A graph break among the blocks]: why a graph that begins after block 0 holds
+    part of the block before it (a saved value before its first tick), or None."""
+    names = set(saved)
+    if any(n.name in names and _val_bytes(n) > 0 for n in cut.before):
+        k = cut.blocks[0] - 1
+        return (f"a graph break inside block {k} splits its saved values between two "
+                "graphs")
+    return None
 
 
 def saved_at_keep_all(gm: fx.GraphModule, joint_inputs: Sequence[Any], partition: Partition,
@@ -168,8 +217,8 @@ def saved_at_keep_all(gm: fx.GraphModule, joint_inputs: Sequence[Any], partition
             if n.op == "placeholder" and not n.name.startswith("tangents")]
 
 
-def saved_by_block(gm: fx.GraphModule, cut: GraphBlocks, saved: Sequence[str]
-                   ) -> Dict[int, List[SavedValue]]:
+def saved_by_block(gm: fx.GraphModule, cut: GraphBlocks, saved: Sequence[str],
+                   n_blocks: int) -> Dict[int, List[SavedValue]]:
     """Per block, the saved values produced in it, in graph order, with their bytes and
     recompute cost (their chain back to other saved values and the block's input).
 
@@ -210,9 +259,12 @@ def saved_by_block(gm: fx.GraphModule, cut: GraphBlocks, saved: Sequence[str]
         cost = 0.0 if boundary else sum(_cost(n) for n in chain)
         shared = any(cut.region.get(u, block) > block
                      for u in list(node.users) + users.get(node.name, []))
+        # Settled at block b+2's tick or the end tick, which must be in this graph (Note
+        # [A graph break among the blocks]).
+        settles = min(block + 2, n_blocks) in cut.ticks
         out.setdefault(block, []).append(SavedValue(
             node.name, _val_bytes(node), not boundary and not shared, cost,
-            _dense(node) and not shared, shared))
+            _dense(node) and not shared and settles, shared))
     return out
 
 
@@ -302,7 +354,10 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
     rebuilds the view), and a getitem's to its multi-output producer, which min-cut then
     may not recompute, when the plan keeps or offloads all of that producer's saved
     outputs (one it recomputed would be saved too, unpriced: then all stay recomputed,
-    as before, within the prediction). insert_offloads then finds the offloaded ones
+    as before, within the prediction); its other getitems are kept with it (min-cut
+    can neither recompute them nor save the tuple: a graph of GPT-2's block 1 alone,
+    after a graph break, saved a layer norm's rstd but not its mean, and failed to
+    partition). insert_offloads then finds the offloaded ones
     among the saved values and offloads them. Offloaded views and getitems kept their
     own tags at first, and were recomputed instead of offloaded (priced as offloaded:
     slower than planned): moving their tags had made the first run of
@@ -342,8 +397,12 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
                 if saves:
                     keep.add(v.name)
         if owners:
-            keep.update(p.name for p, all_kept in parents.items()
-                        if all_kept and cut.region.get(p) is not None)
+            for p, all_kept in parents.items():
+                if all_kept and cut.region.get(p) is not None:
+                    # Its other outputs too: min-cut cannot recompute a getitem of a
+                    # producer it may not recompute, nor save the producer's tuple.
+                    keep.add(p.name)
+                    keep.update(u.name for u in p.users if _is_getitem(u))
     for node, b in cut.region.items():
         node.meta["ac_graph_id"] = b + 1
         if node.name in keep:

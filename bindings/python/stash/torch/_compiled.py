@@ -84,7 +84,7 @@ from .._lib import StashError
 from .._warn import warn
 from ._clock import _Clock
 from ._compile_plan import (GraphBlocks, Offload, SavedValue, outside_bytes,
-                            saved_at_keep_all, saved_by_block, tag)
+                            saved_at_keep_all, saved_by_block, split_block, tag)
 from ._compiled_graph import (Shape, _install, _new_id, _states, _ticked, _uninstall,
                               input_shape)
 from ._compiled_offload import CompiledMoves
@@ -137,8 +137,11 @@ class CompiledState:
         self.figures: Optional[Dict[str, Any]] = None
         self.refusal = refusal
         self.traced = False
-        self.serial = 0          # 0: measuring; k > 0: the k-th plan
+        self._serial = 0
+        self.serial_text = "0"   # what the wrapper's trace reads (trace_block)
         self.saved: Dict[int, List[SavedValue]] = {}
+        self.first_shape: Optional[Shape] = None  # the first shape a graph was measured at
+        self.least_memory_warned = False  # Note [A graph break among the blocks]
         self.weights: Dict[int, float] = {}
         self.partitioned: Dict[int, int] = {}   # serial -> graphs partitioned with it
         self.actions: Optional[List[List[str]]] = None
@@ -157,6 +160,16 @@ class CompiledState:
         _states[self.id] = self
 
     @property
+    def serial(self) -> int:
+        """0: measuring; k > 0: the k-th plan."""
+        return self._serial
+
+    @serial.setter
+    def serial(self, value: int) -> None:
+        self._serial = value
+        self.serial_text = str(value)
+
+    @property
     def steps(self) -> List[StepTimes]:
         """The compiled forwards so far, in the order they began."""
         return self.log.steps
@@ -168,12 +181,17 @@ class CompiledState:
 
     # --- trace time ----------------------------------------------------------------------
 
-    def trace_block(self, i: int, forward: Callable[..., Any], args: Tuple[Any, ...],
+    def trace_block(self, block: str, forward: Callable[..., Any], args: Tuple[Any, ...],
                     kwargs: Dict[str, Any]) -> Any:
-        """The wrapper of block i while Dynamo traces it (the only code of stash it
-        traces): the tick on the block's first input, the block, and the end tick."""
-        # A string: Dynamo guards on it by value (Note [Planning the compiled graph]).
-        serial = "-1" if self.refusal is not None else str(self.serial)
+        """The wrapper of block `block` (its index, as a string) while Dynamo traces it
+        (the only code of stash it traces): the tick on the block's first input, the
+        block, and the end tick."""
+        # Strings: Dynamo guards on them by value (Note [Planning the compiled graph]). An
+        # int read here (the serial, the block's index) that differs between two frames
+        # Dynamo compiles of this code, as a graph break makes it do, becomes a graph
+        # input (Note [A graph break among the blocks] in _compile_plan.py).
+        i = int(block)
+        serial = "-1" if self.refusal is not None else self.serial_text
         if not args or not isinstance(args[0], torch.Tensor):
             self.refusal = self.refusal or (
                 f"block {i}'s first positional argument is not a tensor (the hidden "
@@ -209,19 +227,30 @@ class CompiledState:
         if serial < 0:
             return serial, []
         names = saved_at_keep_all(gm, joint_inputs, partition, kwargs)
-        saved = saved_by_block(gm, cut, names)
+        split = split_block(cut, names)
+        if split is not None:  # Note [A graph break among the blocks] in _compile_plan.py
+            self.graph_broken(split)
+            return -1, []
+        saved = saved_by_block(gm, cut, names, self.n)
         shape = input_shape(cut)
-        self.shapes.record(shape, saved, {b: cut.weight.get(b, 0.0) for b in range(self.n)},
+        self.shapes.record(shape, cut.blocks, saved,
+                           {b: cut.weight.get(b, 0.0) for b in saved},
                            outside_bytes(gm, cut, names))
         actions = self.actions if serial > 0 else None
         if serial == 0:
-            if not self.saved:
-                self.saved = saved
+            if self.first_shape in (None, shape):
+                self.first_shape = shape
+                self.saved = self.shapes.saved_at[shape]
                 self.weights = self.shapes.weights_at[shape]
         elif actions is not None and shape != self.shapes.plan_shape:
-            # Note [Every shape under whole-model compile] in _compiled_shapes.py: None
-            # (refused): least memory; its step raises.
-            actions = self.shapes.plan_for(shape, self.profile, self.refused).actions
+            if self.shapes.split:
+                # Note [A graph break among the blocks] in _compile_plan.py
+                actions = self.shapes.least_memory_for(shape).actions
+                self._warn_least_memory(shape)
+            else:
+                # Note [Every shape under whole-model compile] in _compiled_shapes.py: None
+                # (refused): least memory; its step raises.
+                actions = self.shapes.plan_for(shape, self.profile, self.refused).actions
         # Note [What min-cut keeps] in _compile_plan.py; Note [The loss under whole-model
         # compile] in _compiled_fit.py: only where the loss's bytes are measured.
         tag(gm, cut, saved, actions, owners=self._segment is not None)
@@ -232,6 +261,15 @@ class CompiledState:
                         for j, v in enumerate(values)
                         if b < len(actions) and j < len(actions[b])
                         and actions[b][j] == "offload"]
+
+    def _warn_least_memory(self, shape: Shape) -> None:
+        if not self.least_memory_warned:
+            self.least_memory_warned = True
+            warn(f"stash.torch.fit: a graph break splits the compiled blocks into several "
+                 f"graphs, and shape {list(shape)} is not the measured one: its graphs run "
+                 "at least memory (every block recomputed), unplanned and unchecked against "
+                 "the budget. Remove the break (TORCH_LOGS=graph_breaks names it) or train "
+                 "one shape (fit(buckets=...)), or compile each block instead.")
 
     def offloads_done(self, serial: int, shape: Shape, done: List[Tuple[int, int]]) -> None:
         sp = self.shapes.plans.get(shape)
@@ -309,8 +347,9 @@ class CompiledState:
         """Note [A graph break among the blocks] in _compile_plan.py: the graph goes to
         min-cut untagged and its first tick raises, naming the break."""
         self.refusal = self.refusal or (
-            f"{why}; stash plans the saved values of one graph that holds every block "
-            "(TORCH_LOGS=graph_breaks names the break, torch._dynamo.explain(model) too)")
+            f"{why}; stash plans compiled graphs that hold whole blocks, a break between "
+            "two blocks included, not a block split across graphs (TORCH_LOGS=graph_breaks "
+            "names the break, torch._dynamo.explain(model) too)")
 
     def refused(self) -> StashError:
         if self.error is None:
@@ -421,11 +460,13 @@ def compiled_wrapper(state: Callable[[], CompiledState], i: int, forward: Callab
                      eager: Callable[..., Any]) -> Callable[..., Any]:
     """Block i's wrapper: `eager` (the hooks) when it runs, the compiled form (Note
     [Planning the compiled graph]) when Dynamo traces it."""
+    block = str(i)  # a string for Dynamo (CompiledState.trace_block)
+
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
             if not torch.is_grad_enabled():
                 return forward(*args, **kwargs)
-            return state().trace_block(i, forward, args, kwargs)
+            return state().trace_block(block, forward, args, kwargs)
         s = state()
         if s.traced and torch.is_grad_enabled():
             if s.refusal is not None or s.error is not None:

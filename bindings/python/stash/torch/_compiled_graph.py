@@ -23,8 +23,11 @@ Shape = Tuple[int, ...]
 
 def input_shape(cut: GraphBlocks) -> Shape:
     """The shape of block 0's input in a joint graph (its tick's input): the key of the
-    graph's plan (Note [Every shape under whole-model compile] in _compiled_shapes.py)."""
-    tick = cut.ticks.get(0)
+    graph's plan (Note [Every shape under whole-model compile] in _compiled_shapes.py).
+    A graph after a break between blocks (Note [A graph break among the blocks] in
+    _compile_plan.py) has no tick 0: its first block's input, which has that shape in
+    the models fit plans (each block takes and returns the hidden state)."""
+    tick = cut.ticks.get(0, cut.ticks[cut.blocks[0]] if cut.ticks else None)
     val = tick.args[0].meta.get("val") if tick is not None and isinstance(
         tick.args[0], fx.Node) else None
     return tuple(int(d) for d in val.shape) if isinstance(val, torch.Tensor) else ()

@@ -24,6 +24,9 @@ whole-model compile a shape is not measured again (its measuring graph would be 
 compile of its own). Before, such a graph got the measured plan by position, or kept
 all: a Llama planned at 85% of its keep-all at length 128 peaked 4.9% over the budget
 at 160.
+Under a graph break between blocks (Note [A graph break among the blocks] in
+_compile_plan.py) a shape's first graph is partitioned before its later graphs exist, so
+such a shape is not planned: its graphs run at least memory (ShapeGraphs.least_memory_for).
 The cost: the partition reads each saved value's size, which specializes the graph to
 its shape, so every new shape is a compile of its own (Dynamo's automatic dynamic
 shapes does not make one graph serve them all), and Dynamo's recompile limit
@@ -85,14 +88,39 @@ class ShapeGraphs:
         self.plans: Dict[Shape, ShapePlan] = {}
         self.plan_shape: Optional[Shape] = None   # the measured shape the plan is of
         self._planner = planner
+        # Note [A graph break among the blocks] in _compile_plan.py: per shape, each
+        # graph's part, by the ticks it holds; the *_at figures are their union.
+        self._parts: Dict[Shape, Dict[Tuple[int, ...], Tuple[
+            Dict[int, List[SavedValue]], Dict[int, float], int]]] = {}
+        self.split = False  # some graph held only some of the ticks
 
-    def record(self, shape: Shape, saved: Dict[int, List[SavedValue]],
+    def record(self, shape: Shape, ticks: Tuple[int, ...], saved: Dict[int, List[SavedValue]],
                weights: Dict[int, float], outside: int) -> None:
-        """A graph for `shape` was partitioned: what it saves, its blocks' costs and the
-        bytes it saves outside the blocks."""
-        self.saved_at[shape] = saved
-        self.weights_at[shape] = weights
-        self.outside_at[shape] = outside
+        """A graph for `shape` holding `ticks` was partitioned: what it saves, its blocks'
+        costs and the bytes it saves outside the blocks (a graph recompiled for the same
+        ticks replaces its part)."""
+        parts = self._parts.setdefault(shape, {})
+        parts[ticks] = (saved, weights, outside)
+        self.split = self.split or len(ticks) != len(self.names) + 1
+        merged: Dict[int, List[SavedValue]] = {}
+        costs: Dict[int, float] = {}
+        for part_saved, part_weights, _ in parts.values():
+            merged.update(part_saved)
+            costs.update(part_weights)
+        self.saved_at[shape] = merged
+        self.weights_at[shape] = costs
+        self.outside_at[shape] = sum(o for _, _, o in parts.values())
+
+    def least_memory_for(self, shape: Shape) -> "ShapePlan":
+        """Note [A graph break among the blocks] in _compile_plan.py: a shape other than
+        the measured one, under graph breaks: every recomputable value recomputed, the
+        rest kept, unpriced (no figures, so no check)."""
+        sp = self.plans.get(shape) or ShapePlan(shape)
+        self.plans[shape] = sp
+        saved = self.saved_at.get(shape, {})
+        sp.actions = [["recompute" if v.recomputable else "keep" for v in saved.get(i, [])]
+                      for i in range(len(self.names))]
+        return sp
 
     def plan_for(self, shape: Shape, base: Optional[Dict[str, Any]],
                  refused: Callable[[], StashError]) -> ShapePlan:
