@@ -83,11 +83,12 @@ import torch.fx as fx
 from .._lib import StashError
 from .._warn import warn
 from ._clock import _Clock
-from ._compile_plan import (GraphBlocks, Offload, SavedValue, outside_bytes,
-                            saved_at_keep_all, saved_by_block, split_block, tag)
+from ._compile_plan import (GraphBlocks, SavedValue, outside_bytes, saved_at_keep_all,
+                            saved_by_block, split_block, tag)
 from ._compiled_graph import (Shape, _install, _new_id, _states, _ticked, _uninstall,
                               input_shape)
 from ._compiled_offload import CompiledMoves
+from ._compiled_offload_pass import Offload
 from ._compiled_shapes import ShapeGraphs, ShapePlan, ShapePlanner
 from ._compiled_steps import StepLog, StepTimes, measured_layers
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.fx as fx
 
-from ._compile_plan import GraphBlocks, Offload, cut_blocks, insert_offloads
+from ._compile_plan import GraphBlocks, cut_blocks
+from ._compiled_offload_pass import Offload, insert_offloads
 
 if TYPE_CHECKING:
     from ._compiled import CompiledState

@@ -4,7 +4,7 @@ and the engine calls they make (Note [Offload in the compiled graph]).
 Note [Offload in the compiled graph]
 A plan for a compiled graph (Note [Planning the compiled graph] in _compiled.py) may
 offload a saved value: a dense tensor of a block, its input included. The partitioner
-saves it (MUST_SAVE, as a kept one); then insert_offloads (_compile_plan.py) rewrites the
+saves it (MUST_SAVE, as a kept one); then insert_offloads (_compiled_offload_pass.py) rewrites the
 partitioned pair:
 - forward: token = stash::offload(v) right after v is made, which hands v's storage to the
   engine (the D2H starts after the producer, as in eager mode); then

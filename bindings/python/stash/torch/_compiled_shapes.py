@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._lib import StashError
-from ._compile_plan import SavedValue, layer_doc, plan_actions_of
+from ._compile_plan import SavedValue, layer_doc, least_memory, plan_actions_of
 from ._compiled_graph import Shape
 
 __all__ = ["ShapeGraphs", "ShapePlan", "ShapePlanner"]
@@ -92,7 +92,6 @@ class ShapeGraphs:
         # graph's part, by the ticks it holds; the *_at figures are their union.
         self._parts: Dict[Shape, Dict[Tuple[int, ...], Tuple[
             Dict[int, List[SavedValue]], Dict[int, float], int]]] = {}
-        self.split = False  # some graph held only some of the ticks
 
     def record(self, shape: Shape, ticks: Tuple[int, ...], saved: Dict[int, List[SavedValue]],
                weights: Dict[int, float], outside: int) -> None:
@@ -101,7 +100,6 @@ class ShapeGraphs:
         ticks replaces its part)."""
         parts = self._parts.setdefault(shape, {})
         parts[ticks] = (saved, weights, outside)
-        self.split = self.split or len(ticks) != len(self.names) + 1
         merged: Dict[int, List[SavedValue]] = {}
         costs: Dict[int, float] = {}
         for part_saved, part_weights, _ in parts.values():
@@ -111,6 +109,13 @@ class ShapeGraphs:
         self.weights_at[shape] = costs
         self.outside_at[shape] = sum(o for _, _, o in parts.values())
 
+    @property
+    def split(self) -> bool:
+        """Whether some graph held only some of the ticks (Note [A graph break among the
+        blocks] in _compile_plan.py)."""
+        whole = len(self.names) + 1
+        return any(len(ticks) != whole for parts in self._parts.values() for ticks in parts)
+
     def least_memory_for(self, shape: Shape) -> "ShapePlan":
         """Note [A graph break among the blocks] in _compile_plan.py: a shape other than
         the measured one, under graph breaks: every recomputable value recomputed, the
@@ -118,8 +123,8 @@ class ShapeGraphs:
         sp = self.plans.get(shape) or ShapePlan(shape)
         self.plans[shape] = sp
         saved = self.saved_at.get(shape, {})
-        sp.actions = [["recompute" if v.recomputable else "keep" for v in saved.get(i, [])]
-                      for i in range(len(self.names))]
+        sp.actions = least_memory([v.recomputable for v in saved.get(i, [])]
+                                  for i in range(len(self.names)))
         return sp
 
     def plan_for(self, shape: Shape, base: Optional[Dict[str, Any]],
