@@ -270,12 +270,16 @@ def test_per_block_torch_compile_gives_the_same_losses():
     # Note [A measuring step that compiled]: the first step compiled every block, so the
     # shape is measured again and planned from the second step's times. Planned from the
     # first, the prediction was 20-30 times the planned steps' time, near the compiling
-    # step's own. Compared with that step, not with the planned steps: ctest runs suites
-    # side by side, and one stalled measuring step made a 4.4x ratio once (CI, stop 43);
-    # the compiling step here takes 40-170 times a measured one.
+    # step's own. Checked against the second step, whose spans the prediction is made of:
+    # at 95% the plan recomputes a part of what that least-memory step replayed, so it
+    # predicts no more than that step took (here 4.3-5.0 ms against 4.8-5.6; the
+    # compiling step 180-225). No ratio of two steps' times: in CI one stalled measuring
+    # step made a 4.4x ratio to the planned steps (stop 43), another a prediction of
+    # 1596 ms beside a 1509 ms compiling step (stop 44).
     steps = h.report()["steps"]
-    assert [s["mode"] for s in steps] == ["measure", "measure", "plan", "plan"], steps
-    assert steps[2]["predicted_step_ms"] < steps[0]["step_ms"] / 5, steps
+    figures = [(s["mode"], s["step_ms"], s.get("predicted_step_ms")) for s in steps]
+    assert [s["mode"] for s in steps] == ["measure", "measure", "plan", "plan"], figures
+    assert steps[2]["predicted_step_ms"] <= 1.1 * steps[1]["step_ms"], figures
     assert any("measured again" in n for n in h.profile["measurement"]["notes"])
     h.close()
     for b in blocks:  # restored exactly: torch.compile's own forward is back
