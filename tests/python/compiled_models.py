@@ -13,30 +13,20 @@ from stash.torch._cpu_meter import window
 from stash.torch._meter import live_training_bytes
 
 transformers = pytest.importorskip("transformers")
+from models import decoder  # noqa: E402
 
 LINK = {"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0}
 VOCAB = 256
 STEPS = 5
 
 
-def _decoder(config, model, seed):
-    """A 2-layer decoder of one of Hugging Face's Llama-shaped families, in train mode."""
-    torch.manual_seed(seed)
-    cfg = config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        use_cache=False, attn_implementation="sdpa")
-    m = model(cfg)
-    m.train()
-    return m
-
-
 def llama(seed=0):
-    return _decoder(transformers.LlamaConfig, transformers.LlamaForCausalLM, seed)
+    """2 layers, hidden 64 (as qwen2)."""
+    return decoder("llama", seed, vocab=VOCAB)
 
 
 def qwen2(seed=0):
-    return _decoder(transformers.Qwen2Config, transformers.Qwen2ForCausalLM, seed)
+    return decoder("qwen2", seed, vocab=VOCAB)
 
 
 def gpt2(seed=0):
@@ -53,14 +43,7 @@ def gpt2(seed=0):
 def wide_llama(seed=0):
     """3 layers, hidden 128: at sequence 512 its saved values are 1-4 MiB, above the
     planner's smallest offload (1 MiB), so a plan may offload them."""
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        use_cache=False, attn_implementation="sdpa")
-    m = transformers.LlamaForCausalLM(cfg)
-    m.train()
-    return m
+    return decoder("llama", seed, layers=3, hidden=128, vocab=VOCAB, positions=1024)
 
 
 MODELS = {"llama": (llama, lambda m: m.model.layers), "qwen2": (qwen2, lambda m: m.model.layers),

@@ -5,6 +5,31 @@ import math
 import torch
 import torch.nn as nn
 
+# Hugging Face's Llama-shaped families the tests train: (config class, model class).
+_DECODERS = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+             "mistral": ("MistralConfig", "MistralForCausalLM")}
+
+
+def decoder(family="llama", seed=0, *, layers=2, hidden=64, ffn=None, vocab=256,
+            positions=256, **config):
+    """A small Hugging Face decoder of a Llama-shaped family, random init from `seed`, in
+    train mode: 4 attention heads over 2 of keys and values, sdpa attention, no KV cache,
+    an MLP twice `hidden` wide unless `ffn` says. `config` overrides or adds any config
+    field (use_cache=True, attention_dropout=0.1, ...)."""
+    import transformers
+
+    config_class, model_class = (getattr(transformers, n) for n in _DECODERS[family])
+    fields = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn or 2 * hidden,
+                  num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=positions, use_cache=False,
+                  attn_implementation="sdpa")
+    fields.update(config)
+    torch.manual_seed(seed)
+    m = model_class(config_class(**fields))
+    m.train()
+    return m
+
 
 class Block(nn.Module):
     """A pre-norm transformer block: attention with one fused qkv projection, then an MLP."""

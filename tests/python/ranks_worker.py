@@ -12,17 +12,9 @@ LINK = {"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0}
 
 
 def _llama(seed=0, ffn=256, layers=3):
-    import torch
-    import transformers
+    from models import decoder
 
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=128, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        use_cache=False, attn_implementation="sdpa")
-    m = transformers.LlamaForCausalLM(cfg)
-    m.train()
-    return m
+    return decoder("llama", seed, layers=layers, hidden=128, ffn=ffn, positions=512)
 
 
 def _batches(rank, n, seq=128, batch=2):

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 import stash
 import stash.torch
-from models import Block
+from models import Block, decoder
 from offload_helpers import B, D, FF, T, _violations
 
 transformers = pytest.importorskip("transformers")
@@ -28,13 +28,7 @@ MEMCPY_NODE = 1  # cudaGraphNodeTypeMemcpy
 
 
 def llama(seed=0, layers=3, hidden=256):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, use_cache=False, attn_implementation="sdpa")
-    m = transformers.LlamaForCausalLM(cfg)
-    m.train()
+    m = decoder("llama", seed, layers=layers, hidden=hidden, vocab=VOCAB, positions=512)
     return m, m.model.layers
 
 

@@ -16,20 +16,15 @@ import stash
 import stash.torch
 
 transformers = pytest.importorskip("transformers")
+from models import decoder  # noqa: E402
 
 LINK = {"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0}
 VOCAB = 64
 STEPS = int(os.environ.get("STASH_LONG_STEPS", "1000"))
 
 
-def decoder():
-    torch.manual_seed(0)
-    cfg = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        use_cache=False, attn_implementation="sdpa")
-    m = transformers.Qwen2ForCausalLM(cfg)
-    m.train()
+def qwen():
+    m = decoder("qwen2", 0, layers=3, vocab=VOCAB, positions=128)
     return m, m.model.layers
 
 
@@ -45,7 +40,7 @@ def rss_bytes():
 def run(budget):
     rng = random.Random(7)
     g = torch.Generator().manual_seed(7)
-    model, blocks = decoder()
+    model, blocks = qwen()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     h = stash.torch.fit(blocks, budget, optimizer=opt, link=LINK) if budget else None
     armed = [False]

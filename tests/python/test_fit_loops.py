@@ -16,6 +16,7 @@ import stash
 import stash.torch
 
 transformers = pytest.importorskip("transformers")
+from models import decoder  # noqa: E402
 
 LINK = {"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0}
 VOCAB = 128
@@ -23,13 +24,7 @@ VOCAB = 128
 
 def mistral(seed=0):
     """A family the rest of the suite does not train (sliding-window attention off)."""
-    torch.manual_seed(seed)
-    cfg = transformers.MistralConfig(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        use_cache=False, attn_implementation="sdpa")
-    m = transformers.MistralForCausalLM(cfg)
-    m.train()
+    m = decoder("mistral", seed, layers=4, hidden=128, vocab=VOCAB)
     return m, m.model.layers
 
 

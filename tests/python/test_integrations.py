@@ -13,17 +13,14 @@ from stash.integrations import find_blocks
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
+from models import decoder  # noqa: E402
 
 VOCAB = 128
 
 
 def qwen(seed=0):
-    torch.manual_seed(seed)
-    cfg = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        attn_implementation="sdpa")  # use_cache left at its default (True)
-    return transformers.Qwen2ForCausalLM(cfg)
+    # With the KV cache on, as a model from from_pretrained has it.
+    return decoder("qwen2", seed, layers=3, vocab=VOCAB, positions=128, use_cache=True)
 
 
 class Rows(torch.utils.data.Dataset):
@@ -130,11 +127,7 @@ def test_a_bf16_trainer_of_random_lengths_keeps_the_budget(tmp_path):
         gradient_accumulation_steps=2, max_steps=10, learning_rate=1e-3, report_to=[],
         use_cpu=True, bf16=True, dataloader_num_workers=0, seed=0, data_seed=0,
         save_strategy="no", logging_strategy="no", disable_tqdm=True)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        attn_implementation="sdpa"))
+    model = decoder("llama", 0, layers=4, hidden=128, vocab=VOCAB, use_cache=True)
     cb = StashCallback("75%")
     Trainer(model=model, args=args, train_dataset=Lengths(), callbacks=[cb],
             data_collator=pad_batch).train()

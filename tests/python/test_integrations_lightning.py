@@ -10,18 +10,15 @@ import torch
 transformers = pytest.importorskip("transformers")
 pl = pytest.importorskip("pytorch_lightning")
 from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
+from models import decoder  # noqa: E402
 
 VOCAB = 128
 LINK = {"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0}
 
 
 def llama(seed: int = 0) -> "transformers.LlamaForCausalLM":
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        attn_implementation="sdpa")  # use_cache left at its default (True)
-    return transformers.LlamaForCausalLM(cfg)
+    # With the KV cache on, as a model from from_pretrained has it.
+    return decoder("llama", seed, vocab=VOCAB, positions=64, use_cache=True)
 
 
 class CausalLM(pl.LightningModule):
