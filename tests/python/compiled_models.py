@@ -52,14 +52,14 @@ MODELS = {"llama": (llama, lambda m: m.model.layers), "qwen2": (qwen2, lambda m:
 
 
 def train(budget=None, steps=STEPS, backend="inductor", before=True, family="llama",
-          seqs=None, accumulate=1, prepare=None):
+          seqs=None, accumulate=1, prepare=None, refusals=None):
     """Compiled AdamW steps (fit entered before or after torch.compile) of a `family` model,
     at sequence length 128 or seqs[i] at step i, the batch of 4 split into `accumulate`
     micro-batches whose gradients add up by hand (`prepare`: called on the model first,
     as a test that breaks its graph does): per step the loss, the peak on the CPU
     meter users read (c10's allocator above what was alive at the step's start, Note [One
     meter for every row] in _meter.py) and the host time; the final parameters; the
-    handle."""
+    handle. refusals: a list that a StashError goes to, ending the steps (else raised)."""
     torch._dynamo.reset()
     model, blocks = MODELS[family]
     m = model()
@@ -82,9 +82,15 @@ def train(budget=None, steps=STEPS, backend="inductor", before=True, family="lla
             base = live_training_bytes(m, opt, ids)
             meter.reopen()
             t0 = time.perf_counter()
-            for part in ids.chunk(accumulate):
-                loss = cm(input_ids=part, labels=part).loss
-                (loss / accumulate).backward()
+            try:
+                for part in ids.chunk(accumulate):
+                    loss = cm(input_ids=part, labels=part).loss
+                    (loss / accumulate).backward()
+            except stash.StashError as e:
+                if refusals is None:
+                    raise
+                refusals.append(e)
+                break
             opt.step()
             opt.zero_grad()
             steps_out.append({"loss": loss.detach().clone(), "peak": base + meter.peak(),

@@ -247,36 +247,53 @@ def test_a_graph_break_between_blocks_is_planned_per_graph(family):
     saves a layer norm's rstd and not its mean, which failed to partition until its
     producer's other outputs were kept with it (Note [What min-cut keeps]). A length
     other than the measured one is not planned across graphs: its graphs recompute every
-    block, and fit says so once (Llama only, to keep the suite's time)."""
+    block, and fit says so once; its first step is checked against the budget, and a
+    length whose least memory peaks over it (512) is refused at its next step, as an eager
+    shape whose measuring step peaked over the budget is (Llama only, to keep the suite's
+    time)."""
     prepare = _break_before(family, 1)
-    seqs = [128, 128, 128, 128, 96 if family == "llama" else 128]
-    ref, ref_params, _ = train(prepare=prepare, seqs=seqs, family=family)
+    seqs = [128, 128, 128, 128] + ([96, 512, 512] if family == "llama" else [128])
+    # The reference trains every step that runs under fit: not the refused one.
+    ran = 6 if family == "llama" else 5
+    ref, ref_params, _ = train(prepare=prepare, steps=ran, seqs=seqs[:ran], family=family)
     ref_peak = max(s["peak"] for s in ref[1:4])
     budget = int(0.85 * ref_peak)
+    refusals = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got, params, h = train(budget, prepare=prepare, seqs=seqs, family=family)
+        got, params, h = train(budget, steps=len(seqs), prepare=prepare, seqs=seqs,
+                               family=family, refusals=refusals)
     told = [str(w.message) for w in caught if "is not the measured one" in str(w.message)]
     assert len(told) == (1 if family == "llama" else 0), told
     st = h._offload.compiled_state
     assert st.shapes.split and st.refusal is None, st.refusal
-    assert [s.serial for s in st.steps] == [0, 0, 1, 1, 1]
+    assert [s.serial for s in st.steps] == [0, 0, 1, 1, 1] + [1] * (family == "llama")
+    # Its parameters after the refused step are those of the steps that ran.
     same_training(ref, ref_params, got, params)
     # Both graphs' values are in the one plan, each block with its own.
     assert all(st.saved.get(i) for i in range(2)), st.saved
     assert [len(layer) for layer in st.actions] == [len(st.saved[i]) for i in range(2)]
     acts = [a for layer in st.actions for a in layer]
     assert "recompute" in acts and "keep" in acts, st.actions
-    for s in got[2:]:
+    for s in got[2:5]:
         assert s["peak"] <= budget, ([s["peak"] for s in got], budget)
         assert s["peak"] < ref_peak, ([s["peak"] for s in got], ref_peak)
     if family == "llama":
-        (short,) = st.shape_plans.values()
+        short, long = sorted(st.shape_plans.values(), key=lambda sp: sp.shape[1])
         assert short.shape[1] == 96 and short.figures is None, st.shape_plans
         assert "least memory" in told[0]
         assert all(a == "recompute" or not v.recomputable
                    for i, layer in enumerate(short.actions)
                    for a, v in zip(layer, st.shapes.saved_at[short.shape][i]))
+        assert short.check == "passed" and short.refusal is None
+        # Length 512 at least memory: over the budget on the meter, so refused next step.
+        assert len(got) == 6 and got[5]["peak"] > budget, ([s["peak"] for s in got], budget)
+        assert long.shape[1] == 512 and long.check == "failed", st.shape_plans
+        (e,) = refusals
+        assert isinstance(e, BudgetRefused) and e is long.refusal, refusals
+        assert "[4, 512, 64]" in str(e) and f"({budget} bytes)" in str(e), str(e)
+        assert "graph break" in str(e) and "this step did not run" in str(e), str(e)
+        assert st.steps[-1].check == "failed"
     h.close()
 
 

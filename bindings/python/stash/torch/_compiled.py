@@ -91,6 +91,8 @@ from ._compiled_offload import CompiledMoves
 from ._compiled_offload_pass import Offload
 from ._compiled_shapes import ShapeGraphs, ShapePlan, ShapePlanner
 from ._compiled_steps import StepLog, StepTimes, measured_layers
+from ._fit_plan import BudgetRefused
+from ._fit_support import _gib
 
 __all__ = ["CompiledState", "compiled_wrapper"]
 
@@ -268,8 +270,8 @@ class CompiledState:
             self.least_memory_warned = True
             warn(f"stash.torch.fit: a graph break splits the compiled blocks into several "
                  f"graphs, and shape {list(shape)} is not the measured one: its graphs run "
-                 "at least memory (every block recomputed), unplanned and unchecked against "
-                 "the budget. Remove the break (TORCH_LOGS=graph_breaks names it) or train "
+                 "at least memory (every block recomputed), unplanned; one that peaks over "
+                 "the budget is refused at its next step. Remove the break (TORCH_LOGS=graph_breaks names it) or train "
                  "one shape (fit(buckets=...)), or compile each block instead.")
 
     def offloads_done(self, serial: int, shape: Shape, done: List[Tuple[int, int]]) -> None:
@@ -315,6 +317,9 @@ class CompiledState:
         """Note [A compiled plan's first run]: the first run of each plan and shape."""
         key = (step.serial, step.shape)
         sp = step.shape_plan
+        if sp is not None and sp.unplanned:
+            self._check_unplanned(step, sp, peak)
+            return
         figures = step.figures
         if key in self.checked or figures is None:
             return
@@ -343,6 +348,26 @@ class CompiledState:
                 f"{peak} bytes, over its budget of {budget} bytes, after {self.replans} "
                 "corrections of its plan; give a budget with that margin, or use per-block "
                 "compile or eager mode.")
+
+    def _check_unplanned(self, step: StepTimes, sp: ShapePlan, peak: int) -> None:
+        """Note [A graph break among the blocks] in _compile_plan.py: the first run of a
+        shape that ran at least memory, unplanned. Over the budget, no plan of stash's
+        trains it within it: its next step is refused (as an eager shape whose measuring
+        step peaked over the budget is), naming the peak."""
+        if sp.check is not None or self.figures is None:
+            return
+        budget = int(self.figures["budget_bytes"])
+        sp.check = step.check = "passed" if peak <= budget else "failed"
+        if sp.check == "passed":
+            return
+        sp.refusal = BudgetRefused(
+            f"stash.torch.fit: shape {list(sp.shape)} ran its compiled graphs at least memory "
+            f"(every block recomputed: a graph break splits the compiled blocks, and only "
+            f"the measured shape is planned across the graphs) and peaked at {_gib(peak)} "
+            f"({peak} bytes), over the budget of {_gib(budget)} ({budget} bytes), so no plan "
+            "trains it within the budget. Give a budget of at least that peak, train shorter "
+            "inputs, or remove the break (TORCH_LOGS=graph_breaks names it). The blocks are "
+            "restored; this step did not run.")
 
     def graph_broken(self, why: str) -> None:
         """Note [A graph break among the blocks] in _compile_plan.py: the graph goes to

@@ -26,7 +26,9 @@ all: a Llama planned at 85% of its keep-all at length 128 peaked 4.9% over the b
 at 160.
 Under a graph break between blocks (Note [A graph break among the blocks] in
 _compile_plan.py) a shape's first graph is partitioned before its later graphs exist, so
-such a shape is not planned: its graphs run at least memory (ShapeGraphs.least_memory_for).
+such a shape is not planned: its graphs run at least memory (ShapeGraphs.least_memory_for),
+and a first step of it that peaks over the budget refuses the shape's next step, as a
+measuring step over the budget refuses an eager shape.
 The cost: the partition reads each saved value's size, which specializes the graph to
 its shape, so every new shape is a compile of its own (Dynamo's automatic dynamic
 shapes does not make one graph serve them all), and Dynamo's recompile limit
@@ -71,6 +73,9 @@ class ShapePlan:
     refusal: Optional[StashError] = None
     offloaded: List[Tuple[int, int]] = field(default_factory=list)
     check: Optional[str] = None
+    # Run at least memory, not planned (Note [A graph break among the blocks] in
+    # _compile_plan.py): its first run is checked against the budget alone.
+    unplanned: bool = False
 
 
 class ShapeGraphs:
@@ -119,8 +124,9 @@ class ShapeGraphs:
     def least_memory_for(self, shape: Shape) -> "ShapePlan":
         """Note [A graph break among the blocks] in _compile_plan.py: a shape other than
         the measured one, under graph breaks: every recomputable value recomputed, the
-        rest kept, unpriced (no figures, so no check)."""
+        rest kept, unpriced (no figures); its first run is checked against the budget."""
         sp = self.plans.get(shape) or ShapePlan(shape)
+        sp.unplanned = True
         self.plans[shape] = sp
         saved = self.saved_at.get(shape, {})
         sp.actions = least_memory([v.recomputable for v in saved.get(i, [])]
