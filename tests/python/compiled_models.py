@@ -29,6 +29,11 @@ def qwen2(seed=0):
     return decoder("qwen2", seed, vocab=VOCAB)
 
 
+def olmo2(seed=0):
+    """OLMo 2: RMS norms on q and k, and after (not before) attention and the MLP."""
+    return decoder("olmo2", seed, vocab=VOCAB, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+
+
 def gpt2(seed=0):
     torch.manual_seed(seed)
     cfg = transformers.GPT2Config(
@@ -47,7 +52,7 @@ def wide_llama(seed=0):
 
 
 MODELS = {"llama": (llama, lambda m: m.model.layers), "qwen2": (qwen2, lambda m: m.model.layers),
-          "gpt2": (gpt2, lambda m: m.transformer.h),
+          "gpt2": (gpt2, lambda m: m.transformer.h), "olmo2": (olmo2, lambda m: m.model.layers),
           "wide_llama": (wide_llama, lambda m: m.model.layers)}
 
 

@@ -8,7 +8,8 @@ import torch.nn as nn
 # Hugging Face's Llama-shaped families the tests train: (config class, model class).
 _DECODERS = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
              "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-             "mistral": ("MistralConfig", "MistralForCausalLM")}
+             "mistral": ("MistralConfig", "MistralForCausalLM"),
+             "olmo2": ("Olmo2Config", "Olmo2ForCausalLM")}
 
 
 def decoder(family="llama", seed=0, *, layers=2, hidden=64, ffn=None, vocab=256,

@@ -71,6 +71,14 @@ serial: every shape's graph recompiles at its next step, planned so), at most tw
 run; after that fit warns once. (A constant correction for an offloading plan's error
 would have priced least memory over a budget it had been measured within.) The failed
 step itself was over the budget: this is a correction, not a guarantee.
+The correction is added after the calibrations of the blocks' temporaries and the
+loss's bytes, which read a position's figure as its measured peak less the fixed bytes:
+added before (until 2026-12-07) it came off them again, and on OLMo 2 at 70% of
+keep-all (q/k norms; its plan ran 10% over its prediction) the same plan was planned
+twice more and ran over the budget every step. Corrected, a profile may price every
+plan over the budget, least memory included, though least memory was measured within
+it: then least memory runs, priced at its measured peak, with a warning
+(_compiled_fit._least_memory_measured), rather than a refusal mid-backward.
 """
 
 from __future__ import annotations

@@ -70,14 +70,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .._lib import StashError
-from .._planner import InfeasibleBudget
+from .._planner import InfeasibleBudget, evaluate
+from .._warn import warn
 from ._compile_plan import (calibrated_fixed_bytes, calibrated_loss_bytes,
-                            calibrated_temporaries, compiled_profile, plan_actions_of)
+                            calibrated_temporaries, compiled_profile, least_memory_actions,
+                            plan_actions_of)
 from ._compiled import CompiledState
 from ._clock import _Clock
 from ._cpu_meter import Window
 from ._fit_cuda_meter import CudaMeter
 from ._fit_plan import BudgetRefused, derived_refusal, plan_measured, warn_closed
+from ._fit_support import _plan_doc
 
 __all__ = ["compiled_meter", "fit_compiled_state"]
 
@@ -133,6 +136,27 @@ def compiled_meter(cuda_meter: Callable[[], Optional[CudaMeter]],
     return (meter_open, meter_peak), meter_segment
 
 
+def _least_memory_measured(doc: Dict[str, Any], measured: int, prior: Dict[str, Any]
+                           ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Note [A compiled plan's first run] in _compiled.py: a corrected profile with no plan
+    at the budget prices least memory over it too, though least memory was measured within
+    it: least memory is run, at its measured peak, with a warning."""
+    budget = int(prior["budget_bytes"])
+    plan = dict(_plan_doc(doc, least_memory_actions(doc)), budget_bytes=budget)
+    priced = evaluate(doc, plan, 1 << 62, strict=False)
+    plan.update(solver="least memory", binding_constraints=[],
+                predicted={"peak_bytes": measured, "offloaded_bytes": 0,
+                           "step_ms": float(priced["predicted_step_ms"])},
+                baselines={"keep_all": {"peak_bytes": int(prior["keep_all_peak_bytes"])}})
+    warn(f"stash.torch.fit: the compiled graph's plan ran over its budget of {budget} bytes "
+         "even after its correction, and no other plan is priced within it; its steps run "
+         f"at least memory (every block recomputed), measured at {measured} bytes. The "
+         "cost model misjudges this model's partly recomputed blocks (Note [Backward "
+         "temporaries of a compiled block]); per-block compile or eager mode plans it.")
+    return plan, dict(prior, predicted_peak_bytes=measured,
+                      predicted_step_ms=float(priced["predicted_step_ms"]))
+
+
 def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver: str,
                        describe: Callable[[], Tuple[Dict[str, Any], Dict[str, Any],
                                                     Dict[str, Any]]],
@@ -162,16 +186,21 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         if all(p is not None for p in top.bwd_peak):
             # Note [Backward temporaries of a compiled block]: each position's untracked
             # bytes where it is read.
-            doc["fixed_bytes"] = counted() + state.correction
+            doc["fixed_bytes"] = counted()
             for layer, temp in zip(doc["layers"], calibrated_temporaries(
                     doc, [top.base + int(p or 0) + top.missing for p in top.bwd_peak])):
                 layer["bwd_temp_bytes"] = temp
         else:
-            doc["fixed_bytes"] = (calibrated_fixed_bytes(doc, most, counted(), 0)
-                                  + state.correction)
+            doc["fixed_bytes"] = calibrated_fixed_bytes(doc, most, counted(), 0)
         heads = [s.base + s.head_peak + s.missing for s in measured if s.head_peak is not None]
         if heads:  # Note [The loss under whole-model compile]
             doc["loss_bytes"] = calibrated_loss_bytes(doc, max(heads))
+        # Note [A compiled plan's first run] in _compiled.py: the correction is added after
+        # the calibrations, which read each position's figure as its measured peak less
+        # the fixed bytes; added before, it came off the temporaries and the loss's bytes
+        # again, and a plan 10% over its budget (Olmo 2 at 70%) was planned the same
+        # twice.
+        doc["fixed_bytes"] = int(doc["fixed_bytes"]) + state.correction
         if not state.offload:  # Note [A compiled plan's first run]
             for layer in doc["layers"]:
                 for t in layer["tensors"]:
@@ -183,9 +212,13 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
             # in a compiled block] in _compiled_steps.py): no prefix closure.
             plan, figures = plan_measured(doc, most, budget, solver, replayed=False)
         except BudgetRefused as e:
-            refused()
-            warn_closed(e)
-            raise
+            prior = state.figures
+            if not (state.correction and prior is not None
+                    and most <= int(prior["budget_bytes"])):
+                refused()
+                warn_closed(e)
+                raise
+            plan, figures = _least_memory_measured(doc, most, prior)
         state.plan, state.figures = plan, figures
         return plan_actions_of(plan)
 
