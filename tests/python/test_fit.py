@@ -274,6 +274,39 @@ def test_per_block_torch_compile_gives_the_same_losses():
         assert not getattr(vars(b).get("forward"), "_stash_wrapped", False)
 
 
+def test_per_block_compile_is_priced_as_it_runs():
+    """Note [A compiled block's saved tensors in the CPU meter's window] in _fit_measure.py
+    and Note [A compiled block replays whole] in _fit_plan.py: a compiled block's saved
+    values were counted again in the fixed bytes, and 60% of keep-all was refused (its
+    smallest feasible budget 23.2 MB, least memory running at 16.0); counted once, a plan
+    that kept part of a recomputed block ran its first step 14% over its prediction. Now
+    60% is planned, each block recomputed whole or not at all, and every planned step
+    is within its budget and its prediction on the CPU meter."""
+    data = batches(4, batch=4, seq=256)
+    torch._dynamo.reset()
+    model, blocks = llama(layers=3, hidden=128)
+    for i, b in enumerate(blocks):
+        blocks[i] = torch.compile(b)
+    got = train(model, data, lambda opt: stash.torch.fit(blocks, "60%", optimizer=opt,
+                                                         link=LINK))
+    h = got[2]
+    steps = h.report()["steps"]
+    assert [s["mode"] for s in steps] == ["measure", "measure", "plan", "plan"], steps
+    for s in steps[2:]:
+        assert s["measured_peak_bytes"] <= s["predicted_peak_bytes"] <= s["budget_bytes"], steps
+        assert not s["over_budget"], steps
+    assert h.profile["measurement"]["replays_whole"] == [0, 1, 2]
+    for layer in h.plan["layers"]:
+        acts = {t["action"] for t in layer["tensors"]}
+        assert "recompute" not in acts or acts <= {"recompute", "keep"}, acts
+    for layer, planned in zip(h.profile["layers"], h.plan["layers"]):
+        if any(t["action"] == "recompute" for t in planned["tensors"]):
+            assert all(t["action"] == "recompute" for t, v in
+                       zip(planned["tensors"], layer["tensors"])
+                       if v["recomputable"] and not v["must_keep"]), planned
+    h.close()
+
+
 def test_a_compiled_shape_that_cannot_fit_is_refused_not_measured_again():
     # Note [A measuring step that compiled]: a measurement that cannot be planned at the
     # budget is not measured again (a second least-memory step over the budget); the

@@ -61,7 +61,7 @@ from ._fit_measure import MeasuringRecorder
 from ._fit_ranks import Ranks, link_across_ranks
 from ._fit_report import fit_report, format_report
 from ._fit_steps import Description, StepBook
-from ._offload import OffloadHandle
+from ._offload import OffloadHandle, _compiled_block
 from ._offload_policy import EngineLayer, LayerActions, StepPolicy, offload_slots
 from ._compiled import CompiledState
 from ._compiled_fit import compiled_meter, fit_compiled_state
@@ -108,6 +108,10 @@ class BudgetHandle(StepPolicy):
         blocks = _checked_blocks(blocks)  # a list from here on
         self.optimizer = optimizer
         self._n = len(blocks)
+        # Note [A compiled block's saved tensors in the CPU meter's window] in
+        # _fit_measure.py: per block compiled with torch.compile, the bytes it saved in
+        # the running forward (None: an eager block).
+        self._packed: List[Optional[int]] = [0 if _compiled_block(b) else None for b in blocks]
         self._digest = _model_digest(blocks)
         params = _tensor_bytes(p for b in blocks for p in b.parameters())
         grads = _tensor_bytes(p for b in blocks for p in b.parameters() if p.requires_grad)
@@ -241,7 +245,11 @@ class BudgetHandle(StepPolicy):
                                  first_micro_batch=self._offload.micro_batch_index == 0)
         if self._recorder.tracking:
             self._recorder.track(t, nbytes)
-            self._book.sample(f"forward[{i}]")
+            packed = self._packed[i]
+            if packed is None:
+                self._book.sample(f"forward[{i}]")
+            else:  # sampled once its forward ends, with these in the window
+                self._packed[i] = packed + nbytes
 
     def on_forward_ended(self, i: int, step: _Step, order: Optional[SaveOrder]) -> None:
         rec = self._book.running
@@ -251,8 +259,11 @@ class BudgetHandle(StepPolicy):
             assert order is not None  # a measuring step hooks every block
             self._recorder.forward_ended(i, order.entries)
         if self._recorder.tracking:  # Note [What it costs]: no sample to build otherwise
+            held = self._packed[i] or 0
+            if held:
+                self._packed[i] = 0
             self._book.sample(f"forward[{i}]",
-                              after=("loss",) if i == self._n - 1 else ("fwd", i))
+                              after=("loss",) if i == self._n - 1 else ("fwd", i), held=held)
         if (self._cuda_meter is not None and rec is not None and i == self._n - 1
                 and not step.captured):
             # Note [The measuring step's windows on CUDA] in _fit_cuda_meter.py

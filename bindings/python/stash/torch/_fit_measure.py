@@ -86,6 +86,24 @@ saves everything at the end of its forward, so its first recomputable tensor car
 whole forward's cost and the rest none, which the same rule prices correctly: any
 recompute in a compiled block costs its whole forward.
 
+Note [A compiled block's saved tensors in the CPU meter's window]
+The CPU meter is sampled at every tensor a block saves, and a window's bytes above what
+fit tracks are the position's untracked bytes (fixed, temporaries). An eager block saves
+each tensor as its op runs, so the windows follow them. A block compiled per block saves
+them all at the end of its forward (AOTAutograd's save_for_backward), after Inductor
+made them: the window up to its first save held every one of them, tracked one, and on
+the measuring step (least memory, the recomputable ones dropped at the forward's end)
+the rest went into the fixed bytes, counted again at every position beside the forward's
+own A_i (the canonical model in planner/model/plan.h). OLMo 2 with its three blocks
+compiled (hidden 128, sequence 256) measured 16.3 MB of fixed bytes where eager measured
+10.5, and 60% of keep-all was refused with a smallest feasible budget of 23.6 MB, though
+least memory ran at 12.8 (16.8 with AdamW's state). So a compiled block's saves are not
+samples: its forward's end is, with the bytes it saved counted as held in that window
+(60% is then planned: 16.8 MB run against 18.6 predicted). Counted once, a plan that
+kept part of a recomputed compiled block ran over: Note [A compiled block replays whole]
+in _fit_plan.py. On CUDA the windows are the meter's own (Note [The measuring step's
+windows on CUDA] in _fit_cuda_meter.py), not these samples.
+
 Note [A measuring step that compiled]
 Under per-block compile (or a compiled loss or optimizer step) the first step compiles:
 Dynamo traces each block's forward inside its first call and AOTAutograd compiles the
@@ -118,6 +136,7 @@ from .. import profile as _profile
 from .._engine import KEEP, OFFLOAD, RECOMPUTE
 from .._planner import evaluate
 from ._clock import _Clock
+from ._offload import _compiled_block
 from ._fit_support import (StepRecord, _cupti_fwd, _LayerRecord,
                            _plan_doc, _weak)
 from ._saved import storage_of
@@ -229,11 +248,14 @@ class MeasuringRecorder:
         if self.tracking:
             self._tracked[storage_of(t)[0]] = (_weak(t), int(nbytes))
 
-    def sample(self, rec: StepRecord, where: str, after: Optional[Phase] = None) -> None:
+    def sample(self, rec: StepRecord, where: str, after: Optional[Phase] = None,
+               held: int = 0) -> None:
         """CPU: the most activation bytes held at once, and what the allocator held beyond
         fit's count since the last sample, by the position the step was in then (Note
         [What the budget counts] in _fit_steps.py); after: the position from here on (None:
-        the same)."""
+        the same). held: bytes fit tracked in the window that its peak held above what
+        was tracked at its start, though some are gone by its end (Note [A compiled
+        block's saved tensors in the CPU meter's window])."""
         if not self.tracking:
             return
         total, dead = 0, []
@@ -256,7 +278,8 @@ class MeasuringRecorder:
             # What fit tracked in the window: as at its start or at its end, whichever is
             # more (a block's recompute storages go when its forward returns, between two
             # samples, and the window's peak held them).
-            tracked, rec.tracked_before = max(total, rec.tracked_before), total
+            tracked = max(total, rec.tracked_before + held)
+            rec.tracked_before = total
             # Gradients and optimizer state made in the step are fit's to count too. A
             # block's backward makes its gradients after the window's peak (the first
             # grads of its backward, right after its replay), so there they count as at
@@ -400,6 +423,9 @@ def measured_profile(rec: StepRecord, layers: Sequence[_LayerRecord],
         "layers": out,
         "measurement": {"timing": timing, "passes": rec.passes, "in_flight": rec.in_flight,
                         "cupti": cupti(cupti_fwd), "constant_tensors": constant,
+                        # Note [A compiled block replays whole] in _fit_plan.py
+                        "replays_whole": [i for i, b in enumerate(blocks)
+                                          if _compiled_block(b)],
                         "notes": ["fit: least-memory measuring step"]},
     }
 

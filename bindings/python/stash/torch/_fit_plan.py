@@ -254,10 +254,71 @@ def kept_bytes(doc: Doc, actions: Sequence[Sequence[str]]) -> int:
                for t, a in zip(layer["tensors"], acts) if a == "keep")
 
 
+# Note [A compiled block replays whole]
+# A block compiled per block (torch.compile(block)) is recomputed by running its compiled
+# forward again, which makes every value it saves, not only the ones the plan recomputes;
+# so any recompute in it costs its whole forward (Note [Recompute cost as the replay pays
+# it] in _fit_measure.py), and its backward holds, beside that replay, what the plan kept
+# or fetched of it: the model's backward_i counts the block's saved bytes once. A
+# 3-layer Llama with its blocks compiled, at 60% of keep-all, kept 6.0 of its last
+# block's 6.8 MB and recomputed the rest: that block's backward ran 5.1 MB over the
+# model (22.9 MB against 17.8), the next block's, which had offloaded 2 MB, 2.2 MB over.
+# Keeping or offloading a value of such a block saves no time once the block is
+# recomputed at all, so a plan that recomputes any value of it recomputes every value it
+# may (the measuring step's profile lists these blocks as measurement.replays_whole); its
+# figures are priced again. The model then holds for it: the bytes kept are the ones
+# no replay makes (must_keep).
+
+def _replay_whole(doc: Doc, plan: Doc, figures: Dict[str, Any]
+                  ) -> Tuple[Doc, Dict[str, Any]]:
+    """Note [A compiled block replays whole]: the plan with every recomputable value of a
+    block that replays whole recomputed, where it recomputes any; priced again."""
+    whole = (doc.get("measurement") or {}).get("replays_whole") or []
+    changed = False
+    for i in whole:
+        if not (0 <= i < len(doc["layers"])):
+            continue
+        tensors, planned = doc["layers"][i]["tensors"], plan["layers"][i]["tensors"]
+        if not any(p["action"] == "recompute" for p in planned):
+            continue
+        for t, p in zip(tensors, planned):
+            if t.get("recomputable") and not t.get("must_keep") and p["action"] != "recompute":
+                p["action"] = "recompute"
+                changed = True
+    if not changed:
+        return plan, figures
+    for layer, planned in zip(doc["layers"], plan["layers"]):
+        total = sum(int(t["bytes"]) for t in layer["tensors"]) or 1
+        planned["fractions"] = {a: sum(int(t["bytes"]) for t, p in
+                                       zip(layer["tensors"], planned["tensors"])
+                                       if p["action"] == a) / total
+                                for a in ("keep", "recompute", "offload")}
+    priced = evaluate(doc, plan, int(figures["budget_bytes"]), strict=False)
+    predicted = dict(plan.get("predicted") or {})
+    predicted.update(peak_bytes=int(priced["predicted_peak_bytes"]),
+                     step_ms=float(priced["predicted_step_ms"]),
+                     offloaded_bytes=sum(int(t["bytes"]) for layer, planned in
+                                         zip(doc["layers"], plan["layers"])
+                                         for t, p in zip(layer["tensors"], planned["tensors"])
+                                         if p["action"] == "offload"))
+    predicted.pop("peak_at", None)
+    plan["predicted"] = predicted
+    return plan, dict(figures, predicted_peak_bytes=int(priced["predicted_peak_bytes"]),
+                      predicted_step_ms=float(priced["predicted_step_ms"]))
+
+
 def _make_plan(doc: Doc, budget: Union[int, str], solver: str
                ) -> Tuple[Doc, Dict[str, Any]]:
     """make_plan, with the other micro-batches in flight counted (Note [Micro-batches in
-    flight]). A refusal's smallest feasible budget is then one this search accepts."""
+    flight]) and blocks that replay whole recomputed whole (Note [A compiled block
+    replays whole]). A refusal's smallest feasible budget is then one this search
+    accepts."""
+    plan, figures = _make_plan_in_flight(doc, budget, solver)
+    return _replay_whole(doc, plan, figures)
+
+
+def _make_plan_in_flight(doc: Doc, budget: Union[int, str], solver: str
+                         ) -> Tuple[Doc, Dict[str, Any]]:
     measurement = doc.get("measurement") or {}
     others = int(measurement.get("in_flight", 1)) - 1
     if others <= 0:

@@ -271,10 +271,11 @@ class StepBook:
     # --- marks as the step runs (Note [What it costs] in _fit_passes.py: a planned step's are its
     # start and end, and where its backward and optimizer step end) --------------------------
 
-    def sample(self, where: str, after: Optional[Tuple[Any, ...]] = None) -> None:
+    def sample(self, where: str, after: Optional[Tuple[Any, ...]] = None,
+               held: int = 0) -> None:
         """The CPU meter's sample at a position of the running step (the recorder's)."""
         if self.running is not None:
-            self._recorder.sample(self.running, where, after)
+            self._recorder.sample(self.running, where, after, held)
 
     def forward_began(self, i: int, serial: int) -> None:
         rec = self.running

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional,
                     Sequence, Set, Tuple, TypeVar, Union)
 
@@ -66,6 +67,16 @@ def _call_target(i: int, block: torch.nn.Module) -> str:
             raise StashError(f"stash.torch: block {i} ({type(block).__name__}) already has "
                              "its forward replaced by something other than torch.compile")
     return "forward"
+
+
+def _compiled_block(block: torch.nn.Module) -> bool:
+    """Whether torch.compile compiled `block` (block.compile(), or torch.compile(block))."""
+    if getattr(block, "_compiled_call_impl", None) is not None:
+        return True
+    # No block is an OptimizedModule where Dynamo was never imported (nor imported here).
+    frames = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(frames, "OptimizedModule", None)
+    return optimized is not None and isinstance(block, optimized)
 
 
 def _block_device(blocks: Iterable[torch.nn.Module], device: Optional[Device]) -> torch.device:
