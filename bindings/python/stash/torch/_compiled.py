@@ -279,8 +279,9 @@ class CompiledState:
             warn(f"stash.torch.fit: a graph break splits the compiled blocks into several "
                  f"graphs, and shape {list(shape)} is not the measured one: its graphs run "
                  "at least memory (every block recomputed), unplanned; one that peaks over "
-                 "the budget is refused at its next step. Remove the break (TORCH_LOGS=graph_breaks names it) or train "
-                 "one shape (fit(buckets=...)), or compile each block instead.")
+                 "the budget is refused at its next step. Remove the break "
+                 "(TORCH_LOGS=graph_breaks names it) or train one shape (fit(buckets=...)), "
+                 "or compile each block instead.")
 
     def offloads_done(self, serial: int, shape: Shape, done: List[Tuple[int, int]]) -> None:
         sp = self.shapes.plans.get(shape)

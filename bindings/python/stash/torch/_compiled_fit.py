@@ -151,8 +151,8 @@ def _least_memory_measured(doc: Dict[str, Any], measured: int, prior: Dict[str, 
     warn(f"stash.torch.fit: the compiled graph's plan ran over its budget of {budget} bytes "
          "even after its correction, and no other plan is priced within it; its steps run "
          f"at least memory (every block recomputed), measured at {measured} bytes. The "
-         "cost model misjudges this model's partly recomputed blocks (Note [Backward "
-         "temporaries of a compiled block]); per-block compile or eager mode plans it.")
+         "cost model misjudges this model's partly recomputed blocks; per-block compile "
+         "or eager mode plans it.")
     return plan, dict(prior, predicted_peak_bytes=measured,
                       predicted_step_ms=float(priced["predicted_step_ms"]))
 
@@ -198,7 +198,7 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         # Note [A compiled plan's first run] in _compiled.py: the correction is added after
         # the calibrations, which read each position's figure as its measured peak less
         # the fixed bytes; added before, it came off the temporaries and the loss's bytes
-        # again, and a plan 10% over its budget (Olmo 2 at 70%) was planned the same
+        # again, and a plan 10% over its budget (OLMo 2 at 70%) was planned the same
         # twice.
         doc["fixed_bytes"] = int(doc["fixed_bytes"]) + state.correction
         if not state.offload:  # Note [A compiled plan's first run]

@@ -232,6 +232,8 @@ class BudgetHandle(StepPolicy):
             self._book.abort(rec, f"micro-batch {step.mb}: {reason}")
 
     def on_forward_began(self, i: int, step: _Step) -> None:
+        if self._packed[i]:  # a forward that raised before its end
+            self._packed[i] = 0
         self._book.forward_began(i, step.serial)
 
     def on_saved(self, i: int, j: int, t: torch.Tensor, nbytes: int, action: int) -> None:
