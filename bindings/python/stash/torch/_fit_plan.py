@@ -146,6 +146,8 @@ def plan_measured(doc: Doc, measured: Optional[int], budget: Budget, solver: str
     except InfeasibleBudget as e:
         seen = (f"; the measuring step (least memory) peaked at {_gib(measured)}"
                 if measured is not None else "")
+        if seen:
+            seen += _without_state(doc, "counted below")
         smallest = _smallest_accepted(e.min_feasible_bytes, measured)
         raise BudgetRefused(
             f"stash.torch.fit: no plan fits the budget of {_gib(e.budget_bytes)} "
@@ -208,6 +210,14 @@ def derived_refusal(e: InfeasibleBudget, budget: Budget, tokens: int,
         "this step did not run.", e.status)
 
 
+def _without_state(doc: Doc, where: str) -> str:
+    """What a quoted measuring step's peak lacked: the optimizer's state, where its first
+    step had not made it yet (the smallest feasible budget counts it, `where`)."""
+    missing = int((doc.get("measurement") or {}).get("optimizer_state_missing_bytes", 0))
+    return (f" without the optimizer's state ({_gib(missing)}, made by its first step, "
+            f"{where})" if missing else "")
+
+
 def _least_memory_over(doc: Doc, measured: int, budget: int,
                        replayed: bool = True) -> BudgetRefused:
     smallest = _smallest_accepted(_min_feasible(doc), measured)
@@ -217,7 +227,8 @@ def _least_memory_over(doc: Doc, measured: int, budget: int,
            "every block of the compiled graph recomputed from its input")
     return BudgetRefused(
         f"stash.torch.fit: the measuring step (least memory: {how}) "
-        f"peaked at {_gib(measured)} ({measured} bytes), over "
+        f"peaked at {_gib(measured)} ({measured} bytes)"
+        f"{_without_state(doc, 'which the smallest budget below counts')}, over "
         f"the budget of {_gib(budget)} ({budget} bytes); the smallest feasible budget "
         f"for this model and shape is {_gib(smallest)} ({smallest} bytes). The blocks are "
         "restored; nothing was planned.")

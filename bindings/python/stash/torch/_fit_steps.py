@@ -186,13 +186,14 @@ class StepBook:
             rec.compiles_before = _compile_events()
         self.records.append(rec)
         self.running = rec
+        opt = self._optimizer
+        if mode == "measure" and opt is not None and not len(opt.state):
+            # The optimizer's state its first step makes, not held in this one.
+            rec.optimizer_state_missing = _optimizer_state_estimate(opt)
         if mode == "measure" and meter is not None:
             self._cupti_used = self._cupti.start()
             # Note [The measuring step's windows on CUDA] in _fit_cuda_meter.py
             rec.windows = {}
-            opt = self._optimizer
-            if opt is not None and not len(opt.state):
-                rec.optimizer_state_missing = _optimizer_state_estimate(opt)
             if not meter.pool:  # Note [What stays the same across shapes] in _fit_shapes.py
                 rec.constant_bytes = (int(torch.cuda.memory_allocated(meter.device))
                                       - _tensor_bytes(inputs) + self._bytes.trainable()
@@ -472,6 +473,8 @@ class StepBook:
                 self.optimizer_state_counted = counted_state
         else:
             doc["fixed_bytes"] = fixed_bytes_cpu(doc, rec, counted, self._bytes.trainable())
+        if rec.optimizer_state_missing:  # named where a refusal quotes this step's peak
+            doc["measurement"]["optimizer_state_missing_bytes"] = rec.optimizer_state_missing
         compiled = (rec.compiles_before is not None
                     and _compile_events() > rec.compiles_before)
         self._plans.measured(rec.key, {"profile": doc, "measured_peak_bytes": rec.peak_bytes},
