@@ -147,7 +147,10 @@ def test_a_plan_over_its_budget_is_corrected_not_run_again():
         assert len(told) <= 1, told
         if told:
             assert st.plan["solver"] == "least memory", st.plan["solver"]
-            assert steps[3]["predicted_peak_bytes"] == steps[3]["measured_peak_bytes"], steps
+            # Priced at least memory's measured peak: a run of it again, within bytes
+            # (5022840 against 5022712 once).
+            pred, ran = steps[3]["predicted_peak_bytes"], steps[3]["measured_peak_bytes"]
+            assert abs(pred - ran) <= 0.01 * ran, steps
     h.close()
 
 
