@@ -1,7 +1,7 @@
 """stash.torch.fit under gradient accumulation written by hand (several forwards and
 backwards per optimizer.step(), no handle.micro_batch()): priced per forward, a
 step(closure) that runs the last micro-batch, and a step given up between two
-micro-batches (Note [The loops fit lives in] in stash/torch/_fit.py), on
+micro-batches (Note [The loops fit lives in] in stash/torch/_fit_api.py), on
 test_fit_loops.py's Mistral; and micro-batches in flight (handle.micro_batch(), every
 forward before the backwards; Note [Micro-batches in flight] in
 stash/torch/_fit_plan.py), on test_fit.py's Llama. On the CPU test double; every

@@ -121,8 +121,8 @@ def test_fit_plans_the_compiled_graph_of_other_families(family, share):
 
 
 def test_a_plan_over_its_budget_is_corrected_not_run_again():
-    """Note [A compiled plan's first run] in _compiled.py: OLMo 2 at 70% of keep-all, a
-    budget just above least memory's measured peak. Its plan, both blocks partly
+    """Note [A compiled plan's first run] in _compiled_check.py: OLMo 2 at 70% of
+    keep-all, a budget just above least memory's measured peak. Its plan, both blocks partly
     recomputed, ran 10% over its prediction; the correction added to the fixed bytes came
     off the calibrated temporaries again, so the same plan ran twice more, over the
     budget, then fit warned. Corrected for real, no plan is priced within the budget, and
@@ -176,7 +176,7 @@ def test_accumulation_by_hand_under_whole_model_compile_is_within_the_budget():
     # Optimizer step 0 measures (its second forward with gradients alive), the first
     # forward of step 1 plans (still the measuring graph), the plan from its second on.
     # At the smallest feasible budget the plan's first run may peak over its prediction
-    # and be corrected once (Note [A compiled plan's first run] in _compiled.py): one
+    # and be corrected once (Note [A compiled plan's first run] in _compiled_check.py): one
     # plan from then on.
     serials = [s.serial for s in st.steps]
     assert serials[:4] == [0, 0, 0, 1] and len(set(serials[5:])) == 1, serials

@@ -1,5 +1,5 @@
 """stash.torch.fit through what training loops do besides forward, backward and step
-(Note [The loops fit lives in] in stash/torch/_fit.py): a step lost to an exception at
+(Note [The loops fit lives in] in stash/torch/_fit_api.py): a step lost to an exception at
 every point a step can raise, in a measuring step and in a planned one; eval forwards;
 misuse named at fit(). Hugging Face models from small configs (random init, no hub) on
 the CPU test double; every comparison is bitwise against plain training that loses the

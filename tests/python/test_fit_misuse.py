@@ -67,9 +67,9 @@ def test_blocks_out_of_order_are_refused():
 
 
 def test_a_kv_cache_in_training_is_turned_off_for_the_blocks():
-    """Note [The loops fit lives in]: use_cache=True in training gets what Hugging Face's
-    gradient checkpointing does (the blocks see no cache), with one warning; training is
-    bitwise that of use_cache=False."""
+    """Note [The loops fit lives in] in stash/torch/_fit_api.py: use_cache=True in training
+    gets what Hugging Face's gradient checkpointing does (the blocks see no cache), with
+    one warning; training is bitwise that of use_cache=False."""
     data = batches(n=3, batch=2, seq=32)
     model, _ = llama(layers=2, hidden=64)
     expected = train(model, data)
@@ -90,11 +90,11 @@ def test_a_kv_cache_in_training_is_turned_off_for_the_blocks():
 
 
 def test_hugging_face_gradient_checkpointing_is_turned_off_while_fit_runs():
-    """Note [The loops fit lives in]: gradient checkpointing enabled on the model (as a
-    Trainer with gradient_checkpointing=True does, after fit was entered) is turned off for
-    the blocks with one warning, the share planned (before, 70% was refused: a checkpointed
-    block saves nothing fit can plan), training bitwise that of the model without it, and
-    on again after close()."""
+    """Note [The loops fit lives in] in stash/torch/_fit_api.py: gradient checkpointing enabled
+    on the model (as a Trainer with gradient_checkpointing=True does, after fit was
+    entered) is turned off for the blocks with one warning, the share planned (before,
+    70% was refused: a checkpointed block saves nothing fit can plan), training bitwise
+    that of the model without it, and on again after close()."""
     data = batches(n=3, batch=4, seq=128)
     model, _ = llama(layers=3, hidden=128)
     expected = train(model, data)

@@ -68,7 +68,7 @@ def turn_kv_cache_off(model: torch.nn.Module) -> None:
     """Sets use_cache False on every Hugging Face config in `model` (a LightningModule may
     hold the model anywhere), as the Trainer does under gradient checkpointing: a training
     forward has no use for the cache, and fit would otherwise turn it off for the blocks
-    with a warning (Note [The loops fit lives in] in stash/torch/_fit.py)."""
+    with a warning (Note [The loops fit lives in] in stash/torch/_fit_api.py)."""
     for module in model.modules():
         config = getattr(module, "config", None)
         if config is not None and getattr(config, "use_cache", False):

@@ -13,7 +13,8 @@
 
 from ._allocator import allocator_stats, release_cached, reset_peak, set_budget, use_allocator
 from ._nvtx import nvtx_ranges
-from ._fit import BudgetHandle, fit
+from ._fit import BudgetHandle
+from ._fit_api import fit
 from ._offload import OffloadHandle, offload
 from ._record import record
 

@@ -362,8 +362,8 @@ def tag(gm: fx.GraphModule, cut: GraphBlocks, saved: Dict[int, List[SavedValue]]
     own tags at first, and were recomputed instead of offloaded (priced as offloaded:
     slower than planned): moving their tags had made the first run of
     test_fit_compiled's wide Llama at 70% run 7% over its prediction (46.65 MB against
-    43.49), the offloading plans' overshoot of Note [A compiled plan's first run], which
-    was the blocks' temporaries priced 0 (Note [Backward temporaries of a compiled
+    43.49), the offloading plans' overshoot of Note [A compiled plan's first run] in
+    _compiled_check.py, which was the blocks' temporaries priced 0 (Note [Backward temporaries of a compiled
     block] in _compiled_fit.py). With those read against the model, the same Llama at "70%"
     makes all four offloads its plan lists (three before) and peaks at 42.06 MB against
     46.13 predicted (41.99 with three).

@@ -53,32 +53,6 @@ forward, and stash plans what the joint graph saves, through the min-cut partiti
   traced, so that where Dynamo gives up on the trace and runs the blocks eagerly inside
   a compiled model (whose inner frames it compiles, inside the hooks), the eager
   wrapper raises the same error instead of training on a half-compiled replay.
-
-Note [A compiled plan's first run]
-The first run of each plan, per shape, is checked on the meter against its budget (its
-report() entry's "check"). The model prices a compiled graph's positions only as well
-as its calibration (Note [Backward temporaries of a compiled block] in
-_compiled_fit.py): a plan that offloads ran over its prediction by about the bytes of one
-offloaded value on the peers' tiny Llama (1.25 MB with five values offloaded, 0.98 MB
-with one), which no position of the model explained then (the plans that only recompute
-were within it). On test_fit_compiled's wide Llama such an overshoot was the blocks'
-temporaries priced 0 (fixed there); since then every first check of the peers' compiled
-rows has passed, but the tiny Llama's case was not reproduced to confirm the same cause,
-and a partly recomputed block can still run above its figure. So a failed check of a
-plan that offloads plans again without offload; of one that does not, adds what the run
-exceeded its prediction by to the fixed bytes and plans again (a new
-serial: every shape's graph recompiles at its next step, planned so), at most twice a
-run; after that fit warns once. (A constant correction for an offloading plan's error
-would have priced least memory over a budget it had been measured within.) The failed
-step itself was over the budget: this is a correction, not a guarantee.
-The correction is added after the calibrations of the blocks' temporaries and the
-loss's bytes, which read a position's figure as its measured peak less the fixed bytes:
-added before (until 2026-12-07) it came off them again, and on OLMo 2 at 70% of
-keep-all (q/k norms; its plan ran 10% over its prediction) the same plan was planned
-twice more and ran over the budget every step. Corrected, a profile may price every
-plan over the budget, least memory included, though least memory was measured within
-it: then least memory runs, priced at its measured peak, with a warning
-(_compiled_fit._least_memory_measured), rather than a refusal mid-backward.
 """
 
 from __future__ import annotations
@@ -98,9 +72,8 @@ from ._compiled_graph import (Shape, _install, _new_id, _states, _ticked, _unins
 from ._compiled_offload import CompiledMoves
 from ._compiled_offload_pass import Offload
 from ._compiled_shapes import ShapeGraphs, ShapePlan, ShapePlanner
+from ._compiled_check import check_first_run
 from ._compiled_steps import StepLog, StepTimes, measured_layers
-from ._fit_plan import BudgetRefused
-from ._fit_support import _gib
 
 __all__ = ["CompiledState", "compiled_wrapper"]
 
@@ -158,7 +131,7 @@ class CompiledState:
         self.actions: Optional[List[List[str]]] = None
         self.installed = False
         self.error: Optional[StashError] = None
-        # Note [A compiled plan's first run]
+        # Note [A compiled plan's first run] in _compiled_check.py
         self.check_warned = False
         self.checked: Set[Tuple[int, Shape]] = set()
         self.correction = 0  # bytes added to the calibrated fixed bytes
@@ -320,63 +293,7 @@ class CompiledState:
         if block == 0:
             step.peak = step.base + max(step.seg_max, self._meter_peak())
             if step.serial > 0 and step.serial == self.serial:
-                self._check(step, step.peak)
-
-    def _check(self, step: StepTimes, peak: int) -> None:
-        """Note [A compiled plan's first run]: the first run of each plan and shape."""
-        key = (step.serial, step.shape)
-        sp = step.shape_plan
-        if sp is not None and sp.unplanned:
-            self._check_unplanned(step, sp, peak)
-            return
-        figures = step.figures
-        if key in self.checked or figures is None:
-            return
-        self.checked.add(key)
-        budget = int(figures["budget_bytes"])
-        step.check = "passed" if peak <= budget else "failed"
-        if sp is not None:
-            sp.check = step.check
-        if step.check == "passed":
-            return
-        if self.replans < 2:
-            self.replans += 1
-            acts = sp.actions if sp is not None else self.actions
-            if any(a == "offload" for layer in acts or [] for a in layer):
-                self.offload = False
-            else:
-                self.correction += peak - int(figures["predicted_peak_bytes"])
-            self.actions = self._plan()
-            self.serial += 1
-            self.shapes.plans.clear()
-            return
-        if not self.check_warned:
-            self.check_warned = True
-            warn(
-                f"stash.torch.fit: the compiled graph for shape {list(step.shape)} peaked at "
-                f"{peak} bytes, over its budget of {budget} bytes, after {self.replans} "
-                "corrections of its plan; give a budget with that margin, or use per-block "
-                "compile or eager mode.")
-
-    def _check_unplanned(self, step: StepTimes, sp: ShapePlan, peak: int) -> None:
-        """Note [A graph break among the blocks] in _compile_plan.py: the first run of a
-        shape that ran at least memory, unplanned. Over the budget, no plan of stash's
-        trains it within it: its next step is refused (as an eager shape whose measuring
-        step peaked over the budget is), naming the peak."""
-        if sp.check is not None or self.figures is None:
-            return
-        budget = int(self.figures["budget_bytes"])
-        sp.check = step.check = "passed" if peak <= budget else "failed"
-        if sp.check == "passed":
-            return
-        sp.refusal = BudgetRefused(
-            f"stash.torch.fit: shape {list(sp.shape)} ran its compiled graphs at least memory "
-            f"(every block recomputed: a graph break splits the compiled blocks, and only "
-            f"the measured shape is planned across the graphs) and peaked at {_gib(peak)} "
-            f"({peak} bytes), over the budget of {_gib(budget)} ({budget} bytes), so no plan "
-            "trains it within the budget. Give a budget of at least that peak, train shorter "
-            "inputs, or remove the break (TORCH_LOGS=graph_breaks names it). The blocks are "
-            "restored; this step did not run.")
+                check_first_run(self, step, step.peak)
 
     def graph_broken(self, why: str) -> None:
         """Note [A graph break among the blocks] in _compile_plan.py: the graph goes to
@@ -409,7 +326,7 @@ class CompiledState:
         measured = self.log.measuring_forwards() if pending else []
         most = max((s.grads for s in measured), default=0)
         if pending and measured and grads <= most:
-            self.actions = self._plan()
+            self.actions = self.plan_actions()
             self.serial = 1
             self.planned_grads = most
             m = self.log.measured()
@@ -452,7 +369,8 @@ class CompiledState:
         """The optimizer stepped: the forwards since its last step were one step's."""
         self.log.optimizer_stepped()
 
-    def _plan(self) -> List[List[str]]:
+    def plan_actions(self) -> List[List[str]]:
+        """The plan's actions from the measured profile (the planner fit gave)."""
         if self._planner is None:
             raise self.refused()
         return self._planner(self)

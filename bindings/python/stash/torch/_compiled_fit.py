@@ -138,9 +138,9 @@ def compiled_meter(cuda_meter: Callable[[], Optional[CudaMeter]],
 
 def _least_memory_measured(doc: Dict[str, Any], measured: int, prior: Dict[str, Any]
                            ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """Note [A compiled plan's first run] in _compiled.py: a corrected profile with no plan
-    at the budget prices least memory over it too, though least memory was measured within
-    it: least memory is run, at its measured peak, with a warning."""
+    """Note [A compiled plan's first run] in _compiled_check.py: a corrected profile with
+    no plan at the budget prices least memory over it too, though least memory was
+    measured within it: least memory is run, at its measured peak, with a warning."""
     budget = int(prior["budget_bytes"])
     plan = dict(_plan_doc(doc, least_memory_actions(doc)), budget_bytes=budget)
     priced = evaluate(doc, plan, 1 << 62, strict=False)
@@ -195,13 +195,13 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         heads = [s.base + s.head_peak + s.missing for s in measured if s.head_peak is not None]
         if heads:  # Note [The loss under whole-model compile]
             doc["loss_bytes"] = calibrated_loss_bytes(doc, max(heads))
-        # Note [A compiled plan's first run] in _compiled.py: the correction is added after
-        # the calibrations, which read each position's figure as its measured peak less
-        # the fixed bytes; added before, it came off the temporaries and the loss's bytes
-        # again, and a plan 10% over its budget (OLMo 2 at 70%) was planned the same
-        # twice.
+        # Note [A compiled plan's first run] in _compiled_check.py: the correction is
+        # added after the calibrations, which read each position's figure as its measured
+        # peak less the fixed bytes; added before, it came off the temporaries and the
+        # loss's bytes again, and a plan 10% over its budget (OLMo 2 at 70%) was planned
+        # the same twice.
         doc["fixed_bytes"] = int(doc["fixed_bytes"]) + state.correction
-        if not state.offload:  # Note [A compiled plan's first run]
+        if not state.offload:  # Note [A compiled plan's first run] in _compiled_check.py
             for layer in doc["layers"]:
                 for t in layer["tensors"]:
                     t["offloadable"] = False

@@ -19,7 +19,7 @@ when its step begins, before it runs, naming its smallest feasible budget (Note 
 that cannot fit] in _fit_plan.py). Plans are keyed by block 0's input shape; the tick
 that begins a step gives the engine that shape's offloads. A derived plan is checked on
 its first run as a measured one is (Note [A compiled plan's first run] in
-_compiled.py): under
+_compiled_check.py): under
 whole-model compile a shape is not measured again (its measuring graph would be a
 compile of its own). Before, such a graph got the measured plan by position, or kept
 all: a Llama planned at 85% of its keep-all at length 128 peaked 4.9% over the budget

@@ -71,7 +71,7 @@ class StepTimes:
         # step's start to the end tick's backward (the forwards, the head, the loss and its
         # backward), above the base; CPU measuring steps only.
         self.head_peak: Optional[int] = None
-        # Note [A compiled plan's first run] in _compiled.py
+        # Note [A compiled plan's first run] in _compiled_check.py
         self.check: Optional[str] = None
         self.figures: Optional[Dict[str, Any]] = None  # its plan's, as it began
         # Note [Every shape under whole-model compile] in _compiled_shapes.py: block 0's

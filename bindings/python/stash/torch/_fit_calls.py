@@ -1,5 +1,5 @@
 """What stash.torch.fit calls the blocks with in training (Note [The loops fit lives in] in
-_fit.py): a Hugging Face key/value cache turned off for them, Hugging Face gradient
+_fit_api.py): a Hugging Face key/value cache turned off for them, Hugging Face gradient
 checkpointing turned off while fit runs, torch.utils.checkpoint around a block refused.
 BlockCalls is a part the handle owns; it answers the step policy's call_arguments."""
 

@@ -1,6 +1,7 @@
 """stash.torch.fit's step starts: whether block 0's forward begins a step or a further pass
-of the running one (Note [The loops fit lives in] in _fit.py), the shape it runs, and the
-actions the blocks then run under (the mode, the layers kept whole, the blocks run lean).
+of the running one (Note [The loops fit lives in] in _fit_api.py), the shape it runs,
+and the actions the blocks then run under (the mode, the layers kept whole, the blocks
+run lean).
 
 Note [Micro-batches of other shapes]
 Gradient accumulation over batches padded each to its own longest sequence (a Hugging
@@ -130,7 +131,7 @@ class StepStarts:
         if (rec is not None and not rec.finished and rec.aborted is None and mb == 0
                 and rec.backward_done and not in_flight and rec.end is None
                 and rec.made_gradients and not self._bytes.any_gradient()):
-            # Note [The loops fit lives in] in _fit.py: the loop dropped the step's
+            # Note [The loops fit lives in] in _fit_api.py: the loop dropped the step's
             # gradients; the step ends where its backward did, and this forward begins the
             # next one (with none alive: not walked again).
             rec.end = rec.bwd_end

@@ -289,21 +289,23 @@ def _replay_whole(doc: Doc, plan: Doc, figures: Dict[str, Any]
     for i in whole:
         if not (0 <= i < len(doc["layers"])):
             continue
-        tensors, planned = doc["layers"][i]["tensors"], plan["layers"][i]["tensors"]
-        if not any(p["action"] == "recompute" for p in planned):
+        tensors, planned = doc["layers"][i]["tensors"], plan["layers"][i]
+        if not any(p["action"] == "recompute" for p in planned["tensors"]):
             continue
-        for t, p in zip(tensors, planned):
+        moved = False
+        for t, p in zip(tensors, planned["tensors"]):
             if t.get("recomputable") and not t.get("must_keep") and p["action"] != "recompute":
                 p["action"] = "recompute"
-                changed = True
+                moved = True
+        total = sum(int(t["bytes"]) for t in tensors)
+        if moved and total:  # the layer's byte fractions, as the planner writes them
+            planned["fractions"] = {a: sum(int(t["bytes"]) for t, p in
+                                           zip(tensors, planned["tensors"])
+                                           if p["action"] == a) / total
+                                    for a in ("keep", "recompute", "offload")}
+        changed = changed or moved
     if not changed:
         return plan, figures
-    for layer, planned in zip(doc["layers"], plan["layers"]):
-        total = sum(int(t["bytes"]) for t in layer["tensors"]) or 1
-        planned["fractions"] = {a: sum(int(t["bytes"]) for t, p in
-                                       zip(layer["tensors"], planned["tensors"])
-                                       if p["action"] == a) / total
-                                for a in ("keep", "recompute", "offload")}
     priced = evaluate(doc, plan, int(figures["budget_bytes"]), strict=False)
     predicted = dict(plan.get("predicted") or {})
     predicted.update(peak_bytes=int(priced["predicted_peak_bytes"]),

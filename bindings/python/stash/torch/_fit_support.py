@@ -85,7 +85,8 @@ def _repeated_blocks_in(module: torch.nn.Module) -> Optional[str]:
 
 
 def _checked_blocks(blocks: Any) -> List[torch.nn.Module]:
-    """Note [The loops fit lives in]: blocks as a list, or a StashError that names the fix."""
+    """Note [The loops fit lives in] in _fit_api.py: blocks as a list, or a StashError
+    that names the fix."""
     what = "stash.torch.fit: blocks must be the model's repeated blocks in the order its " \
            "forward runs them (e.g. model.model.layers)"
     if isinstance(blocks, (torch.nn.ModuleDict, dict)):
