@@ -50,6 +50,12 @@ def test_fit_plans_the_compiled_graph(keep_all):
     for s in got[2:]:
         assert s["peak"] <= budget, (s["peak"], budget)
         assert s["peak"] < ref_peak, (s["peak"], ref_peak)
+    # fit reads the step as the meter users read does, from before its embedding to its
+    # optimizer step (Note [What a compiled step holds at tick 0] and Note [The step's
+    # tail under whole-model compile] in _compiled_fit.py): it once read 1.4% under it.
+    for mine, theirs in zip(st.steps[2:], got[2:]):
+        assert mine.peak >= 0.998 * theirs["peak"], (mine.peak, theirs["peak"])
+    assert int(st.profile["optimizer_bytes"]) > int(st.profile["fixed_bytes"]), st.profile
     # The profile is the graph's: its bytes are what compile saves at keep-all, per block.
     prof = st.profile
     assert [sum(t["bytes"] for t in layer["tensors"]) for layer in prof["layers"]] == \
@@ -224,7 +230,11 @@ def test_every_length_under_whole_model_compile_is_planned_for_itself():
     steps = h.report()["steps"]
     assert [s["plan_source"] for s in steps] == [None, None, "measured"] + ["derived"] * 4
     assert [s["shape"][1] for s in steps] == seqs
-    assert all(not s["over_budget"] and s["measured_peak_bytes"] <= s["predicted_peak_bytes"]
+    # fit's meter reads the whole step (Note [What a compiled step holds at tick 0] in
+    # _compiled_fit.py); the measured plan's prediction may sit under it by a little
+    # (8 KB of 7.09 MB seen, 0.12%), a derived one's by no more.
+    assert all(not s["over_budget"]
+               and s["measured_peak_bytes"] <= 1.005 * s["predicted_peak_bytes"]
                for s in steps[2:]), steps
     h.close()
 
@@ -280,11 +290,13 @@ def test_a_graph_break_between_blocks_is_planned_per_graph(family):
     same model compiled without stash (the old code refused it). GPT-2's second graph
     saves a layer norm's rstd and not its mean, which failed to partition until its
     producer's other outputs were kept with it (Note [What min-cut keeps]). A length
-    other than the measured one is not planned across graphs: its graphs recompute every
-    block, and fit says so once; its first step is checked against the budget, and a
-    length whose least memory peaks over it (512) is refused at its next step, as an eager
-    shape whose measuring step peaked over the budget is (Llama only, to keep the suite's
-    time)."""
+    other than the measured one (96) is planned graph by graph (Note [A new shape across
+    graphs] in _compiled_shapes.py): block 0's actions are fixed when its graph is
+    partitioned, block 1's planned with them when the second graph is; until then its
+    graphs recomputed every block. A length with no plan within the budget (512) runs at
+    least memory, and fit says so once; its first step is checked against the budget and,
+    over it, its next step is refused, as an eager shape whose measuring step peaked over
+    the budget is (Llama only, to keep the suite's time)."""
     prepare = _break_before(family, 1)
     seqs = [128, 128, 128, 128] + ([96, 512, 512] if family == "llama" else [128])
     # The reference trains every step that runs under fit: not the refused one.
@@ -314,12 +326,16 @@ def test_a_graph_break_between_blocks_is_planned_per_graph(family):
         assert s["peak"] < ref_peak, ([s["peak"] for s in got], ref_peak)
     if family == "llama":
         short, long = sorted(st.shape_plans.values(), key=lambda sp: sp.shape[1])
-        assert short.shape[1] == 96 and short.figures is None, st.shape_plans
-        assert "least memory" in told[0]
-        assert all(a == "recompute" or not v.recomputable
+        assert short.shape[1] == 96 and not short.unplanned, st.shape_plans
+        assert short.fixed == {0, 1} and short.figures is not None, short
+        # Planned, not least memory: it keeps values least memory would recompute.
+        assert any(a == "keep" and v.recomputable
                    for i, layer in enumerate(short.actions)
-                   for a, v in zip(layer, st.shapes.saved_at[short.shape][i]))
+                   for a, v in zip(layer, st.shapes.saved_at[short.shape][i])), short.actions
+        assert short.figures["predicted_peak_bytes"] <= budget, short.figures
         assert short.check == "passed" and short.refusal is None
+        assert got[4]["peak"] <= budget, ([s["peak"] for s in got], budget)
+        assert "least memory" in told[0] and "[4, 512, 64]" in told[0], told
         # Length 512 at least memory: over the budget on the meter, so refused next step.
         assert len(got) == 6 and got[5]["peak"] > budget, ([s["peak"] for s in got], budget)
         assert long.shape[1] == 512 and long.check == "failed", st.shape_plans
@@ -329,6 +345,67 @@ def test_a_graph_break_between_blocks_is_planned_per_graph(family):
         assert "graph break" in str(e) and "this step did not run" in str(e), str(e)
         assert st.steps[-1].check == "failed"
     h.close()
+
+
+def test_a_new_shape_across_graphs_plans_its_later_blocks_with_the_first_fixed():
+    """Note [A new shape across graphs] in _compiled_shapes.py, on synthetic graphs (no
+    compile): a shape's first graph (block 0) is planned with block 1 as measured and
+    its actions fixed; when block 1's own graph comes (its values 10x cheaper to
+    recompute than measured), block 1 is planned with block 0 as fixed, although the
+    whole profile's own plan would now change block 0; the plan is priced within the
+    budget. A second graph with no plan beside the fixed block runs least memory, the
+    fixed block as it was."""
+    from stash._planner import evaluate, make_plan
+    from stash.torch._compile_plan import (SavedValue, compiled_profile, layer_doc,
+                                           plan_actions_of)
+    from stash.torch._compiled_shapes import ShapeGraphs
+    mib = 1 << 20
+    budget = 9 * mib
+
+    def block(cost, nbytes=mib):  # its input, then four values
+        return [SavedValue("x", mib, False, 0.0)] + [
+            SavedValue(f"v{j}", nbytes, True, cost) for j in range(4)]
+
+    calls = []
+
+    def planner(doc, tokens, m_tokens, nbytes):
+        calls.append(len(doc["layers"]))
+        return make_plan(doc, nbytes if nbytes is not None else budget)
+
+    graphs = ShapeGraphs(["b0", "b1"], ["L", "L"], planner)
+    measured = (4, 128, 64)
+    graphs.record(measured, (0,), {0: block(1.0)}, {0: 4.0}, 0)
+    graphs.record(measured, (1, 2), {1: block(1.0)}, {1: 4.0}, 0)
+    graphs.plan_shape = measured
+    base = compiled_profile(
+        [layer_doc(n, "L", block(1.0), 4.0, 8.0, 4.0) for n in ("b0", "b1")],
+        device={"name": "cpu", "memory_bytes": 1 << 34}, host={"pinnable_bytes": 1 << 34},
+        link={"h2d_gbps": 20.0, "d2h_gbps": 20.0, "bidir_gbps": 32.0, "local_ranks": 1})
+    base.update(fixed_bytes=mib, loss_bytes=2 * mib)
+    for shape, later, planned in (((8, 64, 64), block(0.1), True),
+                                  ((2, 256, 64), block(1.0, 3 * mib), False)):
+        calls.clear()
+        graphs.record(shape, (0,), {0: block(1.0)}, {0: 4.0}, 0)
+        sp = graphs.plan_part(shape, (0,), base, lambda: None)
+        assert sp.fixed == {0} and sp.figures is None and not sp.unplanned, sp
+        first = list(sp.actions[0])
+        graphs.record(shape, (1, 2), {1: later}, {1: 0.4}, 0)
+        sp = graphs.plan_part(shape, (1, 2), base, lambda: None)
+        assert sp.actions[0] == first, (sp.actions, first)
+        if not planned:
+            # Block 1's 13 MiB do not fit beside anything: least memory, block 0 fixed.
+            assert sp.unplanned and sp.figures is None, sp
+            assert sp.actions[1] == ["keep"] + ["recompute"] * 4, sp.actions
+            continue
+        # The whole profile, then block 1 alone beside block 0's kept bytes.
+        assert calls == [2, 2, 1], calls
+        assert sp.fixed == {0, 1} and not sp.unplanned, sp
+        free, _ = make_plan(sp.profile, budget)
+        assert plan_actions_of(free)[0] != first, (plan_actions_of(free), first)
+        assert sp.actions != plan_actions_of(free)
+        priced = evaluate(sp.profile, sp.plan, budget)  # raises if over the budget
+        assert sp.figures["predicted_peak_bytes"] == priced["predicted_peak_bytes"] <= budget
+        assert sp.figures["budget_bytes"] == budget
 
 
 @pytest.mark.parametrize("where", ["start", "mlp"])

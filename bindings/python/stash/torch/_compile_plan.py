@@ -129,11 +129,10 @@ def cut_blocks(graph: fx.Graph, tick: Any, handle_id: int, n_blocks: int
     made from it as from one graph, and each graph is tagged with its own blocks' part of
     the plan. A value is offloadable only where the tick it is settled at (block b+2's,
     or the end) is in its own graph (Note [Offload in the compiled graph] in
-    _compiled_offload.py). Under such breaks only the measured shape is planned: a graph
-    for another shape is partitioned before the shape's later graphs exist, so its
-    values cannot be planned together (Note [Every shape under whole-model compile] in
-    _compiled_shapes.py); those shapes run at least memory (every block recomputed),
-    and fit warns once.
+    _compiled_offload.py). A graph for another shape is partitioned before the shape's
+    later graphs exist, so such a shape is planned graph by graph, the blocks of the
+    graphs partitioned first fixed (Note [A new shape across graphs] in
+    _compiled_shapes.py).
     A break inside a block (at its start, or in its MLP) splits its values between
     graphs. Dynamo compiles the frames on the stack at the break apart, so the graph of
     the block's wrapper ends at the block's call and holds its tick alone (none of the

@@ -91,7 +91,8 @@ class CompiledState:
 
     def __init__(self, n: int, names: Sequence[str], kinds: Sequence[str],
                  planner: Optional[Callable[["CompiledState"], List[List[str]]]],
-                 meter: Tuple[Callable[[torch.Tensor], int], Callable[[], int]],
+                 meter: Tuple[Callable[[torch.Tensor], Tuple[int, Optional[int]]],
+                              Callable[[], int], Callable[[], None]],
                  refusal: Optional[str], missing: Callable[[], int] = lambda: 0,
                  gradients: Callable[[], int] = lambda: 0, grouped: bool = False,
                  shape_planner: Optional[ShapePlanner] = None,
@@ -104,7 +105,9 @@ class CompiledState:
         self.n = n
         self.names, self.kinds = list(names), list(kinds)
         self._planner = planner
-        self._meter_open, self._meter_peak = meter
+        self._meter_open, self._meter_peak = meter[0], meter[1]
+        # Note [What a compiled step holds at tick 0] in _compiled_fit.py
+        self._meter_mark = meter[2]
         self._missing = missing
         self._gradients = gradients
         self._refuse = refuse
@@ -228,9 +231,11 @@ class CompiledState:
                 self.weights = self.shapes.weights_at[shape]
         elif actions is not None and shape != self.shapes.plan_shape:
             if self.shapes.split:
-                # Note [A graph break among the blocks] in _compile_plan.py
-                actions = self.shapes.least_memory_for(shape).actions
-                self._warn_least_memory(shape)
+                # Note [A new shape across graphs] in _compiled_shapes.py
+                sp = self.shapes.plan_part(shape, cut.blocks, self.profile, self.refused)
+                if sp.unplanned:
+                    self._warn_least_memory(shape)
+                actions = sp.actions
             else:
                 # Note [Every shape under whole-model compile] in _compiled_shapes.py: None
                 # (refused): least memory; its step raises.
@@ -250,11 +255,12 @@ class CompiledState:
         if not self.least_memory_warned:
             self.least_memory_warned = True
             warn(f"stash.torch.fit: a graph break splits the compiled blocks into several "
-                 f"graphs, and shape {list(shape)} is not the measured one: its graphs run "
-                 "at least memory (every block recomputed), unplanned; one that peaks over "
-                 "the budget is refused at its next step. Remove the break "
-                 "(TORCH_LOGS=graph_breaks names it) or train one shape (fit(buckets=...)), "
-                 "or compile each block instead.")
+                 f"graphs, and shape {list(shape)} is not the measured one: no plan of its "
+                 "graphs, the blocks of those compiled first fixed, was found within the "
+                 "budget, so its graphs run at least memory (every block recomputed), "
+                 "unplanned; one that peaks over the budget is refused at its next step. "
+                 "Remove the break (TORCH_LOGS=graph_breaks names it), train one shape "
+                 "(fit(buckets=...)), or compile each block instead.")
 
     def offloads_done(self, serial: int, shape: Shape, done: List[Tuple[int, int]]) -> None:
         sp = self.shapes.plans.get(shape)
@@ -292,8 +298,22 @@ class CompiledState:
                 step.head_peak = peak
         if block == 0:
             step.peak = step.base + max(step.seg_max, self._meter_peak())
+
+    def _step_ends(self) -> None:
+        """The last step's end (the optimizer stepped, or the next forward begins): its
+        tail read (Note [The step's tail under whole-model compile] in _compiled_fit.py)
+        and, for a plan's first run, its check on the whole step's peak."""
+        step = self.steps[-1] if self.steps else None
+        if step is None or step.ended or step.peak is None:
+            return
+        step.ended = True
+        if step.serial == 0 and self._segment is not None:
+            step.tail_peak = self._segment()  # since block 0's backward tick
+        else:
+            step.peak = max(step.peak, step.base + self._meter_peak())
             if step.serial > 0 and step.serial == self.serial:
                 check_first_run(self, step, step.peak)
+        self._meter_mark()
 
     def graph_broken(self, why: str) -> None:
         """Note [A graph break among the blocks] in _compile_plan.py: the graph goes to
@@ -313,6 +333,7 @@ class CompiledState:
         return self.error
 
     def _step_begins(self, serial: int, x: torch.Tensor) -> None:
+        self._step_ends()
         if serial not in self.partitioned:
             self.refusal = self.refusal or (
                 "its graph was compiled by a backend other than inductor (stash plans "
@@ -362,11 +383,12 @@ class CompiledState:
             actions = sp.actions if sp is not None else self.actions
             if self.moves is not None and actions is not None:
                 self.moves.switch(actions)
-        step.base = self._meter_open(x)
+        step.base, step.held = self._meter_open(x)
         self.log.steps.append(step)
 
     def optimizer_stepped(self) -> None:
         """The optimizer stepped: the forwards since its last step were one step's."""
+        self._step_ends()
         self.log.optimizer_stepped()
 
     def plan_actions(self) -> List[List[str]]:

@@ -52,6 +52,10 @@ def check_first_run(state: CompiledState, step: StepTimes, peak: int) -> None:
     if sp is not None and sp.unplanned:
         _check_unplanned(state, step, sp, peak)
         return
+    if sp is not None and sp.figures is not None:
+        # Note [A new shape across graphs] in _compiled_shapes.py: priced once its last
+        # graph was partitioned, after its first step began.
+        step.figures = sp.figures
     figures = step.figures
     if key in state.checked or figures is None:
         return
@@ -95,8 +99,8 @@ def _check_unplanned(state: CompiledState, step: StepTimes, sp: ShapePlan, peak:
         return
     sp.refusal = BudgetRefused(
         f"stash.torch.fit: shape {list(sp.shape)} ran its compiled graphs at least memory "
-        f"(every block recomputed: a graph break splits the compiled blocks, and only "
-        f"the measured shape is planned across the graphs) and peaked at {_gib(peak)} "
+        f"(every block recomputed: a graph break splits the compiled blocks, and no plan "
+        f"across the graphs was found within the budget) and peaked at {_gib(peak)} "
         f"({peak} bytes), over the budget of {_gib(budget)} ({budget} bytes), so no plan "
         "trains it within the budget. Give a budget of at least that peak, train shorter "
         "inputs, or remove the break (TORCH_LOGS=graph_breaks names it). The blocks are "

@@ -61,6 +61,44 @@ with its tokens, a shorter one keeps them: part of them does not shrink with the
 [Backward temporaries of a compiled block]); until it was, loss_bytes stayed 0 there and
 the plan's tags stayed on the values themselves (a kept view or attention output was
 recomputed: within the prediction, slower than planned).
+
+Note [The step's tail under whole-model compile]
+Block 0's backward tick ends the blocks' backward; the step goes on after it: the
+embedding's backward (the gradient of block 0's input, one hidden state) and the
+optimizer step, whose temporaries and first state can be a step's peak at a tight
+budget. The compiled profile had no figure for them (eager fit's has: optimizer_bytes)
+and a plan's first run was checked at that tick. Now a step's end is read when the
+optimizer steps (fit(optimizer=...)), or else when the next forward begins: a measuring
+step reads the peak since block 0's backward tick (a segment of its own, the meter reset
+there as at every backward tick), and the profile's optimizer_bytes are the most of
+those, absolute (Note [The optimizer's position] in planner/model/plan.h: a position no
+decision moves, which refuses a budget below it); the optimizer's state is made inside
+that segment, so nothing is added for it. A planned step's peak runs to its end, and
+the first run of its plan is checked there. A derived shape scales the bytes above the
+fixed ones with its tokens, when it has more.
+
+Note [What a compiled step holds at tick 0]
+The CPU window counts what is allocated after it opens, and it opens at tick 0, after
+the compiled graph has run the embedding: the step's base was fit's count of what is
+alive there (parameters, gradients, optimizer state, block 0's input). What else the
+graph made before tick 0 and still holds (the rotary tables, the mask, the batch) was in
+neither the base nor the window, so fit's reading of a compiled step sat below the meter
+users read (c10's allocator over the whole step, the tests' and the peers'): on a 2-layer
+Llama at 85% of compiled keep-all, 6.17 MB against 6.25 (a budget of 6.26), and a
+length of 160 under a graph break 6.21 MB against 6.34, over the budget unseen. So at a
+step's end (above) a second window opens, and at the next tick 0 the base is fit's count
+without block 0's input plus what that window holds then: what the step made before
+tick 0 and still holds (never less than the old base: a micro-batch's step ends at the
+next one's tick 0, its window then empty). Its peak, which counts the temporaries freed
+by then too, read 21 KB above the users' meter; what it holds, 1 KB (6.2555 MB against
+6.2545 for that Llama's plan, whose prediction, 6.22 MB, is under both by 0.5%: the
+model's error, unseen before). What the step held before tick 0 at most (the
+embedding's forward, below the blocks' positions) is not read. The run's first step has
+no step's end before it: its base is fit's count, and the planner reads it as if it held
+what the next measuring step held above that count (StepTimes.held). A loop without
+fit(optimizer=...) has its step's end read at the next tick 0 only: the old base.
+On CUDA, max_memory_allocated reset at tick 0 reads what is allocated
+then, and needs none of this.
 """
 
 from __future__ import annotations
@@ -76,38 +114,63 @@ from ._compile_plan import (calibrated_fixed_bytes, calibrated_loss_bytes,
                             calibrated_temporaries, compiled_profile, least_memory_actions,
                             plan_actions_of)
 from ._compiled import CompiledState
+from ._compiled_steps import StepTimes
 from ._clock import _Clock
-from ._cpu_meter import Window
+from ._cpu_meter import Window, window as cpu_window
 from ._fit_cuda_meter import CudaMeter
+from ._fit_options import Budget
 from ._fit_plan import BudgetRefused, derived_refusal, plan_measured, warn_closed
 from ._fit_support import _plan_doc
 
 __all__ = ["compiled_meter", "fit_compiled_state"]
 
-Meter = Tuple[Callable[[torch.Tensor], int], Callable[[], int]]
+Meter = Tuple[Callable[[torch.Tensor], Tuple[int, Optional[int]]], Callable[[], int],
+              Callable[[], None]]
 
 
 def compiled_meter(cuda_meter: Callable[[], Optional[CudaMeter]],
                    counting: Callable[[], Optional[Window]],
                    alive: Callable[[Sequence[torch.Tensor]], int]
                    ) -> Tuple[Meter, Callable[[], int]]:
-    """fit's meter as a compiled step reads it: (open, peak) and segment. open(x) starts a
-    window at the compiled forward's input x and returns the bytes the window's readings
-    are above (0 on CUDA: max_memory_allocated, or stash's pool peak, reads all of it);
-    peak() is the most since. cuda_meter: the CUDA meter (None on the CPU), and counting:
+    """fit's meter as a compiled step reads it: (open, peak, mark) and segment. open(x)
+    starts a window at the compiled forward's input x and returns the bytes the window's
+    readings are above (0 on CUDA: max_memory_allocated, or stash's pool peak, reads all of
+    it); peak() is the most since; mark() at a step's end starts counting what the next
+    step holds at its tick 0 (Note [What a compiled step holds at tick 0]). cuda_meter: the CUDA meter (None on the CPU), and counting:
     the CPU window (None: fit's own count, which a compiled step cannot see: peak 0), both
     asked when the meter is read: fit makes them after the OffloadHandle that asks for
     this meter."""
 
-    def meter_open(x: torch.Tensor) -> int:
+    before: List[Optional[Window]] = [None]  # Note [What a compiled step holds at tick 0]
+
+    def meter_mark() -> None:
+        # A step's end: count what the next step makes before its tick 0.
+        if cuda_meter() is not None or counting() is None:
+            return
+        if before[0] is None:
+            before[0] = cpu_window()
+        if before[0] is not None:
+            before[0].reopen()
+
+    def meter_open(x: torch.Tensor) -> Tuple[int, Optional[int]]:
         cuda = cuda_meter()
         if cuda is not None:
             cuda.reset()
-            return 0
+            return 0, 0
         window = counting()
         if window is not None:
             window.reopen()
-        return alive([x])
+        pre = before[0]
+        counted = alive([x])
+        if window is not None and pre is not None and pre.is_open:
+            pre.reset_peak()  # the peak is now what the window holds
+            made = pre.peak()
+            pre.close()
+            # At least block 0's input: a micro-batch's step ends at the next one's
+            # tick 0, where the window opened just now holds nothing yet.
+            whole = max(counted, alive([]) + made)
+            return whole, whole - counted
+        return counted, None
 
     def meter_peak() -> int:
         cuda = cuda_meter()
@@ -133,7 +196,7 @@ def compiled_meter(cuda_meter: Callable[[], Optional[CudaMeter]],
         window.reset_peak()
         return peak
 
-    return (meter_open, meter_peak), meter_segment
+    return (meter_open, meter_peak, meter_mark), meter_segment
 
 
 def _least_memory_measured(doc: Dict[str, Any], measured: int, prior: Dict[str, Any]
@@ -178,8 +241,15 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         # refusal names as the measuring step's (it named the bare first step's, below a
         # budget it refused: 17.7 MiB against a 21.8 MiB budget whose least memory needs
         # 24.3).
-        top = max(measured, key=lambda s: int(s.peak or 0) + s.missing)
-        most = int(top.peak or 0) + top.missing
+        # Note [What a compiled step holds at tick 0]: a step whose base missed what the
+        # graph held at tick 0 (the run's first) is read as the others found it.
+        held = max((s.held for s in measured if s.held is not None), default=0)
+
+        def base(s: StepTimes) -> int:
+            return s.base + (held if s.held is None else 0)
+
+        top = max(measured, key=lambda s: int(s.peak or 0) - s.base + base(s) + s.missing)
+        most = int(top.peak or 0) - top.base + base(top) + top.missing
         device, link, host = describe()
         doc = compiled_profile(state.layers(), device=device, link=link, host=host,
                                timing=state.clock.kind)
@@ -188,11 +258,15 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
             # bytes where it is read.
             doc["fixed_bytes"] = counted()
             for layer, temp in zip(doc["layers"], calibrated_temporaries(
-                    doc, [top.base + int(p or 0) + top.missing for p in top.bwd_peak])):
+                    doc, [base(top) + int(p or 0) + top.missing for p in top.bwd_peak])):
                 layer["bwd_temp_bytes"] = temp
         else:
             doc["fixed_bytes"] = calibrated_fixed_bytes(doc, most, counted(), 0)
-        heads = [s.base + s.head_peak + s.missing for s in measured if s.head_peak is not None]
+        tails = [base(s) + s.tail_peak for s in measured if s.tail_peak is not None]
+        if tails:  # Note [The step's tail under whole-model compile]
+            doc["optimizer_bytes"] = max(tails)
+        heads = [base(s) + s.head_peak + s.missing for s in measured
+                 if s.head_peak is not None]
         if heads:  # Note [The loss under whole-model compile]
             doc["loss_bytes"] = calibrated_loss_bytes(doc, max(heads))
         # Note [A compiled plan's first run] in _compiled_check.py: the correction is
@@ -222,12 +296,14 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         state.plan, state.figures = plan, figures
         return plan_actions_of(plan)
 
-    def shape_planner(doc: Dict[str, Any], tokens: int, measured: int
-                      ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    def shape_planner(doc: Dict[str, Any], tokens: int, measured: int,
+                      nbytes: Optional[int]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         # Note [Every shape under whole-model compile] in _compiled_shapes.py: refused as
-        # a new eager shape is (Note [A shape that cannot fit] in _fit_plan.py).
+        # a new eager shape is (Note [A shape that cannot fit] in _fit_plan.py). nbytes:
+        # the budget in bytes a share came to (Note [A new shape across graphs]).
         try:
-            return plan_measured(doc, None, budget, solver, replayed=False)
+            return plan_measured(doc, None, budget if nbytes is None else Budget(nbytes=nbytes, text=str(nbytes)),
+                                 solver, replayed=False)
         except BudgetRefused as e:
             cause = e.__cause__
             if isinstance(cause, InfeasibleBudget):

@@ -62,6 +62,9 @@ class StepTimes:
         self.bwd: List[Any] = [None] * (n + 1)
         self.peak: Optional[int] = None
         self.base = 0
+        # Note [What a compiled step holds at tick 0] in _compiled_fit.py: what the base
+        # counts above fit's count at tick 0 (None: the base is fit's count alone)
+        self.held: Optional[int] = None
         self.missing = 0  # optimizer state that did not exist when it began
         # Note [Backward temporaries of a compiled block] in _compiled_fit.py: per block, the
         # peak during its backward (the meter's scale); the most of any segment so far.
@@ -71,6 +74,11 @@ class StepTimes:
         # step's start to the end tick's backward (the forwards, the head, the loss and its
         # backward), above the base; CPU measuring steps only.
         self.head_peak: Optional[int] = None
+        # Note [The step's tail under whole-model compile] in _compiled_fit.py: the peak
+        # after block 0's backward tick to the step's end, above the base (measuring
+        # steps); whether the step's end was read.
+        self.tail_peak: Optional[int] = None
+        self.ended = False
         # Note [A compiled plan's first run] in _compiled_check.py
         self.check: Optional[str] = None
         self.figures: Optional[Dict[str, Any]] = None  # its plan's, as it began

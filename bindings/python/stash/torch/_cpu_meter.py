@@ -198,6 +198,10 @@ class Window:
         self.close()
         self._id = self._m.open_window()
 
+    @property
+    def is_open(self) -> bool:
+        return self._id is not None
+
     def peak(self) -> int:
         return int(self._m.peak(self._id)) if self._id is not None else 0
 

@@ -266,7 +266,7 @@ class OffloadHandle:
             return state
         return CompiledState(
             len(self.blocks), [str(i) for i in range(len(self.blocks))],
-            [type(b).__name__ for b in self.blocks], None, (lambda x: 0, lambda: 0),
+            [type(b).__name__ for b in self.blocks], None, (lambda x: (0, None), lambda: 0, lambda: None),
             "an offload() plan names the saved tensors of the eager ops, which a compiled "
             "graph does not have (stash.torch.fit plans compiled graphs)")
 
