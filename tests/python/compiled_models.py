@@ -51,7 +51,14 @@ def wide_llama(seed=0):
     return decoder("llama", seed, layers=3, hidden=128, vocab=VOCAB, positions=1024)
 
 
+def deep_llama(seed=0):
+    """4 layers, hidden 64: after a graph break before block 1, Dynamo compiles each of
+    blocks 1-3 as a frame of its own."""
+    return decoder("llama", seed, layers=4, vocab=VOCAB)
+
+
 MODELS = {"llama": (llama, lambda m: m.model.layers), "qwen2": (qwen2, lambda m: m.model.layers),
+          "deep_llama": (deep_llama, lambda m: m.model.layers),
           "gpt2": (gpt2, lambda m: m.transformer.h), "olmo2": (olmo2, lambda m: m.model.layers),
           "wide_llama": (wide_llama, lambda m: m.model.layers)}
 

@@ -142,6 +142,13 @@ def cut_blocks(graph: fx.Graph, tick: Any, handle_id: int, n_blocks: int
     are refused too. A refused graph goes to min-cut untagged and the next tick raises
     StashError naming the block and what works (per-block compile, eager). Planning a
     block's values across two graphs is not built.
+    After a break in the model's loop Dynamo compiles each later block's wrapper as a
+    frame of its own (a graph per block, serial and shape). Dynamo's cache and its
+    recompile limit (8) are per code object, and every block's wrapper shared one: a
+    12-layer Llama with a break before block 1 stopped at its first step with fit's
+    recompile-limit error, a 4-layer one at its second length. Each block's wrapper now
+    has a code object of its own (compiled_wrapper in _compiled.py), so each block has
+    its own limit, and fit's error names the graphs of the block that fell back.
     The block's index and the plan's serial reach the ticks as strings (trace_block in
     _compiled.py): Dynamo guards a string by value, while an int that differs between two
     frames it compiles of the same code (the wrapper of every block, after a break)

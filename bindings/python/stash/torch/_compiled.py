@@ -131,6 +131,7 @@ class CompiledState:
         self.least_memory_warned = False  # Note [A graph break among the blocks]
         self.weights: Dict[int, float] = {}
         self.partitioned: Dict[int, int] = {}   # serial -> graphs partitioned with it
+        self.graphs_with: Dict[int, int] = {}   # block -> graphs partitioned with its tick
         self.actions: Optional[List[List[str]]] = None
         self.installed = False
         self.error: Optional[StashError] = None
@@ -140,6 +141,7 @@ class CompiledState:
         self.correction = 0  # bytes added to the calibrated fixed bytes
         self.offload = True  # plans may offload
         self.replans = 0
+        self._serial_next: Optional[int] = None  # Note [A step of two serials]
         # Note [Offload in the compiled graph] in _compiled_offload.py: the engine's side,
         # and per plan serial the (block, index) of the values its graphs offload.
         self.moves: Optional[CompiledMoves] = None
@@ -244,6 +246,8 @@ class CompiledState:
         # compile] in _compiled_fit.py: only where the loss's bytes are measured.
         tag(gm, cut, saved, actions, owners=self._segment is not None)
         self.partitioned[serial] = self.partitioned.get(serial, 0) + 1
+        for b in cut.blocks:
+            self.graphs_with[b] = self.graphs_with.get(b, 0) + 1
         if actions is None or self.moves is None:
             return serial, []
         return serial, [Offload(v.name, b, j) for b, values in saved.items()
@@ -277,6 +281,9 @@ class CompiledState:
         if block == 0:
             self._step_begins(serial, x)
         if self.steps:
+            if block > 0 and serial != self.steps[-1].serial:
+                # Note [A step of two serials] in _compiled_steps.py
+                self.steps[-1].mixed = True
             self.steps[-1].fwd[block] = self.clock.mark()
         if self.moves is not None and serial > 0:
             self.moves.forward_tick(block)
@@ -302,7 +309,14 @@ class CompiledState:
     def _step_ends(self) -> None:
         """The last step's end (the optimizer stepped, or the next forward begins): its
         tail read (Note [The step's tail under whole-model compile] in _compiled_fit.py)
-        and, for a plan's first run, its check on the whole step's peak."""
+        and, for a plan's first run, its check on the whole step's peak; a plan made at
+        its start under graph breaks takes effect (Note [A step of two serials] in
+        _compiled_steps.py)."""
+        self._read_step_end()
+        if self._serial_next is not None:
+            self.serial, self._serial_next = self._serial_next, None
+
+    def _read_step_end(self) -> None:
         step = self.steps[-1] if self.steps else None
         if step is None or step.ended or step.peak is None:
             return
@@ -311,7 +325,7 @@ class CompiledState:
             step.tail_peak = self._segment()  # since block 0's backward tick
         else:
             step.peak = max(step.peak, step.base + self._meter_peak())
-            if step.serial > 0 and step.serial == self.serial:
+            if step.serial > 0 and step.serial == self.serial and not step.mixed:
                 check_first_run(self, step, step.peak)
         self._meter_mark()
 
@@ -348,7 +362,11 @@ class CompiledState:
         most = max((s.grads for s in measured), default=0)
         if pending and measured and grads <= most:
             self.actions = self.plan_actions()
-            self.serial = 1
+            if self.shapes.split:
+                # Note [A step of two serials] in _compiled_steps.py: from the step's end.
+                self._serial_next = 1
+            else:
+                self.serial = 1
             self.planned_grads = most
             m = self.log.measured()
             shape = self.shapes.plan_shape = m.shape if m is not None else None
@@ -447,7 +465,7 @@ def compiled_wrapper(state: Callable[[], CompiledState], i: int, forward: Callab
             if s.refusal is not None or s.error is not None:
                 raise s.refused()
             limit = getattr(torch._dynamo.config, "recompile_limit", None)
-            graphs = sum(s.partitioned.values())
+            graphs = s.graphs_with.get(i, 0)
             if isinstance(limit, int) and graphs >= limit:
                 # Note [Every shape under whole-model compile] in _compiled_shapes.py
                 raise StashError(
@@ -461,6 +479,9 @@ def compiled_wrapper(state: Callable[[], CompiledState], i: int, forward: Callab
                 "(Dynamo fell back on part of it, so the blocks' inner frames are compiled "
                 f"inside stash's hooks); stash cannot plan that; {_WHAT_WORKS}")
         return eager(*args, **kwargs)
+    # Note [A graph break among the blocks] in _compile_plan.py: a code object per block,
+    # so that Dynamo's cache and recompile limit, which are per code object, are per block.
+    wrapped.__code__ = wrapped.__code__.replace(co_name=f"stash_block_{i}")
     setattr(wrapped, "__wrapped__", forward)
     setattr(wrapped, "_stash_wrapped", True)
     return wrapped

@@ -37,6 +37,21 @@ are neither saved nor the block's input) over the whole block's, costing a matmu
 attention node its FLOPs and any other node its output's bytes. The planner's total is
 then the measured forward, and a value that shares a chain with another is priced as if
 recomputed alone (an upper bound).
+
+Note [A step of two serials]
+Dynamo reads the plan's serial when it enters a compiled frame (its guard), and a graph
+break makes each block after it a frame of its own, entered as the forward reaches it.
+So a serial changed at a step's tick 0 (the plan made there) reached that step's later
+graphs but not its first: on a 12-layer Llama split by a break before block 1, the step
+that planned ran block 0 measuring and blocks 1-11 planned, was logged as a measuring
+step, peaked at 26.5 MB against 6.8 MB for the first measuring step (a least-memory
+step, as every block of it recomputed), and fed a later correction's calibration: that
+correction's plan was priced at 27.9 MB and ran 11.9. Under graph breaks the serial now
+changes at the step's end (the optimizer's step, when fit knows the optimizer; else the
+next tick 0, which still leaves that next step mixed). A step whose later tick carries
+another serial than its tick 0 is marked mixed: it is not a measuring forward, and its
+peak checks no plan. Without breaks one graph holds every tick, the serial is read once
+per step, and it changes at tick 0 as before.
 """
 
 from __future__ import annotations
@@ -79,6 +94,8 @@ class StepTimes:
         # steps); whether the step's end was read.
         self.tail_peak: Optional[int] = None
         self.ended = False
+        # Note [A step of two serials]: a later graph of it ran another plan serial
+        self.mixed = False
         # Note [A compiled plan's first run] in _compiled_check.py
         self.check: Optional[str] = None
         self.figures: Optional[Dict[str, Any]] = None  # its plan's, as it began
@@ -132,7 +149,8 @@ class StepLog:
         """The complete forwards (and backwards) of the measuring graph (serial 0, every
         tick)."""
         return [s for s in self.steps
-                if s.serial == 0 and s.peak is not None and all(v is not None for v in s.fwd)
+                if s.serial == 0 and not s.mixed and s.peak is not None
+                and all(v is not None for v in s.fwd)
                 and all(v is not None for v in s.bwd)]
 
     def measured(self) -> Optional[StepTimes]:
