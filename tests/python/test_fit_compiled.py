@@ -350,11 +350,11 @@ def test_a_graph_break_between_blocks_is_planned_per_graph(family):
 def test_a_new_shape_across_graphs_plans_its_later_blocks_with_the_first_fixed():
     """Note [A new shape across graphs] in _compiled_shapes.py, on synthetic graphs (no
     compile): a shape's first graph (block 0) is planned with block 1 as measured, within
-    2% less than the budget, and its actions fixed; when block 1's own graph comes (its values 10x cheaper to
-    recompute than measured), block 1 is planned with block 0 as fixed, although the
-    whole profile's own plan would now change block 0; the plan is priced within the
-    budget. A second graph with no plan beside the fixed block runs least memory, the
-    fixed block as it was."""
+    2% less than the budget, and its actions fixed; when block 1's own graph comes (its
+    values 10x cheaper to recompute than measured), block 1 is planned with block 0 as
+    fixed, although the whole profile's own plan would now change block 0; the plan is
+    priced within the budget. A second graph with no plan beside the fixed block runs
+    least memory, the fixed block as it was."""
     from stash._planner import evaluate, make_plan
     from stash.torch._compile_plan import (SavedValue, compiled_profile, layer_doc,
                                            plan_actions_of)

@@ -96,9 +96,9 @@ model's error, unseen before). What the step held before tick 0 at most (the
 embedding's forward, below the blocks' positions) is not read. The run's first step has
 no step's end before it: its base is fit's count, and the planner reads it as if it held
 what the next measuring step held above that count (StepTimes.held). A loop without
-fit(optimizer=...) has its step's end read at the next tick 0 only: the old base.
-On CUDA, max_memory_allocated reset at tick 0 reads what is allocated
-then, and needs none of this.
+fit(optimizer=...) has its step's end read at the next tick 0 only: the old base. On
+CUDA, max_memory_allocated reset at tick 0 reads what is allocated then, and needs none
+of this.
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ def compiled_meter(cuda_meter: Callable[[], Optional[CudaMeter]],
     starts a window at the compiled forward's input x and returns the bytes the window's
     readings are above (0 on CUDA: max_memory_allocated, or stash's pool peak, reads all of
     it); peak() is the most since; mark() at a step's end starts counting what the next
-    step holds at its tick 0 (Note [What a compiled step holds at tick 0]). cuda_meter: the CUDA meter (None on the CPU), and counting:
+    step holds at its tick 0 (Note [What a compiled step holds at tick 0]). cuda_meter:
+    the CUDA meter (None on the CPU), and counting:
     the CPU window (None: fit's own count, which a compiled step cannot see: peak 0), both
     asked when the meter is read: fit makes them after the OffloadHandle that asks for
     this meter."""
@@ -302,8 +303,8 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         # a new eager shape is (Note [A shape that cannot fit] in _fit_plan.py). nbytes:
         # the budget in bytes a share came to (Note [A new shape across graphs]).
         try:
-            return plan_measured(doc, None, budget if nbytes is None else Budget(nbytes=nbytes, text=str(nbytes)),
-                                 solver, replayed=False)
+            within = budget if nbytes is None else Budget(nbytes=nbytes, text=str(nbytes))
+            return plan_measured(doc, None, within, solver, replayed=False)
         except BudgetRefused as e:
             cause = e.__cause__
             if isinstance(cause, InfeasibleBudget):
