@@ -435,6 +435,16 @@ def compiled_profile(layers: Sequence[Doc], *, device: Doc, link: Doc, host: Doc
                                       "recomputed from its input)"]}}
 
 
+def without_offload(layers: Iterable[Doc]) -> None:
+    """Profile layers that may offload nothing: a value that may not be recomputed either
+    is kept (Note [A compiled plan's first run] in _compiled_check.py, Note [A new shape
+    across graphs] in _compiled_shapes.py)."""
+    for layer in layers:
+        for t in layer["tensors"]:
+            t["offloadable"] = False
+            t["must_keep"] = not t["recomputable"]
+
+
 def least_memory(recomputable: Iterable[Iterable[bool]]) -> List[List[str]]:
     """Every recomputable value recomputed, the rest kept: the measuring step's partition
     (per block, each value's `recomputable`)."""

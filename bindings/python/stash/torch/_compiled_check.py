@@ -1,6 +1,6 @@
 """stash.torch's whole-model compile: the check of each compiled plan's first run, and
 what a failed one does (CompiledState, _compiled.py, calls check_first_run at a step's
-last backward tick).
+end: Note [The step's tail under whole-model compile] in _compiled_fit.py).
 
 Note [A compiled plan's first run]
 The first run of each plan, per shape, is checked on the meter against its budget (its

@@ -112,7 +112,7 @@ from .._planner import InfeasibleBudget, evaluate
 from .._warn import warn
 from ._compile_plan import (calibrated_fixed_bytes, calibrated_loss_bytes,
                             calibrated_temporaries, compiled_profile, least_memory_actions,
-                            plan_actions_of)
+                            plan_actions_of, without_offload)
 from ._compiled import CompiledState
 from ._compiled_steps import StepTimes
 from ._clock import _Clock
@@ -277,10 +277,7 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         # the same twice.
         doc["fixed_bytes"] = int(doc["fixed_bytes"]) + state.correction
         if not state.offload:  # Note [A compiled plan's first run] in _compiled_check.py
-            for layer in doc["layers"]:
-                for t in layer["tensors"]:
-                    t["offloadable"] = False
-                    t["must_keep"] = not t["recomputable"]
+            without_offload(doc["layers"])
         state.profile = doc
         try:
             # The partitioner recomputes each value's own chain (Note [Recompute cost

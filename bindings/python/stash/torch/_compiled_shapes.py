@@ -75,9 +75,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .._lib import StashError
 from .._planner import InfeasibleBudget, evaluate
-from ._compile_plan import SavedValue, layer_doc, least_memory, plan_actions_of
+from ._compile_plan import (SavedValue, layer_doc, least_memory, plan_actions_of,
+                            without_offload)
 from ._compiled_graph import Shape
-from ._fit_plan import BudgetRefused
+from ._fit_plan import BudgetRefused, kept_bytes
 from ._fit_support import _plan_doc
 
 __all__ = ["ShapeGraphs", "ShapePlan", "ShapePlanner"]
@@ -201,14 +202,12 @@ class ShapeGraphs:
         saved, m_saved = self.saved_at.get(shape, {}), self.saved_at[m]
         weights, m_weights = self.weights_at.get(shape, {}), self.weights_at[m]
         ratio = _tokens(shape) / max(1, _tokens(m))
-        def signature(i: int) -> List[Tuple[int, bool, bool, bool]]:
-            return [(v.nbytes, v.recomputable, v.offloadable, v.shared)
-                    for v in m_saved.get(i, [])]
-
+        signature = [[(v.nbytes, v.recomputable, v.offloadable, v.shared)
+                      for v in m_saved.get(i, [])] for i in range(len(self.names))]
         layers = []
         for i in range(len(self.names)):
             old = base["layers"][i]
-            like = [j for j in seen if signature(j) == signature(i)]
+            like = [j for j in seen if signature[j] == signature[i]]
             if i in seen:
                 values, weight = saved.get(i, []), weights.get(i, 0.0)
             elif like:
@@ -228,10 +227,7 @@ class ShapeGraphs:
                                     float(old["fwd_ms"]) * r, float(old["bwd_ms"]) * r,
                                     weight, temp))
         if not offload:
-            for layer in layers:
-                for t in layer["tensors"]:
-                    t["offloadable"] = False
-                    t["must_keep"] = not t["recomputable"]
+            without_offload(layers)
         doc = dict(base, layers=layers)
         # What the graphs not partitioned yet save outside the blocks (the head's logits,
         # the loss): the measured shape's graphs of the same ticks', scaled.
@@ -330,8 +326,7 @@ class ShapeGraphs:
         with those as they are, within `target` bytes; the whole plan, priced at the
         budget in bytes `figures` resolved (BudgetRefused when it has none)."""
         k = len(fixed)
-        kept = sum(int(t["bytes"]) for layer, acts in zip(doc["layers"], fixed)
-                   for t, a in zip(layer["tensors"], acts) if a == "keep")
+        kept = kept_bytes(doc, fixed)  # of the fixed blocks: zip stops at them
         in_flight = int((doc.get("measurement") or {}).get("in_flight", 1))
         sub = dict(doc, layers=doc["layers"][k:],
                    fixed_bytes=int(doc["fixed_bytes"]) + kept * max(1, in_flight))
