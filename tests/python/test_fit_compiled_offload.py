@@ -181,3 +181,52 @@ def test_a_share_budget_is_kept_at_every_backward_position():
                if a == "offload"]
     assert sorted(st.report()["offloaded"].get(1, [])) == planned, (st.report(), planned)
     h.close()
+
+
+def test_a_block_is_planned_by_its_tensors_only_and_a_changed_one_is_found():
+    """Note [Saved values by position]: a graph Dynamo made dynamic saves SymInts among a
+    block's values; they are left out, so that each trace of a shape lists a block's
+    values alike, and a block whose values are not those its plan was made for is found
+    (it runs least memory, never the plan shifted onto other values)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from stash.torch._compile_plan import (GraphBlocks, saved_by_block, stale_blocks,
+                                           value_signature)
+
+    def f(x, w):
+        a = torch.mm(x, w)
+        return (a.relu() * x.shape[0]).sum()
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(4, 8), torch.randn(8, 8))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    sym = [n for n in nodes if not isinstance(n.meta.get("val"), torch.Tensor)]
+    tensors = [n for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    assert sym and tensors, [n.meta.get("val") for n in nodes]
+    cut = GraphBlocks(region={n: 0 for n in nodes})
+    names = [n.name for n in nodes]
+    saved = saved_by_block(gm, cut, names, 1)
+    assert [v.name for v in saved[0]] == [n.name for n in tensors], saved
+    planned = value_signature(saved)
+    assert stale_blocks(saved, planned) == []
+    # The plan made for one value more (a trace that saved a SymInt among them).
+    shifted = {0: [(0, True)] + planned[0]}
+    assert stale_blocks(saved, shifted) == [0]
+    assert stale_blocks({**saved, 1: saved[0]}, planned) == [1]
+
+
+def test_a_step_whose_later_micro_batch_failed_its_check_reports_it_failed():
+    """Note [A compiled plan's first run]: each micro-batch position of a plan's first run
+    is checked; an optimizer step's report() entry says failed if one of them failed (it
+    said the first micro-batch's "passed")."""
+    from stash.torch._clock import _Clock
+    from stash.torch._compiled_steps import StepLog, StepTimes
+
+    log = StepLog(1, grouped=True)
+    figures = {"predicted_peak_bytes": 90, "budget_bytes": 100, "predicted_step_ms": 1.0}
+    for check, peak in (("passed", 80), ("failed", 120)):
+        s = StepTimes(1, 1, _Clock(False))
+        s.peak, s.check, s.figures, s.shape = peak, check, figures, (2, 8, 4)
+        log.steps.append(s)
+    log.optimizer_stepped()
+    (entry,) = log.step_entries(100)
+    assert entry["check"] == "failed" and entry["over_budget"], entry
+    assert entry["micro_batches"] == 2 and entry["measured_peak_bytes"] == 120, entry

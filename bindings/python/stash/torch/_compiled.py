@@ -1,6 +1,6 @@
 """stash.torch.fit and offload under whole-model torch.compile: a handle's
-CompiledState and the blocks' wrapper. The per-shape plans are in _compiled_shapes.py,
-the steps' records and report in _compiled_steps.py.
+CompiledState. The blocks' wrapper is in _compiled_graph.py, the per-shape plans in
+_compiled_shapes.py, the steps' records and report in _compiled_steps.py.
 
 Note [Planning the compiled graph]
 When the model around fit's blocks is compiled whole (torch.compile(model), before or
@@ -65,20 +65,19 @@ import torch.fx as fx
 from .._lib import StashError
 from .._warn import warn
 from ._clock import _Clock
-from ._compile_plan import (GraphBlocks, SavedValue, outside_bytes, saved_at_keep_all,
-                            saved_by_block, split_block, tag)
-from ._compiled_graph import (Shape, _install, _new_id, _states, _ticked, _uninstall,
-                              input_shape)
+from ._compile_plan import (GraphBlocks, SavedValue, least_memory, outside_bytes,
+                            saved_at_keep_all, saved_by_block, split_block, stale_blocks,
+                            tag, value_signature)
+from ._compiled_graph import (_WHAT_WORKS, Shape, _install, _new_id, _states, _ticked,
+                              _uninstall, input_shape)
 from ._compiled_offload import CompiledMoves
 from ._compiled_offload_pass import Offload
 from ._compiled_shapes import ShapeGraphs, ShapePlan, ShapePlanner
 from ._compiled_check import check_first_run
 from ._compiled_steps import StepLog, StepTimes, measured_layers
 
-__all__ = ["CompiledState", "compiled_wrapper"]
+__all__ = ["CompiledState"]
 
-_WHAT_WORKS = ("compile each block instead (torch.compile(block) or block.compile(), "
-               "Note [Compiled blocks] in stash/torch/_offload.py), or train eagerly")
 
 # --- a handle's compiled state -----------------------------------------------------------
 
@@ -133,11 +132,17 @@ class CompiledState:
         self.partitioned: Dict[int, int] = {}   # serial -> graphs partitioned with it
         self.graphs_with: Dict[int, int] = {}   # block -> graphs partitioned with its tick
         self.actions: Optional[List[List[str]]] = None
+        # Note [Saved values by position] in _compile_plan.py: what the actions are for
+        self.planned_values: Dict[int, List[Tuple[int, bool]]] = {}
+        self.stale_warned = False
         self.installed = False
         self.error: Optional[StashError] = None
         # Note [A compiled plan's first run] in _compiled_check.py
         self.check_warned = False
-        self.checked: Set[Tuple[int, Shape]] = set()
+        self.checked: Set[Tuple[int, Shape, int]] = set()
+        # Note [What a compiled step holds at tick 0] in _compiled_fit.py: per shape of
+        # block 0's input, what a step held there above fit's count, as last read
+        self.held_at: Dict[Shape, int] = {}
         self.correction = 0  # bytes added to the calibrated fixed bytes
         self.offload = True  # plans may offload
         self.replans = 0
@@ -226,6 +231,8 @@ class CompiledState:
                            {b: cut.weight.get(b, 0.0) for b in saved},
                            outside_bytes(gm, cut, names))
         actions = self.actions if serial > 0 else None
+        if actions is not None and shape == self.shapes.plan_shape:
+            actions = self._as_planned(saved, actions)
         if serial == 0:
             if self.first_shape in (None, shape):
                 self.first_shape = shape
@@ -254,6 +261,24 @@ class CompiledState:
                         for j, v in enumerate(values)
                         if b < len(actions) and j < len(actions[b])
                         and actions[b][j] == "offload"]
+
+    def _as_planned(self, saved: Dict[int, List[SavedValue]],
+                    actions: List[List[str]]) -> List[List[str]]:
+        """Note [Saved values by position] in _compile_plan.py: the plan's actions, least
+        memory for a block whose values are not those it was planned for."""
+        stale = stale_blocks(saved, self.planned_values)
+        if not stale:
+            return actions
+        if not self.stale_warned:
+            self.stale_warned = True
+            warn(f"stash.torch.fit: torch.compile traced blocks {stale} again and their "
+                 "graph saves other values than the plan was made for; those blocks run "
+                 "at least memory (every value recomputed) in that graph.")
+        out = [list(a) for a in actions]
+        for b in stale:
+            if b < len(out):
+                out[b] = least_memory([[v.recomputable for v in saved[b]]])[0]
+        return out
 
     def _warn_least_memory(self, shape: Shape) -> None:
         if not self.least_memory_warned:
@@ -355,6 +380,16 @@ class CompiledState:
             raise self.refused()
         last = self.log.forward_begins()
         grads = self._gradients()
+        # Read before a plan is made at this tick, which may take its held bytes.
+        base, held = self._meter_open(x)
+        shape = tuple(x.shape)
+        if held is not None:
+            self.held_at[shape] = held
+        elif shape in self.held_at:
+            # Note [What a compiled step holds at tick 0] in _compiled_fit.py: unread
+            # (a micro-batch's step ends at the next one's tick 0): the last reading.
+            held = self.held_at[shape]
+            base += held
         # Note [Micro-batches under whole-model compile] in _compiled_steps.py; the
         # measuring forwards are looked at only while the plan is still to come.
         pending = last is not None and self.serial == 0 and self.actions is None
@@ -369,10 +404,10 @@ class CompiledState:
                 self.serial = 1
             self.planned_grads = most
             m = self.log.measured()
-            shape = self.shapes.plan_shape = m.shape if m is not None else None
-            if shape is not None and shape in self.shapes.saved_at:
-                self.saved = self.shapes.saved_at[shape]
-                self.weights = self.shapes.weights_at[shape]
+            planned = self.shapes.plan_shape = m.shape if m is not None else None
+            if planned is not None and planned in self.shapes.saved_at:
+                self.saved = self.shapes.saved_at[planned]
+                self.weights = self.shapes.weights_at[planned]
             if self.moves is not None:
                 self.moves.switch(self.actions)
         elif (self.planned_grads is not None and grads > self.planned_grads
@@ -388,7 +423,7 @@ class CompiledState:
         step.missing = self._missing() if serial == 0 else 0
         step.grads = grads
         step.group = self.log.group
-        step.shape = tuple(x.shape)
+        step.shape = shape
         if serial > 0:
             # Note [Every shape under whole-model compile] in _compiled_shapes.py
             sp = (self.shapes.plans.get(step.shape) if step.shape != self.shapes.plan_shape
@@ -401,7 +436,7 @@ class CompiledState:
             actions = sp.actions if sp is not None else self.actions
             if self.moves is not None and actions is not None:
                 self.moves.switch(actions)
-        step.base, step.held = self._meter_open(x)
+        step.base, step.held = base, held
         self.log.steps.append(step)
 
     def optimizer_stepped(self) -> None:
@@ -413,7 +448,12 @@ class CompiledState:
         """The plan's actions from the measured profile (the planner fit gave)."""
         if self._planner is None:
             raise self.refused()
-        return self._planner(self)
+        actions = self._planner(self)
+        m = self.log.measured()
+        if m is not None:  # Note [Saved values by position] in _compile_plan.py
+            self.planned_values = value_signature(
+                self.shapes.saved_at.get(m.shape, self.saved))
+        return actions
 
     def layers(self) -> List[Dict[str, Any]]:
         """The measured profile's layers (Note [Recompute cost in a compiled block] in
@@ -447,41 +487,3 @@ class CompiledState:
         if self.installed:
             self.installed = False
             _uninstall()
-
-
-def compiled_wrapper(state: Callable[[], CompiledState], i: int, forward: Callable[..., Any],
-                     eager: Callable[..., Any]) -> Callable[..., Any]:
-    """Block i's wrapper: `eager` (the hooks) when it runs, the compiled form (Note
-    [Planning the compiled graph]) when Dynamo traces it."""
-    block = str(i)  # a string for Dynamo (CompiledState.trace_block)
-
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
-            if not torch.is_grad_enabled():
-                return forward(*args, **kwargs)
-            return state().trace_block(block, forward, args, kwargs)
-        s = state()
-        if s.traced and torch.is_grad_enabled():
-            if s.refusal is not None or s.error is not None:
-                raise s.refused()
-            limit = getattr(torch._dynamo.config, "recompile_limit", None)
-            graphs = s.graphs_with.get(i, 0)
-            if isinstance(limit, int) and graphs >= limit:
-                # Note [Every shape under whole-model compile] in _compiled_shapes.py
-                raise StashError(
-                    f"stash.torch: torch.compile made {graphs} graphs of this model, its "
-                    f"recompile limit (torch._dynamo.config.recompile_limit = {limit}), and "
-                    f"now runs block {i} eagerly; under whole-model compile stash plans "
-                    f"each input shape's own graph, so each new shape is a compile: raise "
-                    f"the limit, pad the inputs to a few lengths, or {_WHAT_WORKS}")
-            raise StashError(
-                f"stash.torch: block {i} runs eagerly inside a model torch.compile traced "
-                "(Dynamo fell back on part of it, so the blocks' inner frames are compiled "
-                f"inside stash's hooks); stash cannot plan that; {_WHAT_WORKS}")
-        return eager(*args, **kwargs)
-    # Note [A graph break among the blocks] in _compile_plan.py: a code object per block,
-    # so that Dynamo's cache and recompile limit, which are per code object, are per block.
-    wrapped.__code__ = wrapped.__code__.replace(co_name=f"stash_block_{i}")
-    setattr(wrapped, "__wrapped__", forward)
-    setattr(wrapped, "_stash_wrapped", True)
-    return wrapped

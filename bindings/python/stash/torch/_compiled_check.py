@@ -4,10 +4,11 @@ end: Note [The step's tail under whole-model compile] in _compiled_fit.py).
 
 Note [A compiled plan's first run]
 The first run of each plan, per shape, is checked on the meter against its budget (its
-report() entry's "check"). The model prices a compiled graph's positions only as well
-as its calibration (Note [Backward temporaries of a compiled block] in
-_compiled_fit.py): a plan that offloads ran over its prediction by about the bytes of one
-offloaded value on the peers' tiny Llama (1.25 MB with five values offloaded, 0.98 MB
+report() entry's "check"), each micro-batch position of it (the gradient bytes it
+began with: a later micro-batch holds those of the earlier ones) on its own. The model
+prices a compiled graph's positions only as well as its calibration (Note [Backward
+temporaries of a compiled block] in _compiled_fit.py): a plan that offloads ran over its
+prediction by about the bytes of one offloaded value on the peers' tiny Llama (1.25 MB with five values offloaded, 0.98 MB
 with one), which no position of the model explained then (the plans that only recompute
 were within it). On test_fit_compiled's wide Llama such an overshoot was the blocks'
 temporaries priced 0 (fixed there); since then every first check of the peers' compiled
@@ -47,7 +48,9 @@ __all__ = ["check_first_run"]
 
 def check_first_run(state: CompiledState, step: StepTimes, peak: int) -> None:
     """Note [A compiled plan's first run]: the first run of each plan and shape."""
-    key = (step.serial, step.shape)
+    # Per micro-batch position too: one that begins with the gradients of those before
+    # it alive runs higher (Note [Micro-batches under whole-model compile]).
+    key = (step.serial, step.shape, step.grads)
     sp = step.shape_plan
     if sp is not None and sp.unplanned:
         _check_unplanned(state, step, sp, peak)

@@ -88,17 +88,25 @@ Llama at 85% of compiled keep-all, 6.17 MB against 6.25 (a budget of 6.26), and 
 length of 160 under a graph break 6.21 MB against 6.34, over the budget unseen. So at a
 step's end (above) a second window opens, and at the next tick 0 the base is fit's count
 without block 0's input plus what that window holds then: what the step made before
-tick 0 and still holds (never less than the old base: a micro-batch's step ends at the
-next one's tick 0, its window then empty). Its peak, which counts the temporaries freed
-by then too, read 21 KB above the users' meter; what it holds, 1 KB (6.2555 MB against
-6.2545 for that Llama's plan, whose prediction, 6.22 MB, is under both by 0.5%: the
-model's error, unseen before). What the step held before tick 0 at most (the
-embedding's forward, below the blocks' positions) is not read. The run's first step has
-no step's end before it: its base is fit's count, and the planner reads it as if it held
-what the next measuring step held above that count (StepTimes.held). A loop without
-fit(optimizer=...) has its step's end read at the next tick 0 only: the old base. On
-CUDA, max_memory_allocated reset at tick 0 reads what is allocated then, and needs none
-of this.
+tick 0 and still holds. That window's peak, which counts the temporaries freed by then
+too, read 21 KB above the users' meter; what it holds, 1 KB (6.2555 MB against 6.2545
+for that Llama's plan, whose prediction, 6.22 MB, is under both by 0.5%: the model's
+error, unseen before). What the step held before tick 0 at most (the embedding's
+forward, below the blocks' positions) is not read.
+A micro-batch's step ends at the next one's tick 0, so the window opens there, holding
+nothing: what that step holds is unread, and is taken as the last reading at its shape
+(CompiledState.held_at). Until 2026-12-07 it was read as nothing: a 4-layer Qwen2 with a
+graph break and two micro-batches by hand had its second micro-batch read 53 KB under
+the users' meter, and ran 7 KB over its budget every step with its check passed. The
+plan lacked those bytes too (every micro-batch of the first optimizer step is unread):
+the plan is made at the next step's first tick 0, which now reads them first. And the
+check read the first micro-batch alone (now each micro-batch position of a plan's first
+run: Note [A compiled plan's first run] in _compiled_check.py).
+The run's first step has no step's end before it: its base is fit's count, and the
+planner reads it as if it held what a later step held above that count (StepTimes.held,
+held_at). A loop without fit(optimizer=...) has its step's end read at the next tick 0
+only: the old base. On CUDA, max_memory_allocated reset at tick 0 reads what is
+allocated then, and needs none of this.
 """
 
 from __future__ import annotations
@@ -167,8 +175,11 @@ def compiled_meter(cuda_meter: Callable[[], Optional[CudaMeter]],
             pre.reset_peak()  # the peak is now what the window holds
             made = pre.peak()
             pre.close()
-            # At least block 0's input: a micro-batch's step ends at the next one's
-            # tick 0, where the window opened just now holds nothing yet.
+            if made == 0:
+                # Opened at this tick (a micro-batch's step ends at the next one's tick
+                # 0, and the graph makes block 0's input after the mark): unread.
+                return counted, None
+            # At least block 0's input, which the window counts too.
             whole = max(counted, alive([]) + made)
             return whole, whole - counted
         return counted, None
@@ -244,7 +255,8 @@ def fit_compiled_state(blocks: Sequence[torch.nn.Module], *, budget: Any, solver
         # 24.3).
         # Note [What a compiled step holds at tick 0]: a step whose base missed what the
         # graph held at tick 0 (the run's first) is read as the others found it.
-        held = max((s.held for s in measured if s.held is not None), default=0)
+        held = max([s.held for s in measured if s.held is not None]
+                   + [state.held_at.get(m.shape, 0) for m in measured[:1]], default=0)
 
         def base(s: StepTimes) -> int:
             return s.base + (held if s.held is None else 0)

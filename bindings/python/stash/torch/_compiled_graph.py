@@ -1,7 +1,7 @@
 """stash.torch's whole-model compile, the graph side: the registry of compiled states, the
-tick ops that mark fit's blocks in a traced graph, and the partitioner stash installs
-into Inductor (Note [Planning the compiled graph] in _compiled.py, whose CompiledState
-these serve)."""
+tick ops that mark fit's blocks in a traced graph, the partitioner stash installs into
+Inductor, and the blocks' wrapper that Dynamo traces (Note [Planning the compiled graph]
+in _compiled.py, whose CompiledState these serve)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.fx as fx
 
+from .._lib import StashError
 from ._compile_plan import GraphBlocks, cut_blocks
 from ._compiled_offload_pass import Offload, insert_offloads
 
@@ -217,3 +218,47 @@ def _uninstall() -> None:
                 inductor_config.custom_partitioner_fn = None
             _Installed.fn = None
             _Installed.users = 0
+
+
+# --- the blocks' wrapper ------------------------------------------------------------------
+
+_WHAT_WORKS = ("compile each block instead (torch.compile(block) or block.compile(), "
+               "Note [Compiled blocks] in stash/torch/_offload.py), or train eagerly")
+
+
+def compiled_wrapper(state: Callable[[], CompiledState], i: int, forward: Callable[..., Any],
+                     eager: Callable[..., Any]) -> Callable[..., Any]:
+    """Block i's wrapper: `eager` (the hooks) when it runs, the compiled form (Note
+    [Planning the compiled graph] in _compiled.py) when Dynamo traces it."""
+    block = str(i)  # a string for Dynamo (CompiledState.trace_block)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            if not torch.is_grad_enabled():
+                return forward(*args, **kwargs)
+            return state().trace_block(block, forward, args, kwargs)
+        s = state()
+        if s.traced and torch.is_grad_enabled():
+            if s.refusal is not None or s.error is not None:
+                raise s.refused()
+            limit = getattr(torch._dynamo.config, "recompile_limit", None)
+            graphs = s.graphs_with.get(i, 0)
+            if isinstance(limit, int) and graphs >= limit:
+                # Note [Every shape under whole-model compile] in _compiled_shapes.py
+                raise StashError(
+                    f"stash.torch: torch.compile made {graphs} graphs of this model, its "
+                    f"recompile limit (torch._dynamo.config.recompile_limit = {limit}), and "
+                    f"now runs block {i} eagerly; under whole-model compile stash plans "
+                    f"each input shape's own graph, so each new shape is a compile: raise "
+                    f"the limit, pad the inputs to a few lengths, or {_WHAT_WORKS}")
+            raise StashError(
+                f"stash.torch: block {i} runs eagerly inside a model torch.compile traced "
+                "(Dynamo fell back on part of it, so the blocks' inner frames are compiled "
+                f"inside stash's hooks); stash cannot plan that; {_WHAT_WORKS}")
+        return eager(*args, **kwargs)
+    # Note [A graph break among the blocks] in _compile_plan.py: a code object per block,
+    # so that Dynamo's cache and recompile limit, which are per code object, are per block.
+    wrapped.__code__ = wrapped.__code__.replace(co_name=f"stash_block_{i}")
+    setattr(wrapped, "__wrapped__", forward)
+    setattr(wrapped, "_stash_wrapped", True)
+    return wrapped

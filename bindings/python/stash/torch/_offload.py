@@ -31,7 +31,8 @@ import torch
 from .._engine import Engine, plan_actions
 from .._lib import StashError, parse_bytes
 from .._warn import warn
-from ._compiled import CompiledState, compiled_wrapper
+from ._compiled import CompiledState
+from ._compiled_graph import compiled_wrapper
 from ._compiled_offload import CompiledMoves
 from ._offload_hooks import BlockHooks
 from ._offload_policy import FIXED_PLAN, LayerActions, StepPolicy, offload_slots
