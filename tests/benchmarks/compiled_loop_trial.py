@@ -54,9 +54,13 @@ def run(args: argparse.Namespace, lengths: List[int], budget: Optional[int]
         ids = torch.randint(0, VOCAB, (4, n), generator=g)
         base = live_training_bytes(m, opt, ids)
         meter.reopen()
-        for part in ids.chunk(args.micro):
-            loss = cm(input_ids=part, labels=part).loss
-            (loss / args.micro).backward()
+        try:
+            for part in ids.chunk(args.micro):
+                loss = cm(input_ids=part, labels=part).loss
+                (loss / args.micro).backward()
+        except stash.StashError as e:  # a refusal (BudgetRefused) ends the loop
+            print(f"step {len(out)} (length {n}): {type(e).__name__}: {e}")
+            break
         opt.step()
         opt.zero_grad()
         out.append({"length": n, "users": base + meter.peak(), "loss": loss.detach().clone()})
@@ -85,7 +89,7 @@ def main() -> None:
     print(f"budget {budget} bytes ({args.fraction:.0%} of the first length's peak without "
           "stash)")
     print("step  len  mode     users'      fit    predicted  check   over by  loss bitwise")
-    for i, (r, g) in enumerate(zip(ref, got)):
+    for i, (r, g) in enumerate(zip(ref, got)):  # the steps that ran under fit
         over = g["users"] - budget
         print(f"{i:4d} {g['length']:4d}  {g['mode']:7s} {g['users']:9d} {g['fit']:9d} "
               f"{g['predicted'] or 0:10d}  {str(g['check']):7s} {max(0, over):8d}  "

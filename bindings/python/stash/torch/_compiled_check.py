@@ -4,22 +4,22 @@ end: Note [The step's tail under whole-model compile] in _compiled_fit.py).
 
 Note [A compiled plan's first run]
 The first run of each plan, per shape, is checked on the meter against its budget (its
-report() entry's "check"), each micro-batch position of it (the gradient bytes it
-began with: a later micro-batch holds those of the earlier ones) on its own. The model
-prices a compiled graph's positions only as well as its calibration (Note [Backward
-temporaries of a compiled block] in _compiled_fit.py): a plan that offloads ran over its
-prediction by about the bytes of one offloaded value on the peers' tiny Llama (1.25 MB with five values offloaded, 0.98 MB
-with one), which no position of the model explained then (the plans that only recompute
-were within it). On test_fit_compiled's wide Llama such an overshoot was the blocks'
-temporaries priced 0 (fixed there); since then every first check of the peers' compiled
-rows has passed, but the tiny Llama's case was not reproduced to confirm the same cause,
-and a partly recomputed block can still run above its figure. So a failed check of a
-plan that offloads plans again without offload; of one that does not, adds what the run
-exceeded its prediction by to the fixed bytes and plans again (a new
-serial: every shape's graph recompiles at its next step, planned so), at most twice a
-run; after that fit warns once. (A constant correction for an offloading plan's error
-would have priced least memory over a budget it had been measured within.) The failed
-step itself was over the budget: this is a correction, not a guarantee.
+report() entry's "check"), each micro-batch position of it (the gradient bytes it began
+with: a later micro-batch holds those of the earlier ones) on its own. The model prices
+a compiled graph's positions only as well as its calibration (Note [Backward temporaries
+of a compiled block] in _compiled_fit.py): a plan that offloads ran over its prediction
+by about the bytes of one offloaded value on the peers' tiny Llama (1.25 MB with five
+values offloaded, 0.98 MB with one), which no position of the model explained then (the
+plans that only recompute were within it). On test_fit_compiled's wide Llama such an
+overshoot was the blocks' temporaries priced 0 (fixed there); since then every first
+check of the peers' compiled rows has passed, but the tiny Llama's case was not
+reproduced to confirm the same cause, and a partly recomputed block can still run above
+its figure. So a failed check of a plan that offloads plans again without offload; of
+one that does not, adds what the run exceeded its prediction by to the fixed bytes and
+plans again (a new serial: every shape's graph recompiles at its next step, planned so),
+at most twice a run; after that fit warns once. (A constant correction for an offloading
+plan's error would have priced least memory over a budget it had been measured within.)
+The failed step itself was over the budget: this is a correction, not a guarantee.
 The correction is added after the calibrations of the blocks' temporaries and the
 loss's bytes, which read a position's figure as its measured peak less the fixed bytes:
 added before (until 2026-12-07) it came off them again, and on OLMo 2 at 70% of
