@@ -42,10 +42,11 @@ partitioned, from the profile of the whole shape: the blocks of its graphs parti
 so far as they are, the others the measured shape's, their bytes and costs scaled by the
 tokens (and what their graphs save outside the blocks, the head's logits), or, where a
 block of this shape alike in the measured shape (the same saved values) was partitioned
-already, that block's: on a 12-layer Llama split before every block after the first,
-length 160 saves one value more per block than the measured 128 did, and blocks planned
-beside the measured ones kept one value more each than the last graph had room for
-(least memory then ran 1.2% over the budget). Every block kept what fit the budget,
+already, that block's own bytes rather than scaled ones: on a 12-layer Llama split
+before every block after the first, length 160 saved one value more per block than the
+measured 128 did (a SymInt, left out since: Note [Saved values by position] in
+_compile_plan.py), and blocks planned beside the measured ones kept one value more each
+than the last graph had room for (least memory then ran 1.2% over the budget). Every block kept what fit the budget,
 and the last graph, with the head and the loss, needed 367 KB (1.3%) more than the
 estimate gave it: so a plan made while graphs are still to come is made within 2% less
 than the budget (_PROVISIONAL_MARGIN; at the full budget where that has no plan), and

@@ -204,8 +204,8 @@ class StepLog:
                 else None,
                 # Each micro-batch position is checked (Note [A compiled plan's first
                 # run] in _compiled_check.py): failed if one failed.
-                "check": next((s.check for s in sorted(
-                    forwards, key=lambda s: s.check != "failed") if s.check), None),
+                "check": ("failed" if any(s.check == "failed" for s in forwards)
+                          else next((s.check for s in forwards if s.check), None)),
                 "over_budget": bool(done and budget_bytes is not None
                                     and peak > (int(figures["budget_bytes"])
                                                 if planned and figures else budget_bytes)),
